@@ -1,0 +1,92 @@
+// The op set of this model, implemented once per backend (cpu, cuda). The model's forward pass is
+// written only against this interface; pointers passed to ops live in the backend's memory
+// (host memory for cpu, device memory for cuda). Activations are f32, row-major [T, n].
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/weights.h"
+
+namespace lily {
+
+// Per-sequence state of one Gated DeltaNet layer.
+struct GdnState {
+  float* conv = nullptr;   // [K-1=3, conv_dim] last raw (pre-conv) projections, oldest first
+  float* S = nullptr;      // [nv=32, dk=128, dv=128] recurrent state, f32, S[j][r][c]
+};
+
+// Per-sequence KV cache of one full-attention layer: post-norm, post-RoPE keys and raw values.
+struct KvCache {
+  float* k = nullptr;      // [capacity, kv_heads, head_dim]
+  float* v = nullptr;      // [capacity, kv_heads, head_dim]
+  int capacity = 0;
+};
+
+// Optimization switches shared by all backends (BENCHMARK.md ablations); a backend ignores the
+// ones that do not apply to it.
+struct Ablations {
+  std::vector<std::string> off;   // ids switched off, e.g. {"D2", "P1"}
+  bool has(const std::string& id) const;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // ---- memory -------------------------------------------------------------------------------
+  // Returns views of `host` that point at this backend's memory (cpu: the same views).
+  virtual ModelWeights upload(const ModelWeights& host) = 0;
+  virtual float* alloc(int64_t n_floats) = 0;          // zero-filled; lives as long as the backend
+  virtual int32_t* alloc_i32(int64_t n) = 0;
+  virtual void free(void* p) = 0;
+  virtual void copy_to_host(void* dst, const void* src, int64_t bytes) = 0;
+  virtual void copy_from_host(void* dst, const void* src, int64_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, int64_t bytes) = 0;   // within the backend
+  virtual void fill_zero(void* p, int64_t bytes) = 0;
+  virtual void synchronize() {}
+
+  // ---- ops ----------------------------------------------------------------------------------
+  // out[t] = row tokens[t] of E (dequantised). tokens in backend memory.
+  virtual void embed(const QMatrix& E, const int32_t* tokens, int T, float* out) = 0;
+  // out[t] = x[t] * rsqrt(mean(x[t]^2) + eps) * w   (w is the effective gain)
+  virtual void rmsnorm(const float* x, const FVec& w, int T, float eps, float* out) = 0;
+  // y[T, W.rows] = x[T, W.cols] · Wᵀ
+  virtual void matmul(const QMatrix& W, const float* x, int T, float* y) = 0;
+  // h[i] += r[i]
+  virtual void add(float* h, const float* r, int64_t n) = 0;
+
+  // Gated DeltaNet core for T consecutive tokens (MODEL.md §2.2), between the input projections and
+  // out_proj: causal conv (state carried in st.conv) + SiLU, split q|k|v, l2norm q,k, q/sqrt(dk),
+  // gates β=σ(b), g=-exp(A_log)·softplus(a+dt_bias), delta rule in f32, gated RMSNorm with silu(z).
+  // qkv [T, conv_dim], z [T, value_dim], a, b [T, nv] -> y [T, value_dim].
+  virtual void gdn(const ModelConfig& c, const GdnWeights& w, GdnState& st, const float* qkv,
+                   const float* z, const float* a, const float* b, int T, float* y) = 0;
+
+  // Gated attention core for T tokens at positions pos0..pos0+T-1 (MODEL.md §2.3) between the
+  // projections and o_proj: per-head query/gate split of q [T, heads*2*head_dim], q/k zero-centred
+  // norm (effective gains in w), partial RoPE, append k, v [T, kv_heads*head_dim] to the cache,
+  // causal GQA softmax attention over positions [0, pos0+T), output × σ(gate) -> o [T, heads*head_dim].
+  virtual void attention(const ModelConfig& c, const AttnWeights& w, KvCache& kv, int pos0,
+                         const float* q, const float* k, const float* v, int T, float* o) = 0;
+
+  // Sparse MoE block (MODEL.md §2.4) on normalised input x [T, H]: router softmax (f32) over all
+  // experts, top-k renormalised, SwiGLU experts, sigmoid-gated shared expert. out [T, H] (overwritten).
+  virtual void moe(const ModelConfig& c, const MoeWeights& w, const float* x, int T, float* out) = 0;
+
+  // ids[t] = argmax of logits[t, 0:n) (lowest index on ties).
+  virtual void argmax(const float* logits, int T, int n, int32_t* ids) = 0;
+};
+
+struct BackendOptions {
+  std::string name = "cpu";       // "cpu" | "cuda"
+  int threads = 0;                // cpu: 0 = all cores
+  Ablations ablations;
+};
+
+// Creates a backend by name; throws lily::Error if it is unknown or not compiled in.
+std::unique_ptr<Backend> make_backend(const BackendOptions& opt);
+
+}  // namespace lily

@@ -1,0 +1,77 @@
+// The Qwen3.6-35B-A3B forward pass (qwen3_5_moe), written once against backend.h. Prefill runs in
+// bounded chunks; decode is the same call with one token. State (KV cache, conv and recurrent state)
+// lives in the backend and is owned by a Qwen36State.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/weights.h"
+
+namespace lily {
+
+class Qwen36;
+
+// Everything a sequence carries between calls. Created by Qwen36::new_state.
+struct Qwen36State {
+  int pos = 0;                         // tokens consumed so far
+  int capacity = 0;                    // max tokens (KV capacity)
+  std::vector<GdnState> gdn;           // one per linear-attention layer (nullptrs elsewhere)
+  std::vector<KvCache> kv;             // one per full-attention layer (empty elsewhere)
+  Backend* backend = nullptr;
+  ~Qwen36State();
+  Qwen36State() = default;
+  Qwen36State(const Qwen36State&) = delete;
+  Qwen36State& operator=(const Qwen36State&) = delete;
+};
+
+struct ModelOptions {
+  int max_chunk = 512;                 // prefill chunk size (P5)
+};
+
+class Qwen36 {
+ public:
+  // `host` stays alive as long as the model (it owns the mmap'd files).
+  Qwen36(std::shared_ptr<const ModelWeights> host, Backend& backend, ModelOptions opt = {});
+
+  const ModelConfig& config() const { return w_.config; }
+  Backend& backend() { return be_; }
+  int max_chunk() const { return opt_.max_chunk; }
+
+  // A zeroed state able to hold `capacity` tokens.
+  std::unique_ptr<Qwen36State> new_state(int capacity);
+  // Resets to position 0 (zeroes recurrent and conv state).
+  void reset(Qwen36State& st);
+  // Copies src into dst (same capacity or larger); used for prefix snapshots. Copies only the
+  // first src.pos KV rows.
+  void copy_state(const Qwen36State& src, Qwen36State& dst);
+
+  // Consumes `tokens` (any length; processed in chunks of max_chunk). If logits_out is non-null it
+  // receives host f32 logits: for every token ([T, vocab]) when all_logits, else only for the last
+  // token ([vocab]). Throws lily::Error if the state's capacity would be exceeded.
+  void forward(Qwen36State& st, std::span<const int32_t> tokens, float* logits_out,
+               bool all_logits = false);
+
+  // Bytes of backend memory one state of `capacity` tokens takes.
+  int64_t state_bytes(int capacity) const;
+
+ private:
+  void forward_chunk(Qwen36State& st, const int32_t* tokens_host, int T, float* logits_out,
+                     bool all_logits);
+
+  std::shared_ptr<const ModelWeights> host_;
+  Backend& be_;
+  ModelOptions opt_;
+  ModelWeights w_;                     // views into backend memory
+  // Activation buffers sized for max_chunk tokens (allocated once).
+  int32_t* tok_ = nullptr;             // [max_chunk]
+  float *h_ = nullptr, *xn_ = nullptr, *r_ = nullptr;                // [C, H]
+  float *proj1_ = nullptr, *proj2_ = nullptr;                        // [C, 8192], [C, 4096]
+  float *pa_ = nullptr, *pb_ = nullptr;                              // [C, nv] / [C, kv*hd]
+  float *mix_ = nullptr;                                             // [C, 4096]
+  float* logits_ = nullptr;                                          // [C, vocab]
+};
+
+}  // namespace lily

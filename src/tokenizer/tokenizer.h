@@ -1,0 +1,43 @@
+// Byte-level BPE tokenizer read from a Hugging Face tokenizer.json (Qwen2 / Qwen3.5-3.6 kinds).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace lily {
+
+class Tokenizer {
+ public:
+  // Loads DIR/tokenizer.json (+ tokenizer_config.json and generation_config.json when present),
+  // or a tokenizer.json path. Throws lily::Error naming the file on problems.
+  static std::shared_ptr<Tokenizer> load(const std::string& path);
+  virtual ~Tokenizer() = default;
+
+  // parse_special: added/special tokens written in the text become their ids (HF default);
+  // false treats them as plain text.
+  virtual std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const = 0;
+  virtual std::string decode(std::span<const int32_t> ids, bool skip_special = false) const = 0;
+  // Raw bytes of one token (may be a partial UTF-8 sequence).
+  virtual std::string token_bytes(int32_t id) const = 0;
+  virtual int32_t token_id(std::string_view token) const = 0;   // -1 if absent
+  virtual int vocab_size() const = 0;                            // ids are < vocab_size()
+  virtual bool is_special(int32_t id) const = 0;
+  // Stop ids: generation_config.json eos_token_id(s) united with the tokenizer's eos token.
+  virtual const std::vector<int32_t>& stop_ids() const = 0;
+};
+
+// Turns a stream of token ids into text without ever emitting a partial UTF-8 sequence.
+class StreamDecoder {
+ public:
+  explicit StreamDecoder(const Tokenizer& tok) : tok_(tok) {}
+  std::string push(int32_t id);   // newly completed text (possibly empty)
+  std::string flush();            // whatever is pending (invalid bytes become U+FFFD)
+ private:
+  const Tokenizer& tok_;
+  std::string pending_;
+};
+
+}  // namespace lily
