@@ -69,15 +69,25 @@ class Backend {
   // projections and o_proj: per-head query/gate split of q [T, heads*2*head_dim], q/k zero-centred
   // norm (effective gains in w), partial RoPE, append k, v [T, kv_heads*head_dim] to the cache,
   // causal GQA softmax attention over positions [0, pos0+T), output × σ(gate) -> o [T, heads*head_dim].
+  // pos0 is the host value; pos_dev holds the same value in backend memory so that a captured
+  // decode step (CUDA graph) can read the current position at replay time.
   virtual void attention(const ModelConfig& c, const AttnWeights& w, KvCache& kv, int pos0,
-                         const float* q, const float* k, const float* v, int T, float* o) = 0;
+                         const int32_t* pos_dev, const float* q, const float* k, const float* v,
+                         int T, float* o) = 0;
 
   // Sparse MoE block (MODEL.md §2.4) on normalised input x [T, H]: router softmax (f32) over all
   // experts, top-k renormalised, SwiGLU experts, sigmoid-gated shared expert. out [T, H] (overwritten).
   virtual void moe(const ModelConfig& c, const MoeWeights& w, const float* x, int T, float* out) = 0;
 
-  // ids[t] = argmax of logits[t, 0:n) (lowest index on ties).
+  // ids[t] = argmax of logits[t, 0:n) (lowest index on ties); ids in backend memory.
   virtual void argmax(const float* logits, int T, int n, int32_t* ids) = 0;
+  // *p += by for a scalar in backend memory (advances pos_dev inside a captured step).
+  virtual void increment(int32_t* p, int by) = 0;
+
+  // ---- optional: capture of one decode step for replay (D2); cpu returns false ---------------
+  virtual bool begin_capture() { return false; }
+  virtual void end_capture() {}
+  virtual void replay() {}
 };
 
 struct BackendOptions {
