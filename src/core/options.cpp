@@ -35,6 +35,10 @@ bool Options::parse(int argc, char** argv) {
       std::fputs(help().c_str(), stdout);
       return false;
     }
+    if (a.size() == 2 && a[0] == '-' && a[1] != '-') {   // short alias: -n VALUE
+      for (const auto& sp : specs_)
+        if (sp.short_name == a[1]) a = "--" + sp.name;
+    }
     if (a.rfind("--", 0) != 0 || a.size() == 2) {
       positional_.push_back(a);
       continue;
@@ -68,7 +72,8 @@ std::string Options::help() const {
   std::ostringstream o;
   o << "usage: lily " << command_ << " [options]\n" << summary_ << "\n\noptions:\n";
   for (const auto& s : specs_) {
-    std::string f = "  --" + s.name + (s.is_flag ? "" : " VALUE");
+    std::string f = std::string("  ") + (s.short_name ? std::string("-") + s.short_name + ", " : "") +
+                    "--" + s.name + (s.is_flag ? "" : " VALUE");
     o << f;
     for (size_t k = f.size(); k < 28; ++k) o << ' ';
     o << s.help;
@@ -109,6 +114,15 @@ bool Options::given(const std::string& name) const {
   spec(name);
   auto it = given_.find(name);
   return it != given_.end() && it->second;
+}
+
+std::vector<std::string> split_list(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, sep))
+    if (!item.empty()) out.push_back(item);
+  return out;
 }
 
 std::vector<int> parse_int_list(const std::string& s, const std::string& what) {

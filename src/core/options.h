@@ -13,6 +13,7 @@ struct OptionSpec {
   std::string help;
   std::string env;         // environment variable read when the flag is absent ("" = none)
   bool is_flag = false;    // boolean switch: present => "true"
+  char short_name = 0;     // optional one-letter alias, e.g. 'n' for -n
 };
 
 class Options {
@@ -40,6 +41,8 @@ class Options {
   std::vector<std::string> positional_;
 };
 
+// Splits "a,b,,c" into {"a","b","c"} (empty items dropped).
+std::vector<std::string> split_list(const std::string& s, char sep = ',');
 // Splits "1,2,3" into integers; throws lily::Error naming `what` on bad input.
 std::vector<int> parse_int_list(const std::string& s, const std::string& what);
 

@@ -57,9 +57,16 @@ class Qwen36 {
   // Bytes of backend memory one state of `capacity` tokens takes.
   int64_t state_bytes(int capacity) const;
 
+  // Greedy decode of n tokens after `first_token` (which is fed first); appends the generated ids
+  // to out. Uses a captured decode step (D2) when the backend supports it (qwen36_decode.cpp).
+  void generate_greedy(Qwen36State& st, int32_t first_token, int n, std::vector<int32_t>& out);
+
  private:
   void forward_chunk(Qwen36State& st, const int32_t* tokens_host, int T, float* logits_out,
                      bool all_logits);
+  // Runs embed → layers → final norm for the T tokens already in tok_ (positions st.pos…), leaving
+  // the normalised hidden states in xn_. Enqueues backend ops only (capturable).
+  void run_layers(Qwen36State& st, int T);
 
   std::shared_ptr<const ModelWeights> host_;
   Backend& be_;
@@ -67,11 +74,13 @@ class Qwen36 {
   ModelWeights w_;                     // views into backend memory
   // Activation buffers sized for max_chunk tokens (allocated once).
   int32_t* tok_ = nullptr;             // [max_chunk]
+  int32_t* pos_dev_ = nullptr;         // [1] position of tok_[0], in backend memory
   float *h_ = nullptr, *xn_ = nullptr, *r_ = nullptr;                // [C, H]
   float *proj1_ = nullptr, *proj2_ = nullptr;                        // [C, 8192], [C, 4096]
   float *pa_ = nullptr, *pb_ = nullptr;                              // [C, nv] / [C, kv*hd]
   float *mix_ = nullptr;                                             // [C, 4096]
-  float* logits_ = nullptr;                                          // [C, vocab]
+  float* logits_ = nullptr;            // [logits_rows_, vocab]
+  int logits_rows_ = 1;
 };
 
 }  // namespace lily

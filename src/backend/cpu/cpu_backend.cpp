@@ -1,0 +1,325 @@
+// The CPU backend: the portable default and the correctness reference for every other backend.
+// Activations f32; weights read in place from the mmap'd checkpoint.
+#include "backend/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "backend/cpu/qmatmul.h"
+#include "core/common.h"
+#include "core/thread_pool.h"
+
+namespace lily {
+namespace {
+
+inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+inline float silu(float x) { return x * sigmoid(x); }
+inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+
+// Grow-only scratch vector: reallocates only when a larger T is seen, never per decoded token.
+inline float* scratch(std::vector<float>& v, int64_t n) {
+  if (int64_t(v.size()) < n) v.resize(size_t(n));
+  return v.data();
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const BackendOptions& opt) : pool_(opt.threads) {}
+  ~CpuBackend() override {
+    for (void* p : allocs_) std::free(p);
+  }
+
+  std::string name() const override { return "cpu"; }
+
+  ModelWeights upload(const ModelWeights& host) override { return host; }
+
+  void* raw_alloc(int64_t bytes) {
+    const size_t sz = size_t((std::max<int64_t>(bytes, 1) + 63) / 64 * 64);
+    void* p = std::aligned_alloc(64, sz);
+    if (!p) throw Error("out of host memory allocating " + std::to_string(bytes) + " bytes");
+    std::memset(p, 0, sz);
+    allocs_.push_back(p);
+    return p;
+  }
+  float* alloc(int64_t n) override { return static_cast<float*>(raw_alloc(n * 4)); }
+  int32_t* alloc_i32(int64_t n) override { return static_cast<int32_t*>(raw_alloc(n * 4)); }
+  void free(void* p) override {
+    auto it = std::find(allocs_.begin(), allocs_.end(), p);
+    if (it == allocs_.end()) return;
+    std::free(p);
+    allocs_.erase(it);
+  }
+  void copy_to_host(void* dst, const void* src, int64_t bytes) override { std::memcpy(dst, src, bytes); }
+  void copy_from_host(void* dst, const void* src, int64_t bytes) override { std::memcpy(dst, src, bytes); }
+  void copy(void* dst, const void* src, int64_t bytes) override { std::memcpy(dst, src, bytes); }
+  void fill_zero(void* p, int64_t bytes) override { std::memset(p, 0, bytes); }
+
+  void embed(const QMatrix& E, const int32_t* tokens, int T, float* out) override {
+    for (int t = 0; t < T; ++t) dequant_row(E, tokens[t], out + int64_t(t) * E.cols);
+  }
+
+  void rmsnorm(const float* x, const FVec& w, int T, float eps, float* out) override {
+    const int64_t n = w.n;
+    for (int t = 0; t < T; ++t) rmsnorm_row(x + t * n, w.data, n, eps, out + t * n);
+  }
+
+  void matmul(const QMatrix& W, const float* x, int T, float* y) override { qmatmul(W, x, T, y, pool_); }
+
+  void add(float* h, const float* r, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) h[i] += r[i];
+  }
+
+  void gdn(const ModelConfig& c, const GdnWeights& w, GdnState& st, const float* qkv, const float* z,
+           const float* a, const float* b, int T, float* y) override;
+  void attention(const ModelConfig& c, const AttnWeights& w, KvCache& kv, int pos0,
+                 const int32_t* pos_dev, const float* q, const float* k, const float* v, int T,
+                 float* o) override;
+  void moe(const ModelConfig& c, const MoeWeights& w, const float* x, int T, float* out) override;
+
+  void argmax(const float* logits, int T, int n, int32_t* ids) override {
+    for (int t = 0; t < T; ++t) {
+      const float* l = logits + int64_t(t) * n;
+      ids[t] = int32_t(std::max_element(l, l + n) - l);   // first maximum = lowest index
+    }
+  }
+  void increment(int32_t* p, int by) override { *p += by; }
+
+ private:
+  static void rmsnorm_row(const float* x, const float* w, int64_t n, float eps, float* out) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];
+    const float inv = float(1.0 / std::sqrt(ss / double(n) + eps));
+    for (int64_t i = 0; i < n; ++i) out[i] = x[i] * inv * w[i];
+  }
+
+  ThreadPool pool_;
+  std::vector<void*> allocs_;
+  std::vector<float> conv_out_, gates_, router_, xe_, ge_, ue_, de_, sh_g_, sh_u_, sh_d_, sh_s_;
+  std::vector<int32_t> topk_idx_;
+  std::vector<float> topk_w_;
+};
+
+// Gated DeltaNet core (MODEL.md §2.2): conv + SiLU, l2norm, gates, delta rule, gated RMSNorm.
+void CpuBackend::gdn(const ModelConfig& c, const GdnWeights& w, GdnState& st, const float* qkv,
+                     const float* z, const float* a, const float* b, int T, float* y) {
+  const int64_t CD = c.conv_dim(), K = c.linear_conv_kernel_dim, KD = c.linear_key_dim();
+  const int nk = c.linear_num_key_heads, nv = c.linear_num_value_heads;
+  const int dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
+  const float eps = c.rms_norm_eps;
+  float* u = scratch(conv_out_, int64_t(T) * CD);   // [T, CD] post-conv, post-SiLU
+
+  // Causal depthwise conv over q|k|v; tap K-1 multiplies the current token. The state holds the
+  // last K-1 raw inputs, oldest first.
+  pool_.parallel_for(CD, [&](int64_t c0, int64_t c1) {
+    std::vector<float> win(size_t(K + T - 1));
+    for (int64_t ch = c0; ch < c1; ++ch) {
+      for (int64_t j = 0; j < K - 1; ++j) win[j] = st.conv[j * CD + ch];
+      for (int t = 0; t < T; ++t) win[K - 1 + t] = qkv[int64_t(t) * CD + ch];
+      const float* wc = w.conv1d.data + ch * K;
+      for (int t = 0; t < T; ++t) {
+        float s = 0;
+        for (int64_t j = 0; j < K; ++j) s += wc[j] * win[t + j];
+        u[int64_t(t) * CD + ch] = silu(s);
+      }
+      for (int64_t j = 0; j < K - 1; ++j) st.conv[j * CD + ch] = win[T + j];
+    }
+  });
+
+  // l2-normalise q and k per key head (f32, eps 1e-6 inside the sqrt); q also scaled by dk^-1/2.
+  const float qscale = 1.0f / std::sqrt(float(dk));
+  for (int t = 0; t < T; ++t) {
+    for (int hh = 0; hh < 2 * nk; ++hh) {
+      float* p = u + int64_t(t) * CD + int64_t(hh) * dk;
+      double ss = 0;
+      for (int i = 0; i < dk; ++i) ss += double(p[i]) * p[i];
+      float inv = float(1.0 / std::sqrt(ss + 1e-6));
+      if (hh < nk) inv *= qscale;
+      for (int i = 0; i < dk; ++i) p[i] *= inv;
+    }
+  }
+
+  // Per value head: the recurrence over all T tokens (heads are independent).
+  pool_.parallel_for(nv, [&](int64_t j0, int64_t j1) {
+    std::vector<float> m(size_t(dv)), o(size_t(dv));
+    for (int64_t j = j0; j < j1; ++j) {
+      float* S = st.S + j * int64_t(dk) * dv;   // [dk][dv]
+      const int64_t kh = j / (nv / nk);         // value head j reads key head j/(nv/nk)
+      const float A = std::exp(w.A_log.data[j]);
+      for (int t = 0; t < T; ++t) {
+        const float* ut = u + int64_t(t) * CD;
+        const float* qh = ut + kh * dk;
+        const float* kk = ut + KD + kh * dk;
+        const float* vv = ut + 2 * KD + j * dv;
+        const float beta = sigmoid(b[int64_t(t) * nv + j]);
+        const float alpha = std::exp(-A * softplus(a[int64_t(t) * nv + j] + w.dt_bias.data[j]));
+        // 1. decay, 2. read with k, 3. delta, 4. rank-1 write, 5. read with q (updated state).
+        std::fill(m.begin(), m.end(), 0.0f);
+        for (int r = 0; r < dk; ++r) {
+          float* Sr = S + int64_t(r) * dv;
+          for (int cc = 0; cc < dv; ++cc) {
+            Sr[cc] *= alpha;
+            m[cc] += Sr[cc] * kk[r];
+          }
+        }
+        for (int cc = 0; cc < dv; ++cc) m[cc] = beta * (vv[cc] - m[cc]);   // δ
+        std::fill(o.begin(), o.end(), 0.0f);
+        for (int r = 0; r < dk; ++r) {
+          float* Sr = S + int64_t(r) * dv;
+          for (int cc = 0; cc < dv; ++cc) {
+            Sr[cc] += kk[r] * m[cc];
+            o[cc] += Sr[cc] * qh[r];
+          }
+        }
+        // Gated RMSNorm over dv with plain gain and silu(z).
+        double ss = 0;
+        for (int cc = 0; cc < dv; ++cc) ss += double(o[cc]) * o[cc];
+        const float inv = float(1.0 / std::sqrt(ss / dv + eps));
+        const float* zz = z + int64_t(t) * c.linear_value_dim() + j * dv;
+        float* yy = y + int64_t(t) * c.linear_value_dim() + j * dv;
+        for (int cc = 0; cc < dv; ++cc) yy[cc] = o[cc] * inv * w.norm.data[cc] * silu(zz[cc]);
+      }
+    }
+  });
+}
+
+// Gated attention core (MODEL.md §2.3): query/gate split, q/k norm, partial RoPE, KV append,
+// causal GQA softmax attention, sigmoid output gate.
+void CpuBackend::attention(const ModelConfig& c, const AttnWeights& w, KvCache& kv, int pos0,
+                           const int32_t* pos_dev, const float* q, const float* k, const float* v,
+                           int T, float* o) {
+  const int nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
+  const int rd = c.rotary_dim(), half = rd / 2;
+  const float eps = c.rms_norm_eps;
+  LILY_CHECK(pos0 + T <= kv.capacity, "KV cache overflow");
+  std::vector<float> inv_freq(size_t(half));
+  for (int i = 0; i < half; ++i) inv_freq[i] = float(std::pow(double(c.rope_theta), -2.0 * i / rd));
+  auto rope = [&](float* x, int pos) {
+    for (int i = 0; i < half; ++i) {
+      const float ang = float(pos) * inv_freq[i];
+      const float cs = std::cos(ang), sn = std::sin(ang);
+      const float x0 = x[i], x1 = x[i + half];
+      x[i] = x0 * cs - x1 * sn;
+      x[i + half] = x1 * cs + x0 * sn;
+    }
+  };
+  // Keys and values of the new tokens into the cache.
+  for (int t = 0; t < T; ++t) {
+    for (int g = 0; g < nkv; ++g) {
+      const int64_t off = (int64_t(pos0 + t) * nkv + g) * hd;
+      float* kd = kv.k + off;
+      rmsnorm_row(k + (int64_t(t) * nkv + g) * hd, w.k_norm.data, hd, eps, kd);
+      rope(kd, pos0 + t);
+      std::memcpy(kv.v + off, v + (int64_t(t) * nkv + g) * hd, size_t(hd) * 4);
+    }
+  }
+  const float scale = 1.0f / std::sqrt(float(hd));
+  const int group = nh / nkv;
+  pool_.parallel_for(int64_t(T) * nh, [&](int64_t i0, int64_t i1) {
+    std::vector<float> qv(size_t(hd)), sc(size_t(pos0 + T)), acc(size_t(hd));
+    for (int64_t i = i0; i < i1; ++i) {
+      const int t = int(i / nh), h = int(i % nh), g = h / group;
+      const float* qg = q + int64_t(t) * nh * 2 * hd + int64_t(h) * 2 * hd;   // [query | gate]
+      rmsnorm_row(qg, w.q_norm.data, hd, eps, qv.data());
+      rope(qv.data(), pos0 + t);
+      const int n = pos0 + t + 1;   // causal
+      float mx = -INFINITY;
+      for (int s = 0; s < n; ++s) {
+        const float* ks = kv.k + (int64_t(s) * nkv + g) * hd;
+        float d = 0;
+        for (int e = 0; e < hd; ++e) d += qv[e] * ks[e];
+        sc[s] = d * scale;
+        mx = std::max(mx, sc[s]);
+      }
+      double den = 0;
+      for (int s = 0; s < n; ++s) den += (sc[s] = std::exp(sc[s] - mx));
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int s = 0; s < n; ++s) {
+        const float p = float(sc[s] / den);
+        const float* vs = kv.v + (int64_t(s) * nkv + g) * hd;
+        for (int e = 0; e < hd; ++e) acc[e] += p * vs[e];
+      }
+      const float* gate = qg + hd;
+      float* out = o + int64_t(t) * nh * hd + int64_t(h) * hd;
+      for (int e = 0; e < hd; ++e) out[e] = acc[e] * sigmoid(gate[e]);
+    }
+  });
+}
+
+// Sparse MoE (MODEL.md §2.4): tokens are grouped by expert so each expert's weights are read once
+// per chunk; the shared expert runs over all tokens.
+void CpuBackend::moe(const ModelConfig& c, const MoeWeights& w, const float* x, int T, float* out) {
+  const int E = c.num_experts, k = c.num_experts_per_tok;
+  const int64_t H = c.hidden_size, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+  float* logits = scratch(router_, int64_t(T) * E);
+  qmatmul(w.gate, x, T, logits, pool_);
+  topk_idx_.resize(size_t(T) * k);
+  topk_w_.resize(size_t(T) * k);
+  std::vector<int> order(size_t(E));
+  for (int t = 0; t < T; ++t) {
+    float* l = logits + int64_t(t) * E;   // softmax over all experts in f32
+    const float mx = *std::max_element(l, l + E);
+    double sum = 0;
+    for (int e = 0; e < E; ++e) sum += (l[e] = std::exp(l[e] - mx));
+    for (int e = 0; e < E; ++e) l[e] = float(l[e] / sum);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int p, int q) { return l[p] > l[q] || (l[p] == l[q] && p < q); });
+    double top = 0;
+    for (int j = 0; j < k; ++j) top += l[order[j]];
+    for (int j = 0; j < k; ++j) {
+      topk_idx_[size_t(t) * k + j] = order[j];
+      topk_w_[size_t(t) * k + j] = float(l[order[j]] / top);   // renormalised
+    }
+  }
+
+  // Shared expert: s = down(silu(gate x) * up x) * sigmoid(w_sg · x).
+  float* sg = scratch(sh_g_, int64_t(T) * Is);
+  float* su = scratch(sh_u_, int64_t(T) * Is);
+  qmatmul(w.shared_gate_proj, x, T, sg, pool_);
+  qmatmul(w.shared_up_proj, x, T, su, pool_);
+  for (int64_t i = 0; i < int64_t(T) * Is; ++i) sg[i] = silu(sg[i]) * su[i];
+  qmatmul(w.shared_down_proj, sg, T, out, pool_);
+  float* gate = scratch(sh_s_, T);
+  qmatmul(w.shared_expert_gate, x, T, gate, pool_);
+  for (int t = 0; t < T; ++t) {
+    const float s = sigmoid(gate[t]);
+    for (int64_t i = 0; i < H; ++i) out[t * H + i] *= s;
+  }
+
+  // Routed experts, grouped by expert.
+  std::vector<std::vector<std::pair<int, float>>> rows(size_t(E));
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j < k; ++j)
+      rows[topk_idx_[size_t(t) * k + j]].push_back({t, topk_w_[size_t(t) * k + j]});
+  for (int e = 0; e < E; ++e) {
+    const auto& r = rows[e];
+    if (r.empty()) continue;
+    const int n = int(r.size());
+    float* xe = scratch(xe_, n * H);
+    for (int i = 0; i < n; ++i) std::memcpy(xe + i * H, x + r[i].first * H, size_t(H) * 4);
+    float* ge = scratch(ge_, n * I);
+    float* ue = scratch(ue_, n * I);
+    qmatmul(w.experts_gate.expert(e), xe, n, ge, pool_);
+    qmatmul(w.experts_up.expert(e), xe, n, ue, pool_);
+    for (int64_t i = 0; i < n * I; ++i) ge[i] = silu(ge[i]) * ue[i];
+    float* de = scratch(de_, n * H);
+    qmatmul(w.experts_down.expert(e), ge, n, de, pool_);
+    for (int i = 0; i < n; ++i) {
+      float* o = out + r[i].first * H;
+      const float wt = r[i].second;
+      for (int64_t d = 0; d < H; ++d) o[d] += wt * de[i * H + d];
+    }
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opt) {
+  return std::make_unique<CpuBackend>(opt);
+}
+
+}  // namespace lily
