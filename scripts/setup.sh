@@ -2,7 +2,7 @@
 # Installs what a fresh Debian/Ubuntu machine lacks to build and test lily (quietly, idempotent).
 set -euo pipefail
 need_apt=()
-for p in cmake ninja-build g++ pkg-config libgtest-dev nlohmann-json3-dev libcpp-httplib-dev libpcre2-dev python3 python3-pip curl; do
+for p in cmake ninja-build g++ pkg-config libgtest-dev nlohmann-json3-dev libcpp-httplib-dev libpcre2-dev libicu-dev python3 python3-pip curl; do
   dpkg -s "$p" >/dev/null 2>&1 || need_apt+=("$p")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
