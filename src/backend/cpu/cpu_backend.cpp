@@ -100,6 +100,7 @@ class CpuBackend final : public Backend {
   std::vector<void*> allocs_;
   std::vector<float> conv_out_, gates_, router_, xe_, ge_, ue_, de_, sh_g_, sh_u_, sh_d_, sh_s_;
   std::vector<int32_t> topk_idx_;
+  std::vector<int> order_, start_, fill_, slot_;
   std::vector<float> topk_w_;
 };
 
@@ -115,7 +116,8 @@ void CpuBackend::gdn(const ModelConfig& c, const GdnWeights& w, GdnState& st, co
   // Causal depthwise conv over q|k|v; tap K-1 multiplies the current token. The state holds the
   // last K-1 raw inputs, oldest first.
   pool_.parallel_for(CD, [&](int64_t c0, int64_t c1) {
-    std::vector<float> win(size_t(K + T - 1));
+    thread_local std::vector<float> win_buf;
+    float* win = scratch(win_buf, K + T - 1);
     for (int64_t ch = c0; ch < c1; ++ch) {
       for (int64_t j = 0; j < K - 1; ++j) win[j] = st.conv[j * CD + ch];
       for (int t = 0; t < T; ++t) win[K - 1 + t] = qkv[int64_t(t) * CD + ch];
@@ -144,7 +146,9 @@ void CpuBackend::gdn(const ModelConfig& c, const GdnWeights& w, GdnState& st, co
 
   // Per value head: the recurrence over all T tokens (heads are independent).
   pool_.parallel_for(nv, [&](int64_t j0, int64_t j1) {
-    std::vector<float> m(size_t(dv)), o(size_t(dv));
+    thread_local std::vector<float> m_buf, o_buf;
+    float* m = scratch(m_buf, dv);
+    float* o = scratch(o_buf, dv);
     for (int64_t j = j0; j < j1; ++j) {
       float* S = st.S + j * int64_t(dk) * dv;   // [dk][dv]
       const int64_t kh = j / (nv / nk);         // value head j reads key head j/(nv/nk)
@@ -157,7 +161,7 @@ void CpuBackend::gdn(const ModelConfig& c, const GdnWeights& w, GdnState& st, co
         const float beta = sigmoid(b[int64_t(t) * nv + j]);
         const float alpha = std::exp(-A * softplus(a[int64_t(t) * nv + j] + w.dt_bias.data[j]));
         // 1. decay, 2. read with k, 3. delta, 4. rank-1 write, 5. read with q (updated state).
-        std::fill(m.begin(), m.end(), 0.0f);
+        std::fill(m, m + dv, 0.0f);
         for (int r = 0; r < dk; ++r) {
           float* Sr = S + int64_t(r) * dv;
           for (int cc = 0; cc < dv; ++cc) {
@@ -166,7 +170,7 @@ void CpuBackend::gdn(const ModelConfig& c, const GdnWeights& w, GdnState& st, co
           }
         }
         for (int cc = 0; cc < dv; ++cc) m[cc] = beta * (vv[cc] - m[cc]);   // δ
-        std::fill(o.begin(), o.end(), 0.0f);
+        std::fill(o, o + dv, 0.0f);
         for (int r = 0; r < dk; ++r) {
           float* Sr = S + int64_t(r) * dv;
           for (int cc = 0; cc < dv; ++cc) {
@@ -195,7 +199,8 @@ void CpuBackend::attention(const ModelConfig& c, const AttnWeights& w, KvCache& 
   const int rd = c.rotary_dim(), half = rd / 2;
   const float eps = c.rms_norm_eps;
   LILY_CHECK(pos0 + T <= kv.capacity, "KV cache overflow");
-  std::vector<float> inv_freq(size_t(half));
+  thread_local std::vector<float> inv_freq_buf;
+  float* inv_freq = scratch(inv_freq_buf, half);
   for (int i = 0; i < half; ++i) inv_freq[i] = float(std::pow(double(c.rope_theta), -2.0 * i / rd));
   auto rope = [&](float* x, int pos) {
     for (int i = 0; i < half; ++i) {
@@ -219,12 +224,15 @@ void CpuBackend::attention(const ModelConfig& c, const AttnWeights& w, KvCache& 
   const float scale = 1.0f / std::sqrt(float(hd));
   const int group = nh / nkv;
   pool_.parallel_for(int64_t(T) * nh, [&](int64_t i0, int64_t i1) {
-    std::vector<float> qv(size_t(hd)), sc(size_t(pos0 + T)), acc(size_t(hd));
+    thread_local std::vector<float> qv_buf, sc_buf, acc_buf;
+    float* qv = scratch(qv_buf, hd);
+    float* sc = scratch(sc_buf, pos0 + T);
+    float* acc = scratch(acc_buf, hd);
     for (int64_t i = i0; i < i1; ++i) {
       const int t = int(i / nh), h = int(i % nh), g = h / group;
       const float* qg = q + int64_t(t) * nh * 2 * hd + int64_t(h) * 2 * hd;   // [query | gate]
-      rmsnorm_row(qg, w.q_norm.data, hd, eps, qv.data());
-      rope(qv.data(), pos0 + t);
+      rmsnorm_row(qg, w.q_norm.data, hd, eps, qv);
+      rope(qv, pos0 + t);
       const int n = pos0 + t + 1;   // causal
       float mx = -INFINITY;
       for (int s = 0; s < n; ++s) {
@@ -236,7 +244,7 @@ void CpuBackend::attention(const ModelConfig& c, const AttnWeights& w, KvCache& 
       }
       double den = 0;
       for (int s = 0; s < n; ++s) den += (sc[s] = std::exp(sc[s] - mx));
-      std::fill(acc.begin(), acc.end(), 0.0f);
+      std::fill(acc, acc + hd, 0.0f);
       for (int s = 0; s < n; ++s) {
         const float p = float(sc[s] / den);
         const float* vs = kv.v + (int64_t(s) * nkv + g) * hd;
@@ -258,7 +266,8 @@ void CpuBackend::moe(const ModelConfig& c, const MoeWeights& w, const float* x, 
   qmatmul(w.gate, x, T, logits, pool_);
   topk_idx_.resize(size_t(T) * k);
   topk_w_.resize(size_t(T) * k);
-  std::vector<int> order(size_t(E));
+  order_.resize(size_t(E));
+  std::vector<int>& order = order_;
   for (int t = 0; t < T; ++t) {
     float* l = logits + int64_t(t) * E;   // softmax over all experts in f32
     const float mx = *std::max_element(l, l + E);
@@ -290,17 +299,19 @@ void CpuBackend::moe(const ModelConfig& c, const MoeWeights& w, const float* x, 
     for (int64_t i = 0; i < H; ++i) out[t * H + i] *= s;
   }
 
-  // Routed experts, grouped by expert.
-  std::vector<std::vector<std::pair<int, float>>> rows(size_t(E));
-  for (int t = 0; t < T; ++t)
-    for (int j = 0; j < k; ++j)
-      rows[topk_idx_[size_t(t) * k + j]].push_back({t, topk_w_[size_t(t) * k + j]});
+  // Routed experts, grouped by expert (counting sort of the T*k assignments).
+  start_.assign(size_t(E) + 1, 0);
+  for (int i = 0; i < T * k; ++i) ++start_[size_t(topk_idx_[i]) + 1];
+  for (int e = 0; e < E; ++e) start_[e + 1] += start_[e];
+  slot_.resize(size_t(T) * k);
+  fill_ = start_;
+  for (int i = 0; i < T * k; ++i) slot_[size_t(fill_[topk_idx_[i]]++)] = i;   // i = t*k + j
   for (int e = 0; e < E; ++e) {
-    const auto& r = rows[e];
-    if (r.empty()) continue;
-    const int n = int(r.size());
+    const int n = start_[e + 1] - start_[e];
+    if (n == 0) continue;
+    const int* r = slot_.data() + start_[e];
     float* xe = scratch(xe_, n * H);
-    for (int i = 0; i < n; ++i) std::memcpy(xe + i * H, x + r[i].first * H, size_t(H) * 4);
+    for (int i = 0; i < n; ++i) std::memcpy(xe + i * H, x + (r[i] / k) * H, size_t(H) * 4);
     float* ge = scratch(ge_, n * I);
     float* ue = scratch(ue_, n * I);
     qmatmul(w.experts_gate.expert(e), xe, n, ge, pool_);
@@ -309,8 +320,8 @@ void CpuBackend::moe(const ModelConfig& c, const MoeWeights& w, const float* x, 
     float* de = scratch(de_, n * H);
     qmatmul(w.experts_down.expert(e), ge, n, de, pool_);
     for (int i = 0; i < n; ++i) {
-      float* o = out + r[i].first * H;
-      const float wt = r[i].second;
+      float* o = out + (r[i] / k) * H;
+      const float wt = topk_w_[size_t(r[i])];
       for (int64_t d = 0; d < H; ++d) o[d] += wt * de[i * H + d];
     }
   }
