@@ -32,11 +32,16 @@ class Tokenizer {
 // Turns a stream of token ids into text without ever emitting a partial UTF-8 sequence.
 class StreamDecoder {
  public:
-  explicit StreamDecoder(const Tokenizer& tok) : tok_(tok) {}
-  std::string push(int32_t id);   // newly completed text (possibly empty)
+  // skip_special: drop true special tokens (is_special), like decode(ids, true).
+  explicit StreamDecoder(const Tokenizer& tok, bool skip_special = false)
+      : tok_(tok), skip_special_(skip_special) {}
+  // Newly completed text (possibly empty). Concatenating every push() and a final flush() gives
+  // exactly decode(ids, skip_special); only a trailing incomplete UTF-8 sequence is held back.
+  std::string push(int32_t id);
   std::string flush();            // whatever is pending (invalid bytes become U+FFFD)
  private:
   const Tokenizer& tok_;
+  bool skip_special_ = false;
   std::string pending_;
 };
 
