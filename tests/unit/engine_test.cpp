@@ -1,0 +1,326 @@
+// Engine tests with a fake model whose logits hash the whole consumed sequence (so any wrong
+// state restore changes the output) and a byte-level fake tokenizer with the Qwen special tokens:
+// prefix reuse in a 10-turn agent conversation vs cold runs, stop handling, tool-call streaming.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/common.h"
+#include "engine/engine.h"
+#include "tokenizer/chat_template.h"
+
+namespace lily {
+namespace {
+
+const std::vector<std::string> kSpecials = {"<|im_start|>", "<|im_end|>", "<think>", "</think>",
+                                            "<tool_call>", "</tool_call>", "<|endoftext|>"};
+
+class FakeTokenizer : public Tokenizer {
+ public:
+  FakeTokenizer() : stops_{id_of("<|im_end|>"), id_of("<|endoftext|>")} {}
+  static int32_t id_of(const std::string& s) {
+    for (size_t i = 0; i < kSpecials.size(); ++i)
+      if (kSpecials[i] == s) return int32_t(256 + i);
+    return -1;
+  }
+  std::vector<int32_t> encode(std::string_view text, bool parse_special) const override {
+    std::vector<int32_t> out;
+    for (size_t i = 0; i < text.size();) {
+      bool hit = false;
+      if (parse_special)
+        for (size_t k = 0; k < kSpecials.size() && !hit; ++k)
+          if (text.substr(i, kSpecials[k].size()) == kSpecials[k]) {
+            out.push_back(int32_t(256 + k));
+            i += kSpecials[k].size();
+            hit = true;
+          }
+      if (!hit) out.push_back(static_cast<unsigned char>(text[i++]));
+    }
+    return out;
+  }
+  std::string decode(std::span<const int32_t> ids, bool skip_special) const override {
+    std::string s;
+    for (int32_t id : ids)
+      if (!(skip_special && is_special(id))) s += token_bytes(id);
+    return s;
+  }
+  std::string token_bytes(int32_t id) const override {
+    return id < 256 ? std::string(1, char(id)) : kSpecials[id - 256];
+  }
+  int32_t token_id(std::string_view t) const override { return id_of(std::string(t)); }
+  int vocab_size() const override { return 256 + int(kSpecials.size()); }
+  bool is_special(int32_t id) const override {
+    return id == id_of("<|im_start|>") || id == id_of("<|im_end|>") || id == id_of("<|endoftext|>");
+  }
+  const std::vector<int32_t>& stop_ids() const override { return stops_; }
+
+ private:
+  std::vector<int32_t> stops_;
+};
+
+struct FakeState : LmState {
+  std::vector<int32_t> toks;
+  int cap = 0;
+  int pos() const override { return int(toks.size()); }
+  int capacity() const override { return cap; }
+};
+
+// Logits are a pseudo-random function of the entire consumed sequence. With a script, the token
+// script[k] gets a large logit once `script_from` tokens were consumed (k = pos - script_from).
+class FakeLm : public LanguageModel {
+ public:
+  int vocab_size() const override { return 270; }   // padded past the tokenizer's 263
+  int max_chunk() const override { return 16; }
+  std::unique_ptr<LmState> new_state(int capacity) override {
+    auto s = std::make_unique<FakeState>();
+    s->cap = capacity;
+    return s;
+  }
+  void reset(LmState& st) override { static_cast<FakeState&>(st).toks.clear(); }
+  void copy_state(const LmState& src, LmState& dst) override {
+    auto& d = static_cast<FakeState&>(dst);
+    ASSERT_GE(d.cap, src.pos());
+    d.toks = static_cast<const FakeState&>(src).toks;
+  }
+  void forward(LmState& st, std::span<const int32_t> tokens, float* logits) override {
+    auto& s = static_cast<FakeState&>(st);
+    if (s.pos() + int(tokens.size()) > s.cap) throw Error("fake: capacity exceeded");
+    s.toks.insert(s.toks.end(), tokens.begin(), tokens.end());
+    consumed += int64_t(tokens.size());
+    ++calls;
+    if (!logits) return;
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t t : s.toks) h = (h ^ uint64_t(t + 1)) * 1099511628211ull;
+    for (int i = 0; i < vocab_size(); ++i) {
+      uint64_t x = (h + uint64_t(i) * 0x9e3779b97f4a7c15ull);
+      x ^= x >> 31;
+      x *= 0xbf58476d1ce4e5b9ull;
+      x ^= x >> 29;
+      logits[i] = float(x % 10000) / 1000.0f - 5.0f;
+    }
+    const int k = s.pos() - script_from;
+    if (!script.empty() && k >= 0 && k < int(script.size())) logits[script[k]] = 100.0f;
+  }
+  int64_t state_bytes(int capacity) const override { return 4LL * capacity + 1000; }
+
+  std::vector<int32_t> script;
+  int script_from = 0;
+  int64_t consumed = 0, calls = 0;
+};
+
+GenerationRequest greedy(std::vector<int32_t> prompt, int max_tokens) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 0.0f;
+  r.max_tokens = max_tokens;
+  return r;
+}
+
+TEST(Engine, GreedyMatchesADirectLoopAndStopsAtStopIds) {
+  auto tok = std::make_shared<FakeTokenizer>();
+  FakeLm lm;
+  Engine eng(lm, tok, {});
+  auto req = greedy(tok->encode("hello there", true), 40);
+  req.ignore_eos = true;
+  auto r = eng.generate(req);
+  // Reference: argmax over the tokenizer's ids, one forward per token.
+  auto st = lm.new_state(100);
+  std::vector<float> l(270);
+  lm.forward(*st, req.prompt, l.data());
+  std::vector<int32_t> want;
+  for (int i = 0; i < 40; ++i) {
+    int32_t best = 0;
+    for (int j = 1; j < 263; ++j)
+      if (l[j] > l[best]) best = j;
+    want.push_back(best);
+    lm.forward(*st, {&best, 1}, l.data());
+  }
+  EXPECT_EQ(r.tokens, want);
+  EXPECT_EQ(r.finish_reason, "length");
+  EXPECT_EQ(r.completion_tokens, 40);
+
+  // Force <|im_end|> as the 3rd token: it ends the output, counts as a token, adds no text.
+  lm.script = {'a', 'b', FakeTokenizer::id_of("<|im_end|>")};
+  lm.script_from = int(req.prompt.size());
+  eng.reset_sessions();
+  auto r2 = eng.generate(greedy(req.prompt, 40));
+  EXPECT_EQ(r2.finish_reason, "stop");
+  EXPECT_EQ(r2.text, "ab");
+  EXPECT_EQ(r2.completion_tokens, 3);
+}
+
+TEST(Engine, StopStringsAreHeldBackAndNeverStreamed) {
+  auto tok = std::make_shared<FakeTokenizer>();
+  FakeLm lm;
+  Engine eng(lm, tok, {});
+  auto prompt = tok->encode("q", true);
+  const std::string out = "hello STOP world";
+  lm.script = tok->encode(out, false);
+  lm.script_from = int(prompt.size());
+  auto req = greedy(prompt, 100);
+  req.stop = {"STOP", "xyz"};
+  std::string streamed;
+  auto r = eng.generate(req, [&](const GenerationEvent& e) {
+    streamed += e.text;
+    EXPECT_EQ(streamed.find("ST"), std::string::npos);   // a stop prefix is never streamed
+  });
+  EXPECT_EQ(r.text, "hello ");
+  EXPECT_EQ(streamed, "hello ");
+  EXPECT_EQ(r.finish_reason, "stop");
+  EXPECT_EQ(r.stop_reason, "STOP");
+}
+
+TEST(Engine, RejectsTooLongPromptsWithoutTouchingState) {
+  auto tok = std::make_shared<FakeTokenizer>();
+  FakeLm lm;
+  EngineOptions o;
+  o.ctx = 32;
+  Engine eng(lm, tok, o);
+  EXPECT_THROW(eng.generate(greedy(std::vector<int32_t>(32, 'a'), 4)), Error);
+  EXPECT_THROW(eng.generate(greedy({}, 4)), Error);
+  EXPECT_THROW(eng.generate(greedy({300}, 4)), Error);   // not a tokenizer id
+  EXPECT_EQ(lm.consumed, 0);
+  // A prompt that fits is clipped to the room left and reports "length".
+  auto req = greedy(std::vector<int32_t>(28, 'a'), 100);
+  req.ignore_eos = true;
+  auto r = eng.generate(req);
+  EXPECT_EQ(r.completion_tokens, 4);
+  EXPECT_EQ(r.finish_reason, "length");
+}
+
+TEST(Engine, CancelStopsAtTheNextToken) {
+  auto tok = std::make_shared<FakeTokenizer>();
+  FakeLm lm;
+  Engine eng(lm, tok, {});
+  std::atomic<bool> cancel{false};
+  auto req = greedy(tok->encode("x", true), 50);
+  req.ignore_eos = true;
+  req.cancel = &cancel;
+  int events = 0;
+  auto r = eng.generate(req, [&](const GenerationEvent& e) {
+    if (!e.ping && ++events == 5) cancel = true;
+  });
+  EXPECT_EQ(r.finish_reason, "cancelled");
+  EXPECT_EQ(r.completion_tokens, 5);
+  // The next request still works and reuses the consistent live state.
+  auto r2 = eng.generate(greedy(tok->encode("x", true), 3));
+  EXPECT_EQ(r2.cached_tokens, 1);
+  EXPECT_FALSE(r2.tokens.empty());
+}
+
+TEST(Engine, ToolCallStreamingMatchesFinalCalls) {
+  auto tok = std::make_shared<FakeTokenizer>();
+  FakeLm lm;
+  Engine eng(lm, tok, {});
+  const auto tools = nlohmann::json::parse(R"([{"type":"function","function":{"name":"get_weather",
+    "parameters":{"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"}}}}}])");
+  auto prompt = tok->encode("<|im_start|>user\nweather?<|im_end|>\n<|im_start|>assistant\n<think>\n", true);
+  lm.script = tok->encode(
+      "plan it\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+      "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call><|im_end|>",
+      true);
+  lm.script_from = int(prompt.size());
+  auto req = greedy(prompt, 200);
+  req.parse_output = true;
+  req.starts_in_reasoning = true;
+  req.tools = tools;
+  req.tool_id_seed = 5;
+  std::string reasoning, content;
+  std::map<int, std::string> args, names, ids;
+  auto r = eng.generate(req, [&](const GenerationEvent& e) {
+    reasoning += e.parsed.reasoning;
+    content += e.parsed.content;
+    for (const auto& d : e.parsed.tool_calls) {
+      args[d.index] += d.arguments;
+      names[d.index] += d.name;
+      ids[d.index] += d.id;
+    }
+  });
+  EXPECT_EQ(r.finish_reason, "tool_calls");
+  ASSERT_EQ(r.tool_calls.size(), 1u);
+  EXPECT_EQ(r.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(nlohmann::json::parse(r.tool_calls[0].arguments_json),
+            nlohmann::json::parse(R"({"city": "Paris", "days": 2})"));
+  EXPECT_EQ(names[0], "get_weather");
+  EXPECT_EQ(ids[0], r.tool_calls[0].id);
+  EXPECT_EQ(args[0], r.tool_calls[0].arguments_json);
+  EXPECT_EQ(reasoning, r.reasoning);
+  EXPECT_EQ(r.reasoning.find("plan it"), 0u);
+  EXPECT_EQ(content, r.content);
+  EXPECT_EQ(r.content.find("<tool_call>"), std::string::npos);
+  EXPECT_GT(r.reasoning_tokens, 0);
+  EXPECT_LT(r.reasoning_tokens, r.completion_tokens);
+}
+
+// Largest turn boundary (end of "<|im_end|>\n" or end of prompt) of `prev` that still prefixes `cur`.
+size_t reusable_boundary(const std::vector<int32_t>& prev, const std::vector<int32_t>& cur) {
+  size_t lcp = 0;
+  while (lcp < prev.size() && lcp < cur.size() && prev[lcp] == cur[lcp]) ++lcp;
+  if (lcp == prev.size()) return lcp;
+  const int32_t im_end = FakeTokenizer::id_of("<|im_end|>");
+  for (size_t b = lcp; b >= 2; --b)
+    if (prev[b - 2] == im_end && prev[b - 1] == '\n') return b;
+  return 0;
+}
+
+TEST(Engine, TenTurnAgentConversationPrefillsOnlyNewTokens) {
+  auto tok = std::make_shared<FakeTokenizer>();
+  FakeLm warm_lm, cold_lm;
+  EngineOptions cold_opt;
+  cold_opt.prefix_reuse = false;
+  Engine warm(warm_lm, tok, {}), cold(cold_lm, tok, cold_opt);
+  const auto tools = nlohmann::ordered_json::parse(R"([{"type":"function","function":{"name":"ls",
+    "description":"list files","parameters":{"type":"object","properties":{"dir":{"type":"string"}}}}}])");
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  messages.push_back({{"role", "system"}, {"content", "You are terse."}});
+  messages.push_back({{"role", "user"}, {"content", "Look around."}});
+  std::vector<int32_t> prev;
+  for (int turn = 0; turn < 10; ++turn) {
+    ChatTemplateOptions topt;
+    const auto prompt = tok->encode(render_chat(messages, tools, topt), true);
+    auto req = greedy(prompt, 12);
+    req.parse_output = true;
+    req.starts_in_reasoning = true;
+    req.tools = tools;
+    const int64_t before = warm_lm.consumed;
+    const auto s0 = warm.stats();
+    auto w = warm.generate(req);
+    const auto s1 = warm.stats();
+    auto c = cold.generate(req);
+    EXPECT_EQ(w.tokens, c.tokens) << "turn " << turn;
+    EXPECT_EQ(w.text, c.text) << "turn " << turn;
+    EXPECT_EQ(c.cached_tokens, 0);
+    // Only the tokens after the reused prefix went through the model (plus the decode steps).
+    EXPECT_EQ(s1.prefill_tokens - s0.prefill_tokens, int64_t(prompt.size()) - w.cached_tokens);
+    EXPECT_EQ(warm_lm.consumed - before,
+              (s1.prefill_tokens - s0.prefill_tokens) + (s1.decode_tokens - s0.decode_tokens));
+    EXPECT_EQ(s1.decode_tokens - s0.decode_tokens, w.completion_tokens - 1) << "turn " << turn;
+    if (turn > 0) {
+      const size_t want = reusable_boundary(prev, prompt);
+      EXPECT_GE(size_t(w.cached_tokens), want) << "turn " << turn;
+      EXPECT_GT(want, prev.size() / 2) << "turn " << turn;
+    }
+    prev = prompt;
+    // The client replays the turn as OpenAI clients do: content, reasoning and a tool call.
+    nlohmann::ordered_json am = {{"role", "assistant"}, {"content", w.content},
+                                 {"reasoning_content", w.reasoning}};
+    am["tool_calls"] = nlohmann::ordered_json::array(
+        {{{"id", "call_" + std::to_string(turn)}, {"type", "function"},
+          {"function", {{"name", "ls"}, {"arguments", "{\"dir\": \"d" + std::to_string(turn) + "\"}"}}}}});
+    messages.push_back(am);
+    messages.push_back({{"role", "tool"}, {"tool_call_id", "call_" + std::to_string(turn)},
+                        {"content", "file" + std::to_string(turn) + ".txt"}});
+    if (turn % 4 == 3) messages.push_back({{"role", "user"}, {"content", "Continue."}});
+  }
+  const auto s = warm.stats();
+  EXPECT_GT(s.cached_tokens, s.prefill_tokens);   // most of the conversation was reused
+  EXPECT_GT(s.cache.snapshots, 0);
+  EXPECT_LT(warm_lm.consumed * 2, cold_lm.consumed);
+}
+
+}  // namespace
+}  // namespace lily
