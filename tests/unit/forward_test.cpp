@@ -110,7 +110,7 @@ struct TinyModel {
 
 std::vector<int32_t> random_tokens(int n, int vocab, unsigned seed) {
   std::mt19937 r(seed);
-  std::vector<int32_t> t(size_t(n));
+  std::vector<int32_t> t(static_cast<size_t>(n));
   for (auto& x : t) x = int32_t(r() % unsigned(vocab));
   return t;
 }
