@@ -104,14 +104,16 @@ int tokenize_main(int argc, char** argv) {
             "Tokenize text with a Hugging Face tokenizer.json.\n"
             "  --text STR                 print {\"ids\", \"decoded\", ...} for one string\n"
             "  --input F.jsonl --output F lines {\"text\"} (or {\"ids\"}) -> {\"ids\", \"decoded\", ...}\n"
-            "  --bench FILE               single-threaded encode throughput of the whole file",
+            "  --bench FILE               single-threaded encode throughput of the whole file\n"
+            "  --info                     vocabulary size, stop ids and special ids",
             {{"tokenizer", "", "tokenizer.json or a directory holding it", "LILY_TOKENIZER"},
              {"text", "", "one string to encode", ""},
              {"input", "", "JSONL input file", ""},
              {"output", "-", "JSONL output file (- = stdout)", ""},
              {"no-special", "false", "treat special tokens written in the text as plain text", "", true},
              {"bench", "", "text file to encode as a whole for a throughput measurement", ""},
-             {"repeat", "5", "benchmark repetitions (best and first are reported)", ""}});
+             {"repeat", "5", "benchmark repetitions (best and first are reported)", ""},
+             {"info", "false", "print {\"vocab_size\", \"stop_ids\", \"special_ids\"} and exit", "", true}});
   if (!o.parse(argc, argv)) return 0;
   if (o.str("tokenizer").empty()) throw Error("--tokenizer is required");
   const auto t0 = std::chrono::steady_clock::now();
@@ -120,6 +122,14 @@ int tokenize_main(int argc, char** argv) {
   if (o.given("bench")) {
     std::fprintf(stderr, "tokenizer loaded in %.3f s\n", load_s);
     return run_bench(*tok, o);
+  }
+  if (o.flag("info")) {
+    std::vector<int32_t> special;
+    for (int32_t id = 0; id < tok->vocab_size(); ++id)
+      if (tok->is_special(id)) special.push_back(id);
+    std::cout << json{{"vocab_size", tok->vocab_size()}, {"stop_ids", tok->stop_ids()}, {"special_ids", special},
+                      {"load_s", load_s}}.dump() << '\n';
+    return 0;
   }
   if (o.given("input")) return run_batch(*tok, o);
   if (!o.given("text")) throw Error("give --text, --input or --bench");
