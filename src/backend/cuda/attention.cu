@@ -1,0 +1,236 @@
+// Gated attention core: fused q/k preparation (D4c: per-head query/gate split, zero-centred norms,
+// partial RoPE, KV append), a split-KV decode kernel (D7) in which one CTA serves all query heads
+// of a KV head from a single coalesced pass over the cache (D5, D6), and the merge of the partial
+// softmaxes that also applies the sigmoid output gate.
+#include <cfloat>
+
+#include "backend/cuda/cuda_ops.h"
+
+namespace lily::cuda {
+
+namespace {
+
+__device__ __forceinline__ int cur_pos(int pos0, const int32_t* pos_dev) { return pos_dev ? *pos_dev : pos0; }
+
+// grid (heads + kv_heads, T), block head_dim threads. Queries go to qbuf [T, heads, hd]
+// (normalised, rotated, pre-multiplied by 1/sqrt(hd)); keys and values to the cache rows.
+__global__ void attn_prep_kernel(AttnDims d, const float* qn, const float* kn, float* kc, float* vc,
+                                 int pos0, const int32_t* pos_dev, const float* q, const float* k,
+                                 const float* v, float* qbuf) {
+  extern __shared__ float sm[];   // [hd] + red[32]
+  float* red = sm + d.head_dim;
+  const int h = blockIdx.x, t = blockIdx.y, i = threadIdx.x, hd = d.head_dim;
+  const int pos = cur_pos(pos0, pos_dev) + t;
+  const bool is_q = h < d.heads;
+  const int kvh = h - d.heads;
+  const float* src = is_q ? q + (int64_t(t) * d.heads + h) * 2 * hd
+                          : k + (int64_t(t) * d.kv_heads + kvh) * hd;
+  const float x = src[i];
+  const float ss = block_sum(x * x, red);
+  sm[i] = x * rsqrtf(ss / float(hd) + d.eps) * (is_q ? qn[i] : kn[i]);
+  __syncthreads();
+  float outv = sm[i];
+  const int half = d.rot_dim / 2;
+  if (i < d.rot_dim) {
+    const int p = i < half ? i : i - half;
+    const float inv = powf(d.theta, -float(2 * p) / float(d.rot_dim));
+    float sn, cs;
+    sincosf(float(pos) * inv, &sn, &cs);
+    outv = i < half ? sm[i] * cs - sm[i + half] * sn : sm[i] * cs + sm[i - half] * sn;
+  }
+  if (is_q) {
+    qbuf[(int64_t(t) * d.heads + h) * hd + i] = outv * rsqrtf(float(hd));
+  } else if (pos < d.capacity) {
+    const int64_t row = (int64_t(pos) * d.kv_heads + kvh) * hd;
+    kc[row + i] = outv;
+    vc[row + i] = v[(int64_t(t) * d.kv_heads + kvh) * hd + i];
+  }
+}
+
+// Partial softmax of HPB query heads over one slice of the cache. grid (splits, kv_heads*G/HPB, T),
+// 8 warps; a warp takes every 8th position of the slice, lanes hold DPL consecutive dims.
+// Partials: [T, heads, splits, hd + 2] = (Σ p·v, m, l) with m the running max (log2 domain).
+template <int DPL, int HPB>
+__global__ void __launch_bounds__(256) attn_split_kernel(AttnDims d, const float* kc, const float* vc,
+                                                         int pos0, const int32_t* pos_dev,
+                                                         const float* qbuf, float* part) {
+  extern __shared__ float sm[];   // [8 warps][HPB][hd] acc, then [8][HPB] m and l
+  constexpr int hd = DPL * 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int split = blockIdx.x, t = blockIdx.z, splits = gridDim.x;
+  const int G = d.heads / d.kv_heads;
+  const int h0 = blockIdx.y * HPB, kvh = h0 / G;
+  const int len = min(cur_pos(pos0, pos_dev) + t + 1, d.capacity);
+  const int chunk = (len + splits - 1) / splits;
+  const int lo = split * chunk, hi = min(len, lo + chunk);
+  float* pbase = part + ((int64_t(t) * d.heads + h0) * splits + split) * (hd + 2);
+  const int64_t hstride = int64_t(splits) * (hd + 2);
+  if (lo >= hi) {
+    if (threadIdx.x < HPB) pbase[threadIdx.x * hstride + hd + 1] = 0.f;   // l = 0: empty slice
+    return;
+  }
+  const float kLog2e = 1.4426950408889634f;
+  float qr[HPB][DPL];
+#pragma unroll
+  for (int h = 0; h < HPB; ++h)
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) qr[h][e] = qbuf[(int64_t(t) * d.heads + h0 + h) * hd + lane * DPL + e] * kLog2e;
+  float m[HPB], l[HPB], acc[HPB][DPL];
+#pragma unroll
+  for (int h = 0; h < HPB; ++h) {
+    m[h] = -FLT_MAX;
+    l[h] = 0.f;
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) acc[h][e] = 0.f;
+  }
+  const int64_t rs = int64_t(d.kv_heads) * hd;
+  const float* kb = kc + int64_t(kvh) * hd + lane * DPL;
+  const float* vb = vc + int64_t(kvh) * hd + lane * DPL;
+  for (int p = lo + warp; p < hi; p += 16) {
+    const bool two = p + 8 < hi;
+    float kr[2][DPL], vr[2][DPL];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int pp = u == 0 || two ? p + 8 * u : p;
+#pragma unroll
+      for (int e = 0; e < DPL; e += 4) {
+        const float4 a = __ldcs(reinterpret_cast<const float4*>(kb + pp * rs + e));
+        const float4 b = __ldcs(reinterpret_cast<const float4*>(vb + pp * rs + e));
+        kr[u][e] = a.x; kr[u][e + 1] = a.y; kr[u][e + 2] = a.z; kr[u][e + 3] = a.w;
+        vr[u][e] = b.x; vr[u][e + 1] = b.y; vr[u][e + 2] = b.z; vr[u][e + 3] = b.w;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < HPB; ++h) {
+      float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+      for (int e = 0; e < DPL; ++e) {
+        s0 = fmaf(qr[h][e], kr[0][e], s0);
+        s1 = fmaf(qr[h][e], kr[1][e], s1);
+      }
+      s0 = warp_sum(s0);
+      s1 = two ? warp_sum(s1) : -FLT_MAX;
+      const float mn = fmaxf(m[h], fmaxf(s0, s1));
+      const float corr = exp2f(m[h] - mn), p0 = exp2f(s0 - mn), p1 = two ? exp2f(s1 - mn) : 0.f;
+      m[h] = mn;
+      l[h] = fmaf(l[h], corr, p0 + p1);
+#pragma unroll
+      for (int e = 0; e < DPL; ++e) acc[h][e] = fmaf(acc[h][e], corr, fmaf(p0, vr[0][e], p1 * vr[1][e]));
+    }
+  }
+  // Combine the 8 warps of the block.
+  float* sacc = sm;
+  float* sml = sm + 8 * HPB * hd;
+#pragma unroll
+  for (int h = 0; h < HPB; ++h) {
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) sacc[(warp * HPB + h) * hd + lane * DPL + e] = acc[h][e];
+    if (lane == 0) {
+      sml[(warp * HPB + h) * 2] = m[h];
+      sml[(warp * HPB + h) * 2 + 1] = l[h];
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < HPB * hd; idx += blockDim.x) {
+    const int h = idx / hd, e = idx % hd;
+    float M = -FLT_MAX;
+    for (int w = 0; w < 8; ++w) M = fmaxf(M, sml[(w * HPB + h) * 2]);
+    float L = 0.f, A = 0.f;
+    for (int w = 0; w < 8; ++w) {
+      const float f = exp2f(sml[(w * HPB + h) * 2] - M);
+      L = fmaf(sml[(w * HPB + h) * 2 + 1], f, L);
+      A = fmaf(sacc[(w * HPB + h) * hd + e], f, A);
+    }
+    float* pb = pbase + h * hstride;
+    pb[e] = A;
+    if (e == 0) {
+      pb[hd] = M;
+      pb[hd + 1] = L;
+    }
+  }
+}
+
+// grid (heads, T), block hd: o = Σ_s acc_s 2^(m_s−M) / Σ_s l_s 2^(m_s−M), times σ(gate).
+__global__ void attn_merge_kernel(AttnDims d, int splits, const float* part, const float* q, float* o) {
+  const int h = blockIdx.x, t = blockIdx.y, e = threadIdx.x, hd = d.head_dim;
+  const float* pb = part + (int64_t(t) * d.heads + h) * splits * (hd + 2);
+  float M = -FLT_MAX;
+  for (int s = 0; s < splits; ++s)
+    if (pb[s * (hd + 2) + hd + 1] > 0.f) M = fmaxf(M, pb[s * (hd + 2) + hd]);
+  float L = 0.f, A = 0.f;
+  for (int s = 0; s < splits; ++s) {
+    const float* ps = pb + s * (hd + 2);
+    if (ps[hd + 1] > 0.f) {
+      const float f = exp2f(ps[hd] - M);
+      L = fmaf(ps[hd + 1], f, L);
+      A = fmaf(ps[e], f, A);
+    }
+  }
+  const float gate = q[(int64_t(t) * d.heads + h) * 2 * hd + hd + e];
+  o[(int64_t(t) * d.heads + h) * hd + e] = A / L * sigmoidf_(gate);
+}
+
+int eff_splits(int T, int splits) { return T == 1 ? splits : std::max(1, std::min(splits, 64 / T)); }
+
+template <int DPL, int HPB>
+void launch_split(const AttnDims& d, const float* kc, const float* vc, int pos0, const int32_t* pos_dev,
+                  const float* qbuf, float* part, int splits, int T, cudaStream_t s) {
+  const size_t smem = sizeof(float) * (8 * HPB * (DPL * 32) + 16 * HPB);
+  static bool attr_set = false;
+  if (!attr_set) {
+    CUDA_CHECK(cudaFuncSetAttribute(attn_split_kernel<DPL, HPB>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    attr_set = true;
+  }
+  dim3 grid(splits, d.heads / HPB, T);
+  attn_split_kernel<DPL, HPB><<<grid, 256, smem, s>>>(d, kc, vc, pos0, pos_dev, qbuf, part);
+  CUDA_LAUNCH_CHECK();
+}
+
+template <int DPL>
+void launch_split_h(const AttnDims& d, int hpb, const float* kc, const float* vc, int pos0,
+                    const int32_t* pos_dev, const float* qbuf, float* part, int splits, int T,
+                    cudaStream_t s) {
+  switch (hpb) {
+    case 8: launch_split<DPL, 8>(d, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s); break;
+    case 4: launch_split<DPL, 4>(d, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s); break;
+    case 2: launch_split<DPL, 2>(d, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s); break;
+    default: launch_split<DPL, 1>(d, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s); break;
+  }
+}
+
+}  // namespace
+
+int64_t attention_workspace_floats(const AttnDims& d, int T) {
+  return int64_t(T) * d.heads * d.head_dim +
+         int64_t(T) * d.heads * eff_splits(T, 256) * (d.head_dim + 2) + 64;
+}
+
+void attention(const AttnDims& d, const float* q_norm, const float* k_norm, float* kc, float* vc,
+               int pos0, const int32_t* pos_dev, const float* q, const float* k, const float* v,
+               int T, float* o, float* work, int splits, bool pack_gqa, cudaStream_t s) {
+  const int hd = d.head_dim, G = d.heads / d.kv_heads;
+  LILY_CHECK(hd == 64 || hd == 128 || hd == 256, "attention: head_dim must be 64, 128 or 256");
+  LILY_CHECK(d.heads % d.kv_heads == 0 && d.rot_dim <= hd && d.rot_dim % 2 == 0,
+             "attention: unsupported head configuration");
+  splits = eff_splits(T, std::min(splits, 256));
+  float* qbuf = work;
+  float* part = work + int64_t(T) * d.heads * hd;
+  attn_prep_kernel<<<dim3(d.heads + d.kv_heads, T), hd, (hd + 32) * sizeof(float), s>>>(
+      d, q_norm, k_norm, kc, vc, pos0, pos_dev, q, k, v, qbuf);
+  CUDA_LAUNCH_CHECK();
+  int hpb = 1;
+  if (pack_gqa)
+    for (int c : {8, 4, 2})
+      if (G % c == 0) {
+        hpb = c;
+        break;
+      }
+  if (hd == 256) launch_split_h<8>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
+  else if (hd == 128) launch_split_h<4>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
+  else launch_split_h<2>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
+  attn_merge_kernel<<<dim3(d.heads, T), hd, 0, s>>>(d, splits, part, q, o);
+  CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace lily::cuda

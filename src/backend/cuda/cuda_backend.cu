@@ -1,0 +1,506 @@
+// The CUDA backend: device memory and weight upload, op dispatch onto one stream, small op fusions
+// done behind the interface (independent projections batched into one launch, the residual add
+// folded into the next RMSNorm), CUDA-graph capture of a decode step (D2) and per-op timing.
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+#include "backend/cuda/cuda_ops.h"
+
+namespace lily {
+
+namespace cuda {
+void cuda_fail(cudaError_t e, const char* expr, const char* file, int line) {
+  throw Error(std::string("CUDA error ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ") in " +
+              expr + " at " + file + ":" + std::to_string(line));
+}
+}  // namespace cuda
+
+namespace {
+
+using namespace lily::cuda;
+
+int64_t type_bytes(const QMatrix& m) {
+  switch (m.type) {
+    case WType::kAffine4: return m.rows * m.cols / 2;
+    case WType::kAffine8: return m.rows * m.cols;
+    case WType::kBF16: return m.rows * m.cols * 2;
+    default: return m.rows * m.cols * 4;
+  }
+}
+int64_t sb_bytes(const QMatrix& m) {
+  return m.quantized() ? m.rows * (m.cols / m.group_size) * (m.sb_f32 ? 4 : 2) : 0;
+}
+
+QMat to_qmat(const QMatrix& m) {
+  QMat q;
+  q.type = int(m.type);
+  q.rows = int(m.rows);
+  q.cols = int(m.cols);
+  q.gs = m.group_size;
+  q.sb_f32 = m.sb_f32 ? 1 : 0;
+  q.data = m.data;
+  q.scales = m.scales;
+  q.biases = m.biases;
+  return q;
+}
+
+struct PendingAdd {
+  float* h = nullptr;
+  const float* r = nullptr;
+  int64_t n = 0;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const BackendOptions& opt) : abl_(opt.ablations) {
+    int n = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&n));
+    if (n == 0) throw Error("cuda backend: no CUDA device found");
+    CUDA_CHECK(cudaSetDevice(0));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+    set_ablations(abl_);
+    argmax_ws_ = alloc_bytes(argmax_scratch_bytes(4096));
+  }
+  ~CudaBackend() override {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+    for (auto& e : events_) cudaEventDestroy(e);
+    for (void* p : allocs_) cudaFree(p);
+    cudaStreamDestroy(s_);
+  }
+  std::string name() const override { return "cuda"; }
+
+  // ---- memory -----------------------------------------------------------------------------
+  ModelWeights upload(const ModelWeights& host) override {
+    ModelWeights d;
+    d.config = host.config;
+    d.hf_layout = host.hf_layout;
+    d.embed_tokens = up(host.embed_tokens);
+    d.lm_head = up(host.lm_head);
+    d.norm = up(host.norm);
+    for (const LayerWeights& l : host.layers) {
+      LayerWeights o;
+      o.full_attention = l.full_attention;
+      o.input_layernorm = up(l.input_layernorm);
+      o.post_attention_layernorm = up(l.post_attention_layernorm);
+      if (l.full_attention) {
+        const AttnWeights& a = l.self_attn;
+        o.self_attn = {up(a.q_proj), up(a.k_proj), up(a.v_proj), up(a.o_proj), up(a.q_norm), up(a.k_norm)};
+      } else {
+        const GdnWeights& g = l.linear_attn;
+        o.linear_attn = {up(g.in_proj_qkv), up(g.in_proj_z), up(g.in_proj_a), up(g.in_proj_b), up(g.conv1d),
+                         up(g.A_log), up(g.dt_bias), up(g.norm), up(g.out_proj)};
+      }
+      const MoeWeights& m = l.mlp;
+      o.mlp = {up(m.gate), up(m.experts_gate), up(m.experts_up), up(m.experts_down), up(m.shared_gate_proj),
+               up(m.shared_up_proj), up(m.shared_down_proj), up(m.shared_expert_gate)};
+      d.layers.push_back(std::move(o));
+    }
+    CUDA_CHECK(cudaStreamSynchronize(s_));
+    uploaded_.clear();
+    return d;
+  }
+  float* alloc(int64_t n) override { return static_cast<float*>(alloc_bytes(n * 4)); }
+  int32_t* alloc_i32(int64_t n) override { return static_cast<int32_t*>(alloc_bytes(n * 4)); }
+  void free(void* p) override {
+    auto it = std::find(allocs_.begin(), allocs_.end(), p);
+    if (it == allocs_.end()) return;
+    flush();
+    CUDA_CHECK(cudaStreamSynchronize(s_));
+    bytes_ -= alloc_size_[p];
+    alloc_size_.erase(p);
+    allocs_.erase(it);
+    CUDA_CHECK(cudaFree(p));
+  }
+  void copy_to_host(void* dst, const void* src, int64_t bytes) override {
+    flush();
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s_));
+    CUDA_CHECK(cudaStreamSynchronize(s_));
+  }
+  void copy_from_host(void* dst, const void* src, int64_t bytes) override {
+    flush();
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s_));
+    CUDA_CHECK(cudaStreamSynchronize(s_));
+  }
+  void copy(void* dst, const void* src, int64_t bytes) override {
+    flush();
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s_));
+  }
+  void fill_zero(void* p, int64_t bytes) override {
+    flush();
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s_));
+  }
+  void synchronize() override {
+    flush();
+    CUDA_CHECK(cudaStreamSynchronize(s_));
+  }
+
+  // ---- ops --------------------------------------------------------------------------------
+  void embed(const QMatrix& E, const int32_t* tokens, int T, float* out) override {
+    flush();
+    timed("embed", 0, [&] { cuda::embed(to_qmat(E), tokens, T, out, s_); });
+  }
+  void rmsnorm(const float* x, const FVec& w, int T, float eps, float* out) override {
+    flush_mm();
+    if (pend_add_.h && pend_add_.h == x && pend_add_.n == int64_t(T) * w.n) {
+      PendingAdd p = pend_add_;
+      pend_add_ = {};
+      timed("add+rmsnorm", 0, [&] { cuda::rmsnorm(p.h, p.r, w.data, int(w.n), T, eps, out, s_); });
+      return;
+    }
+    flush_add();
+    timed("rmsnorm", 0, [&] { cuda::rmsnorm(const_cast<float*>(x), nullptr, w.data, int(w.n), T, eps, out, s_); });
+  }
+  void matmul(const QMatrix& W, const float* x, int T, float* y) override {
+    flush_add();
+    bool conflict = pend_T_ != T || int(pend_.size()) == kMaxGemvJobs;
+    for (const GemvJob& j : pend_)
+      conflict = conflict || j.y == x || j.y == y || j.x == y;
+    if (conflict) flush_mm();
+    pend_T_ = T;
+    pend_.push_back({to_qmat(W), x, y});
+    if (!batch_) flush_mm();
+  }
+  void add(float* h, const float* r, int64_t n) override {
+    flush();
+    if (fuse_add_) {
+      pend_add_ = {h, r, n};
+      return;
+    }
+    timed("add", 0, [&] { cuda::add(h, r, n, s_); });
+  }
+  void gdn(const ModelConfig& c, const GdnWeights& w, GdnState& st, const float* qkv, const float* z,
+           const float* a, const float* b, int T, float* y) override {
+    flush();
+    GdnDims d{c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
+              c.conv_dim(), c.linear_conv_kernel_dim, c.rms_norm_eps};
+    const double bytes = 2.0 * d.nv * d.dk * d.dv * 4;
+    timed("gdn", bytes, [&] {
+      cuda::gdn(d, w.conv1d.data, w.A_log.data, w.dt_bias.data, w.norm.data, st.conv, st.S, qkv, z, a, b, T, y, s_);
+    });
+  }
+  void attention(const ModelConfig& c, const AttnWeights& w, KvCache& kv, int pos0, const int32_t* pos_dev,
+                 const float* q, const float* k, const float* v, int T, float* o) override {
+    flush();
+    AttnDims d{c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rotary_dim(), c.rope_theta,
+               c.rms_norm_eps, kv.capacity};
+    float* ws = workspace(attention_workspace_floats(d, T));
+    const double bytes = 2.0 * (pos0 + T) * d.kv_heads * d.head_dim * 4;
+    timed("attention", bytes, [&] {
+      cuda::attention(d, w.q_norm.data, w.k_norm.data, kv.k, kv.v, pos0, pos_dev, q, k, v, T, o, ws, splits_,
+                      pack_gqa_, s_);
+    });
+  }
+  void moe(const ModelConfig& c, const MoeWeights& w, const float* x, int T, float* out) override {
+    flush();
+    MoeDev m{};
+    m.E = c.num_experts;
+    m.K = c.num_experts_per_tok;
+    m.H = c.hidden_size;
+    m.I = c.moe_intermediate_size;
+    m.Is = c.shared_expert_intermediate_size;
+    m.router = to_qmat(w.gate);
+    m.shared_gate = to_qmat(w.shared_expert_gate);
+    m.gate0 = to_qmat(w.experts_gate.first);
+    m.up0 = to_qmat(w.experts_up.first);
+    m.down0 = to_qmat(w.experts_down.first);
+    m.gate_stride = w.experts_gate.data_stride;
+    m.gate_sb_stride = w.experts_gate.sb_stride;
+    m.up_stride = w.experts_up.data_stride;
+    m.up_sb_stride = w.experts_up.sb_stride;
+    m.down_stride = w.experts_down.data_stride;
+    m.down_sb_stride = w.experts_down.sb_stride;
+    m.sh_gate = to_qmat(w.shared_gate_proj);
+    m.sh_up = to_qmat(w.shared_up_proj);
+    m.sh_down = to_qmat(w.shared_down_proj);
+    if (hist_on_) {
+      if (!hist_) hist_ = alloc_i32(int64_t(c.num_hidden_layers) * m.E);
+      hist_layers_ = c.num_hidden_layers;
+      hist_E_ = m.E;
+      m.hist = hist_ + int64_t(moe_calls_ % c.num_hidden_layers) * m.E;
+    }
+    ++moe_calls_;
+    float* ws = workspace(moe_workspace_floats(m, T));
+    auto expert_bytes = [](const QStack& s) { return double(type_bytes(s.first) + 2 * sb_bytes(s.first)); };
+    auto mat_bytes = [](const QMatrix& q) { return double(type_bytes(q) + 2 * sb_bytes(q)); };
+    const double bytes = mat_bytes(w.gate) + mat_bytes(w.shared_expert_gate) +
+                         m.K * (expert_bytes(w.experts_gate) + expert_bytes(w.experts_up) +
+                                expert_bytes(w.experts_down)) +
+                         mat_bytes(w.shared_gate_proj) + mat_bytes(w.shared_up_proj) + mat_bytes(w.shared_down_proj);
+    timed("moe", bytes, [&] { cuda::moe(m, x, T, out, ws, fast_, s_); });
+  }
+  void argmax(const float* logits, int T, int n, int32_t* ids) override {
+    flush();
+    LILY_CHECK(T <= 4096, "cuda argmax: at most 4096 rows per call");
+    timed("argmax", double(T) * n * 4, [&] { cuda::argmax(logits, T, n, ids, argmax_ws_, s_); });
+  }
+  void increment(int32_t* p, int by) override {
+    flush();
+    timed("increment", 0, [&] { cuda::increment(p, by, s_); });
+  }
+
+  // ---- capture (D2) -----------------------------------------------------------------------
+  bool begin_capture() override {
+    if (abl_.has("D2")) return false;
+    flush();
+    CUDA_CHECK(cudaStreamSynchronize(s_));
+    CUDA_CHECK(cudaStreamBeginCapture(s_, cudaStreamCaptureModeThreadLocal));
+    capturing_ = true;
+    return true;
+  }
+  void end_capture() override {
+    flush();
+    CUDA_CHECK(cudaStreamEndCapture(s_, &graph_next_));
+    capturing_ = false;
+    if (exec_) CUDA_CHECK(cudaGraphExecDestroy(exec_));
+    if (graph_) CUDA_CHECK(cudaGraphDestroy(graph_));
+    graph_ = graph_next_;
+    CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  void replay() override {
+    LILY_CHECK(exec_ != nullptr, "cuda replay: no captured step");
+    CUDA_CHECK(cudaGraphLaunch(exec_, s_));
+  }
+
+  // ---- tool hooks -------------------------------------------------------------------------
+  void set_profiling(bool on) {
+    synchronize();
+    profiling_ = on;
+  }
+  std::vector<cuda_tools::OpTime> take_profile() {
+    synchronize();
+    std::map<std::string, cuda_tools::OpTime> acc;
+    for (const Mark& m : marks_) {
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, events_[m.ev0], events_[m.ev0 + 1]));
+      auto& o = acc[m.name];
+      o.name = m.name;
+      o.ms += ms;
+      o.calls += 1;
+      o.bytes += m.bytes;
+    }
+    marks_.clear();
+    std::vector<cuda_tools::OpTime> out;
+    for (auto& [k, v] : acc) out.push_back(v);
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.ms > b.ms; });
+    return out;
+  }
+  int64_t device_bytes() const { return bytes_; }
+  void set_ablations(const Ablations& a) {
+    flush();
+    abl_ = a;
+    fast_ = !abl_.has("D1");
+    batch_ = !abl_.has("D3");
+    fuse_add_ = !abl_.has("D8");
+    pack_gqa_ = !abl_.has("D6");
+    splits_ = abl_.has("D7") ? 1 : 128;
+  }
+  // Counting starts at the next MoE call of layer 0; counts are per layer.
+  void set_expert_histogram(bool on) {
+    synchronize();
+    hist_on_ = on;
+    moe_calls_ = 0;
+    if (hist_) fill_zero(hist_, 4LL * hist_layers_ * hist_E_);
+  }
+  std::vector<std::vector<int64_t>> expert_histogram() {
+    std::vector<std::vector<int64_t>> out;
+    if (!hist_) return out;
+    std::vector<int32_t> h(size_t(hist_layers_) * hist_E_);
+    copy_to_host(h.data(), hist_, 4LL * h.size());
+    for (int l = 0; l < hist_layers_; ++l) out.emplace_back(h.begin() + l * hist_E_, h.begin() + (l + 1) * hist_E_);
+    return out;
+  }
+  cudaStream_t stream() const { return s_; }
+
+ private:
+  struct Mark {
+    std::string name;
+    size_t ev0;
+    double bytes;
+  };
+
+  void* alloc_bytes(int64_t bytes) {
+    void* p = nullptr;
+    LILY_CHECK(!capturing_, "cuda backend: allocation during graph capture");
+    CUDA_CHECK(cudaMalloc(&p, std::max<int64_t>(bytes, 16)));
+    CUDA_CHECK(cudaMemset(p, 0, std::max<int64_t>(bytes, 16)));
+    allocs_.push_back(p);
+    alloc_size_[p] = bytes;
+    bytes_ += bytes;
+    return p;
+  }
+  const void* up_bytes(const void* host, int64_t bytes) {
+    if (!host || bytes <= 0) return nullptr;
+    auto it = uploaded_.find(host);
+    if (it != uploaded_.end() && it->second.second >= bytes) return it->second.first;
+    void* d = alloc_bytes(bytes);
+    CUDA_CHECK(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice));
+    uploaded_[host] = {d, bytes};
+    return d;
+  }
+  QMatrix up(const QMatrix& m) {
+    QMatrix d = m;
+    d.data = up_bytes(m.data, type_bytes(m));
+    d.scales = up_bytes(m.scales, sb_bytes(m));
+    d.biases = up_bytes(m.biases, sb_bytes(m));
+    return d;
+  }
+  QStack up(const QStack& s) {
+    QStack d = s;
+    QMatrix f = s.first;
+    d.first.data = up_bytes(f.data, (s.n - 1) * s.data_stride + type_bytes(f));
+    d.first.scales = up_bytes(f.scales, f.quantized() ? (s.n - 1) * s.sb_stride + sb_bytes(f) : 0);
+    d.first.biases = up_bytes(f.biases, f.quantized() ? (s.n - 1) * s.sb_stride + sb_bytes(f) : 0);
+    return d;
+  }
+  FVec up(const FVec& v) {
+    return {static_cast<const float*>(up_bytes(v.data, v.n * 4)), v.n};
+  }
+  float* workspace(int64_t floats) {
+    if (floats > ws_floats_) {
+      LILY_CHECK(!capturing_, "cuda backend: workspace must grow before graph capture");
+      if (ws_) free(ws_);
+      ws_ = alloc(floats);
+      ws_floats_ = floats;
+    }
+    return ws_;
+  }
+
+  template <class F>
+  void timed(const std::string& name, double bytes, F&& launch) {
+    if (!profiling_ || capturing_) {
+      launch();
+      return;
+    }
+    const size_t ev0 = next_event_pair();
+    CUDA_CHECK(cudaEventRecord(events_[ev0], s_));
+    launch();
+    CUDA_CHECK(cudaEventRecord(events_[ev0 + 1], s_));
+    marks_.push_back({name, ev0, bytes});
+  }
+  size_t next_event_pair() {
+    const size_t i = marks_.size() * 2;
+    while (events_.size() < i + 2) {
+      cudaEvent_t e;
+      CUDA_CHECK(cudaEventCreate(&e));
+      events_.push_back(e);
+    }
+    return i;
+  }
+
+  void flush_add() {
+    if (!pend_add_.h) return;
+    PendingAdd p = pend_add_;
+    pend_add_ = {};
+    timed("add", 0, [&] { cuda::add(p.h, p.r, p.n, s_); });
+  }
+  void flush_mm() {
+    if (pend_.empty()) return;
+    std::string name = "gemv ";
+    double bytes = 0;
+    for (size_t i = 0; i < pend_.size(); ++i) {
+      const QMat& w = pend_[i].w;
+      name += (i ? "+" : "") + std::to_string(w.rows) + "x" + std::to_string(w.cols);
+      const double per = w.type == kQ4 ? 0.5 : w.type == kQ8 ? 1 : w.type == kBF ? 2 : 4;
+      bytes += double(w.rows) * w.cols * per + (w.type <= kQ8 ? double(w.rows) * (w.cols / w.gs) * 4 : 0);
+    }
+    std::vector<GemvJob> jobs;
+    jobs.swap(pend_);
+    timed(name, bytes, [&] { gemv_batch(jobs.data(), int(jobs.size()), pend_T_, fast_, s_); });
+  }
+  void flush() {
+    flush_add();
+    flush_mm();
+  }
+
+  Ablations abl_;
+  cudaStream_t s_ = nullptr;
+  bool fast_ = true, batch_ = true, fuse_add_ = true, pack_gqa_ = true;
+  int splits_ = 128;
+  std::vector<void*> allocs_;
+  std::map<void*, int64_t> alloc_size_;
+  std::map<const void*, std::pair<const void*, int64_t>> uploaded_;
+  int64_t bytes_ = 0;
+  void* argmax_ws_ = nullptr;
+  float* ws_ = nullptr;
+  int64_t ws_floats_ = 0;
+  std::vector<GemvJob> pend_;
+  int pend_T_ = 1;
+  PendingAdd pend_add_;
+  bool capturing_ = false;
+  cudaGraph_t graph_ = nullptr, graph_next_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+  bool profiling_ = false;
+  bool hist_on_ = false;
+  int32_t* hist_ = nullptr;
+  int hist_layers_ = 0, hist_E_ = 0;
+  int64_t moe_calls_ = 0;
+  std::vector<cudaEvent_t> events_;
+  std::vector<Mark> marks_;
+};
+
+CudaBackend& as_cuda(Backend& be) {
+  auto* p = dynamic_cast<CudaBackend*>(&be);
+  if (!p) throw Error("backend '" + be.name() + "' is not the cuda backend");
+  return *p;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& opt) {
+  return std::make_unique<CudaBackend>(opt);
+}
+
+namespace cuda_tools {
+
+void set_profiling(Backend& be, bool on) { as_cuda(be).set_profiling(on); }
+void set_ablations(Backend& be, const Ablations& a) { as_cuda(be).set_ablations(a); }
+void set_expert_histogram(Backend& be, bool on) { as_cuda(be).set_expert_histogram(on); }
+std::vector<std::vector<int64_t>> expert_histogram(Backend& be) { return as_cuda(be).expert_histogram(); }
+std::vector<OpTime> take_profile(Backend& be) { return as_cuda(be).take_profile(); }
+int64_t device_bytes(Backend& be) { return as_cuda(be).device_bytes(); }
+
+double copy_bandwidth_gbs(Backend& be, int64_t bytes) {
+  CudaBackend& cb = as_cuda(be);
+  cb.synchronize();
+  void *a = nullptr, *b = nullptr;
+  CUDA_CHECK(cudaMalloc(&a, bytes));
+  CUDA_CHECK(cudaMalloc(&b, bytes));
+  CUDA_CHECK(cudaMemset(a, 1, bytes));
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  for (int i = 0; i < 3; ++i) CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, cb.stream()));
+  const int reps = 20;
+  CUDA_CHECK(cudaEventRecord(e0, cb.stream()));
+  for (int i = 0; i < reps; ++i)
+    CUDA_CHECK(cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice, cb.stream()));
+  CUDA_CHECK(cudaEventRecord(e1, cb.stream()));
+  CUDA_CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  CUDA_CHECK(cudaFree(a));
+  CUDA_CHECK(cudaFree(b));
+  return 2.0 * double(bytes) * reps / (ms * 1e-3) / 1e9;
+}
+
+void fill_uniform(Backend& be, float* p, int64_t n, float scale, uint64_t seed) {
+  CudaBackend& cb = as_cuda(be);
+  cb.synchronize();
+  cuda::fill_uniform(p, n, scale, seed, cb.stream());
+}
+
+std::string device_name() {
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  return std::string(prop.name) + " (" + std::to_string(prop.multiProcessorCount) + " SMs, " +
+         std::to_string(prop.totalGlobalMem >> 20) + " MiB)";
+}
+
+}  // namespace cuda_tools
+}  // namespace lily

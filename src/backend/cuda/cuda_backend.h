@@ -1,0 +1,45 @@
+// The CUDA backend (NVIDIA Hopper, sm_90a): factory plus the few device-specific hooks that the
+// benchmark and the cuda-check tool use (per-op timing, memory, copy bandwidth). Plain C++: no CUDA
+// header is needed to include this file.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace lily {
+
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& opt);
+
+namespace cuda_tools {
+
+struct OpTime {
+  std::string name;   // op and shape, e.g. "gemv 8192x2048+4096x2048"
+  double ms = 0;      // summed over calls
+  int calls = 0;
+  double bytes = 0;   // bytes the op must move at least (weights, state, cache), summed
+};
+
+// Each op is bracketed by CUDA events while profiling is on (eager steps only, not in a graph).
+void set_profiling(Backend& be, bool on);
+// Synchronises, returns the accumulated times (sorted by time, largest first) and clears them.
+std::vector<OpTime> take_profile(Backend& be);
+// Bytes of device memory this backend allocated (weights, states, workspaces).
+int64_t device_bytes(Backend& be);
+// Device-to-device copy bandwidth (GB/s counting bytes read + written) over `bytes` per copy.
+double copy_bandwidth_gbs(Backend& be, int64_t bytes);
+// Fills n floats of backend memory with uniform values in [-scale, scale).
+void fill_uniform(Backend& be, float* p, int64_t n, float scale, uint64_t seed);
+std::string device_name();
+// Switches optimizations off or on at run time (same ids as BackendOptions::ablations); a captured
+// step must be captured again afterwards.
+void set_ablations(Backend& be, const Ablations& a);
+// Counts, per layer and expert, the tokens routed to it by MoE calls made from now on (also inside
+// steps captured from now on); the counts restart at zero.
+void set_expert_histogram(Backend& be, bool on);
+std::vector<std::vector<int64_t>> expert_histogram(Backend& be);
+
+}  // namespace cuda_tools
+}  // namespace lily

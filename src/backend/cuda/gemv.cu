@@ -1,0 +1,209 @@
+// Matrix-vector kernels (D1): the specialised 4-bit decode GEMV (16-byte weight loads, several rows
+// per warp, group-sum trick), a generic kernel for every weight type and any T, plus the small
+// row ops (embedding lookup, RMSNorm with optional fused residual add, add).
+#include <algorithm>
+#include <vector>
+
+#include "backend/cuda/cuda_ops.h"
+
+namespace lily::cuda {
+
+namespace {
+
+struct GemvLaunch {
+  GemvJob job[kMaxGemvJobs];
+  int block_begin[kMaxGemvJobs + 1];
+  int n;
+  int T;
+};
+
+__device__ __forceinline__ int find_job(const GemvLaunch& L) {
+  int j = 0;
+  while (j + 1 < L.n && int(blockIdx.x) >= L.block_begin[j + 1]) ++j;
+  return j;
+}
+
+// cols = 1024*CPL (each lane owns CPL 16-byte chunks of a row), R rows per warp per iteration,
+// 8 warps per block; blocks of a job stride over its row groups.
+template <int CPL, int R>
+__global__ void __launch_bounds__(256) gemv_q4_kernel(const __grid_constant__ GemvLaunch L) {
+  extern __shared__ float4 sm4[];
+  constexpr int cols = CPL * 1024;
+  float* xsum = reinterpret_cast<float*>(sm4 + cols / 4);
+  const int j = find_job(L);
+  const GemvJob& jb = L.job[j];
+  stage_x_q4(jb.x, cols, sm4, xsum);
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nb = L.block_begin[j + 1] - L.block_begin[j], bj = blockIdx.x - L.block_begin[j];
+  const int rows = jb.w.rows;
+  const uint4* data = static_cast<const uint4*>(jb.w.data);
+  const uint16_t* sc = static_cast<const uint16_t*>(jb.w.scales);
+  const uint16_t* bi = static_cast<const uint16_t*>(jb.w.biases);
+  for (int g = bj; g * 8 * R < rows; g += nb) {
+    const int r0 = g * 8 * R + warp * R;
+    if (r0 >= rows) break;
+    const uint4* rp[R];
+    const uint16_t *sp[R], *bp[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = min(r0 + r, rows - 1);
+      rp[r] = data + row * (cols / 32);
+      sp[r] = sc + row * (cols / 64);
+      bp[r] = bi + row * (cols / 64);
+    }
+    float acc[R];
+    q4_dot_rows<CPL, R>(rp, sp, bp, sm4, xsum, acc);
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (r0 + r < rows) jb.y[r0 + r] = acc[r];
+  }
+}
+
+constexpr int kGenTok = 8;   // tokens per pass of the generic kernel
+
+// One warp per row; the row's weights are dequantised once per pass of up to kGenTok tokens.
+__global__ void __launch_bounds__(256) gemv_generic_kernel(const __grid_constant__ GemvLaunch L) {
+  const int j = find_job(L);
+  const GemvJob& jb = L.job[j];
+  const QMat& m = jb.w;
+  const int lane = threadIdx.x & 31;
+  const int row = (blockIdx.x - L.block_begin[j]) * 8 + (threadIdx.x >> 5);
+  if (row >= m.rows) return;
+  const int t0 = blockIdx.y * kGenTok, nt = min(kGenTok, L.T - t0);
+  const int cols = m.cols;
+  const float* x = jb.x + int64_t(t0) * cols;
+  float acc[kGenTok];
+#pragma unroll
+  for (int t = 0; t < kGenTok; ++t) acc[t] = 0.f;
+  auto fma_tok = [&](float wv, int k) {
+#pragma unroll
+    for (int t = 0; t < kGenTok; ++t)
+      if (t < nt) acc[t] = fmaf(wv, x[int64_t(t) * cols + k], acc[t]);
+  };
+  if (m.type == kQ4 || m.type == kQ8) {
+    const int per = m.type == kQ4 ? 8 : 4, bits = 32 / per;
+    const uint32_t mask = (1u << bits) - 1u;
+    const uint32_t* d = static_cast<const uint32_t*>(m.data) + int64_t(row) * (cols / per);
+    for (int u = lane; u < cols / per; u += 32) {
+      const uint32_t w = d[u];
+      const int g = u * per / m.gs;
+      const float s = qm_sb(m, m.scales, row, g), b = qm_sb(m, m.biases, row, g);
+      for (int e = 0; e < per; ++e) fma_tok(fmaf(s, float((w >> (bits * e)) & mask), b), u * per + e);
+    }
+  } else if (m.type == kBF) {
+    const uint16_t* d = static_cast<const uint16_t*>(m.data) + int64_t(row) * cols;
+    for (int k = lane; k < cols; k += 32) fma_tok(bf16f(d[k]), k);
+  } else {
+    const float* d = static_cast<const float*>(m.data) + int64_t(row) * cols;
+    for (int k = lane; k < cols; k += 32) fma_tok(d[k], k);
+  }
+#pragma unroll
+  for (int t = 0; t < kGenTok; ++t) {
+    float v = warp_sum(acc[t]);
+    if (lane == 0 && t < nt) jb.y[int64_t(t0 + t) * m.rows + row] = v;
+  }
+}
+
+template <int CPL, int R>
+void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s) {
+  GemvLaunch L{};
+  L.n = int(jobs.size());
+  L.T = 1;
+  int nb = 0;
+  for (int j = 0; j < L.n; ++j) {
+    L.job[j] = jobs[j];
+    L.block_begin[j] = nb;
+    // At most ~2 blocks per SM per job so that x is staged only a few hundred times.
+    nb += std::min((jobs[j].w.rows + 8 * R - 1) / (8 * R), 264);
+  }
+  L.block_begin[L.n] = nb;
+  const int smem = CPL * 1024 * 4 + CPL * 32 * 4;
+  gemv_q4_kernel<CPL, R><<<nb, 256, smem, s>>>(L);
+  CUDA_LAUNCH_CHECK();
+}
+
+void launch_generic(const std::vector<GemvJob>& jobs, int T, cudaStream_t s) {
+  GemvLaunch L{};
+  L.n = int(jobs.size());
+  L.T = T;
+  int nb = 0;
+  for (int j = 0; j < L.n; ++j) {
+    L.job[j] = jobs[j];
+    L.block_begin[j] = nb;
+    nb += (jobs[j].w.rows + 7) / 8;
+  }
+  L.block_begin[L.n] = nb;
+  dim3 grid(nb, (T + kGenTok - 1) / kGenTok);
+  gemv_generic_kernel<<<grid, 256, 0, s>>>(L);
+  CUDA_LAUNCH_CHECK();
+}
+
+__global__ void embed_kernel(QMat E, const int32_t* tokens, int T, float* out) {
+  const int t = blockIdx.y, k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= E.cols) return;
+  const int id = tokens[t];
+  out[int64_t(t) * E.cols + k] = id >= 0 && id < E.rows ? qm_at(E, id, k) : 0.f;
+}
+
+__global__ void __launch_bounds__(256) rmsnorm_kernel(float* h, const float* r, const float* w,
+                                                      int n, float eps, float* out) {
+  __shared__ float red[32];
+  const int64_t base = int64_t(blockIdx.x) * n;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    float v = h[base + i];
+    if (r) {
+      v += r[base + i];
+      h[base + i] = v;
+    }
+    ss += v * v;
+  }
+  const float scale = rsqrtf(block_sum(ss, red) / float(n) + eps);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) out[base + i] = h[base + i] * scale * w[i];
+}
+
+__global__ void add_kernel(float* h, const float* r, int64_t n) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) h[i] += r[i];
+}
+
+}  // namespace
+
+bool gemv_fast_ok(const QMat& w) {
+  return w.type == kQ4 && !w.sb_f32 && w.gs == 64 && (w.cols == 2048 || w.cols == 4096);
+}
+
+void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s) {
+  std::vector<GemvJob> f2, f4, gen;
+  for (int i = 0; i < n; ++i) {
+    const GemvJob& j = jobs[i];
+    if (fast && T == 1 && gemv_fast_ok(j.w))
+      (j.w.cols == 2048 ? f2 : f4).push_back(j);
+    else
+      gen.push_back(j);
+  }
+  if (!f2.empty()) launch_fast<2, 4>(f2, s);
+  if (!f4.empty()) launch_fast<4, 2>(f4, s);
+  if (!gen.empty()) launch_generic(gen, T, s);
+}
+
+void embed(const QMat& E, const int32_t* tokens, int T, float* out, cudaStream_t s) {
+  dim3 grid((E.cols + 255) / 256, T);
+  embed_kernel<<<grid, 256, 0, s>>>(E, tokens, T, out);
+  CUDA_LAUNCH_CHECK();
+}
+
+void rmsnorm(float* h, const float* r, const float* w, int n, int T, float eps, float* out,
+             cudaStream_t s) {
+  rmsnorm_kernel<<<T, 256, 0, s>>>(h, r, w, n, eps, out);
+  CUDA_LAUNCH_CHECK();
+}
+
+void add(float* h, const float* r, int64_t n, cudaStream_t s) {
+  add_kernel<<<unsigned((n + 255) / 256), 256, 0, s>>>(h, r, n);
+  CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace lily::cuda

@@ -1,0 +1,285 @@
+// Sparse MoE block for decode: router GEMV, then (D4a) one kernel that picks the top-k experts on
+// the device and computes gate·up·SwiGLU for only the selected experts and the shared expert,
+// folding the routing weight (or the shared expert's sigmoid gate) into its output, then (D4b)
+// one kernel for all down projections summed into the block output.
+#include <cfloat>
+
+#include "backend/cuda/cuda_ops.h"
+
+namespace lily::cuda {
+
+namespace {
+
+struct MoeArgs {
+  MoeDev m;
+  const float* x;          // [T, H]
+  const float* logits;     // [T, E]
+  const float* sg;         // [T] shared-expert gate logit
+  int32_t* ids;            // [T, K]
+  float* act;              // [T, K+1, Imax] weighted SwiGLU outputs
+  float* out;              // [T, H]
+  int imax;
+};
+
+// Top-k of softmax(logits) on warp 0 of the block: selected ids and renormalised weights into smem.
+__device__ void topk_warp(const float* lg, int E, int K, float* sel, int* sid, float* sw) {
+  const int lane = threadIdx.x & 31;
+  for (int e = lane; e < E; e += 32) sel[e] = lg[e];
+  __syncwarp();
+  float top = 0.f, sum = 0.f;
+  for (int k = 0; k < K; ++k) {
+    float bv = -FLT_MAX;
+    int bi = 0x7fffffff;
+    for (int e = lane; e < E; e += 32)
+      if (sel[e] > bv) {
+        bv = sel[e];
+        bi = e;
+      }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    if (k == 0) top = bv;
+    const float p = __expf(bv - top);   // softmax numerator; the full denominator cancels
+    sum += p;
+    if (lane == 0) {
+      sid[k] = bi;
+      sw[k] = p;
+      sel[bi] = -FLT_MAX;
+    }
+    __syncwarp();
+  }
+  if (lane < K) sw[lane] /= sum;
+  __syncwarp();
+}
+
+__device__ __forceinline__ const void* stack_ptr(const void* base, int64_t stride, int e, int64_t off) {
+  return static_cast<const char*>(base) + int64_t(e) * stride + off;
+}
+
+// Gate/up row `i` of slot s (s < K: routed expert sid[s]; s == K: shared expert) as a QMat row view.
+__device__ __forceinline__ QMat slot_mat(const MoeDev& m, const QMat& w0, const QMat& sh, int64_t stride,
+                                         int64_t sb_stride, int s, const int* sid, int K) {
+  if (s == K) return sh;
+  QMat q = w0;
+  q.data = stack_ptr(w0.data, stride, sid[s], 0);
+  if (w0.scales) q.scales = stack_ptr(w0.scales, sb_stride, sid[s], 0);
+  if (w0.biases) q.biases = stack_ptr(w0.biases, sb_stride, sid[s], 0);
+  return q;
+}
+
+// grid (blocks, T), 8 warps. FAST: 4-bit rows of H = 1024*CPL with the staged-x dot product.
+template <bool FAST, int CPL>
+__global__ void __launch_bounds__(256) moe_gate_up_kernel(const __grid_constant__ MoeArgs a) {
+  extern __shared__ float4 sm4[];
+  __shared__ float sel[1024];
+  __shared__ int sid[32];
+  __shared__ float sw[33];
+  const MoeDev& m = a.m;
+  const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float* x = a.x + int64_t(t) * m.H;
+  float* xsum = reinterpret_cast<float*>(sm4 + m.H / 4);
+  if (warp == 0) {
+    topk_warp(a.logits + int64_t(t) * m.E, m.E, m.K, sel, sid, sw);
+    if (lane == 0) sw[m.K] = sigmoidf_(a.sg[t]);
+    if (blockIdx.x == 0 && lane < m.K) {
+      a.ids[int64_t(t) * m.K + lane] = sid[lane];
+      if (m.hist) atomicAdd(&m.hist[sid[lane]], 1);
+    }
+  }
+  if (FAST) stage_x_q4(x, m.H, sm4, xsum);
+  __syncthreads();
+  const int items = m.K * m.I + m.Is;   // (slot, row) pairs
+  float* act = a.act + int64_t(t) * (m.K + 1) * a.imax;
+  for (int base = (blockIdx.x * 8 + warp) * 2; base < items; base += gridDim.x * 16) {
+    int sl[2], row[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int it = min(base + u, items - 1);
+      sl[u] = it < m.K * m.I ? it / m.I : m.K;
+      row[u] = it < m.K * m.I ? it % m.I : it - m.K * m.I;
+    }
+    float res[4];
+    if constexpr (FAST) {
+      const uint4* rp[4];
+      const uint16_t *sp[4], *bp[4];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const QMat g = slot_mat(m, m.gate0, m.sh_gate, m.gate_stride, m.gate_sb_stride, sl[u], sid, m.K);
+        const QMat p = slot_mat(m, m.up0, m.sh_up, m.up_stride, m.up_sb_stride, sl[u], sid, m.K);
+        rp[2 * u] = static_cast<const uint4*>(g.data) + int64_t(row[u]) * (m.H / 32);
+        sp[2 * u] = static_cast<const uint16_t*>(g.scales) + int64_t(row[u]) * (m.H / 64);
+        bp[2 * u] = static_cast<const uint16_t*>(g.biases) + int64_t(row[u]) * (m.H / 64);
+        rp[2 * u + 1] = static_cast<const uint4*>(p.data) + int64_t(row[u]) * (m.H / 32);
+        sp[2 * u + 1] = static_cast<const uint16_t*>(p.scales) + int64_t(row[u]) * (m.H / 64);
+        bp[2 * u + 1] = static_cast<const uint16_t*>(p.biases) + int64_t(row[u]) * (m.H / 64);
+      }
+      q4_dot_rows<CPL, 4>(rp, sp, bp, sm4, xsum, res);
+    } else {
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const QMat g = slot_mat(m, m.gate0, m.sh_gate, m.gate_stride, m.gate_sb_stride, sl[u], sid, m.K);
+        const QMat p = slot_mat(m, m.up0, m.sh_up, m.up_stride, m.up_sb_stride, sl[u], sid, m.K);
+        float dg = 0.f, du = 0.f;
+        for (int k = lane; k < m.H; k += 32) {
+          dg = fmaf(qm_at(g, row[u], k), x[k], dg);
+          du = fmaf(qm_at(p, row[u], k), x[k], du);
+        }
+        res[2 * u] = warp_sum(dg);
+        res[2 * u + 1] = warp_sum(du);
+      }
+    }
+    if (lane == 0)
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+        if (base + u < items) act[sl[u] * a.imax + row[u]] = sw[sl[u]] * siluf_(res[2 * u]) * res[2 * u + 1];
+  }
+}
+
+// grid (blocks, T), 8 warps, 2 output rows per warp. FAST (I = Is = 512): a half-warp reads one
+// 256-byte expert row, so a warp covers two experts per step and all K+1 rows are loaded up front.
+template <bool FAST>
+__global__ void __launch_bounds__(256) moe_down_kernel(const __grid_constant__ MoeArgs a) {
+  extern __shared__ float4 sm4[];
+  const MoeDev& m = a.m;
+  const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int S = m.K + 1;
+  __shared__ int sid[33];
+  if (threadIdx.x < m.K) sid[threadIdx.x] = a.ids[int64_t(t) * m.K + threadIdx.x];
+  const float* act = a.act + int64_t(t) * S * a.imax;
+  float* xsum = reinterpret_cast<float*>(sm4 + S * 128);
+  if (FAST) {
+    // Slot s, chunk c (16 per row), float4 f -> [s*128 + f*16 + c], pre-scaled for dot8_q4.
+    for (int idx = threadIdx.x; idx < S * 128; idx += blockDim.x) {
+      const int s = idx / 128, r = idx % 128, c = r / 8, f = r % 8, h = (f & 1) * 4;
+      float4 v = reinterpret_cast<const float4*>(act + s * a.imax)[r];
+      v.x *= nib_prescale(h);
+      v.y *= nib_prescale(h + 1);
+      v.z *= nib_prescale(h + 2);
+      v.w *= nib_prescale(h + 3);
+      sm4[s * 128 + f * 16 + c] = v;
+    }
+    for (int idx = threadIdx.x; idx < S * 16; idx += blockDim.x) {
+      const float* p = act + (idx / 16) * a.imax + (idx % 16) * 32;
+      float sum = 0.f;
+      for (int e = 0; e < 32; ++e) sum += p[e];
+      xsum[idx] = sum;
+    }
+  }
+  __syncthreads();
+  const int h0 = (blockIdx.x * 8 + warp) * 2;
+  if (h0 >= m.H) return;
+  float acc[2] = {0.f, 0.f};
+  if constexpr (FAST) {
+    const int half = lane >> 4, c = lane & 15;
+    const int np = (S + 1) / 2;
+#pragma unroll 1
+    for (int p0 = 0; p0 < np; p0 += 5) {
+      uint4 wv[5][2];
+      float sc[5][2], bi[5][2];
+      bool ok[5];
+#pragma unroll
+      for (int q = 0; q < 5; ++q) {
+        const int s = 2 * (p0 + q) + half;
+        ok[q] = p0 + q < np && s < S;
+        const int ss = ok[q] ? s : 0;
+        const QMat w = slot_mat(m, m.down0, m.sh_down, m.down_stride, m.down_sb_stride, ss, sid, m.K);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int64_t row = min(h0 + r, m.H - 1);
+          wv[q][r] = __ldcs(static_cast<const uint4*>(w.data) + row * 16 + c);
+          sc[q][r] = bf16f(static_cast<const uint16_t*>(w.scales)[row * 8 + (c >> 1)]);
+          bi[q][r] = bf16f(static_cast<const uint16_t*>(w.biases)[row * 8 + (c >> 1)]);
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < 5; ++q) {
+        if (!ok[q]) continue;
+        const int s = 2 * (p0 + q) + half;
+        const float xs = xsum[s * 16 + c];
+        float d[2] = {0.f, 0.f};
+#pragma unroll
+        for (int f = 0; f < 4; ++f) {
+          const float4 xa = sm4[s * 128 + (2 * f) * 16 + c];
+          const float4 xb = sm4[s * 128 + (2 * f + 1) * 16 + c];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) d[r] += dot8_q4(word_of(wv[q][r], f), xa, xb);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) acc[r] = fmaf(sc[q][r], d[r], fmaf(bi[q][r], xs, acc[r]));
+      }
+    }
+  } else {
+    for (int s = 0; s < S; ++s) {
+      const QMat w = slot_mat(m, m.down0, m.sh_down, m.down_stride, m.down_sb_stride, s, sid, m.K);
+      const int I = s == m.K ? m.Is : m.I;
+      for (int r = 0; r < 2; ++r) {
+        if (h0 + r >= m.H) continue;
+        for (int k = lane; k < I; k += 32) acc[r] = fmaf(qm_at(w, h0 + r, k), act[s * a.imax + k], acc[r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float v = warp_sum(acc[r]);
+    if (lane == 0 && h0 + r < m.H) a.out[int64_t(t) * m.H + h0 + r] = v;
+  }
+}
+
+bool q4ok(const QMat& w) { return w.type == kQ4 && !w.sb_f32 && w.gs == 64; }
+
+}  // namespace
+
+int64_t moe_workspace_floats(const MoeDev& m, int T) {
+  const int imax = std::max(m.I, m.Is);
+  return int64_t(T) * (m.E + 1 + m.K + (m.K + 1) * imax) + 64;
+}
+
+void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool fast, cudaStream_t s) {
+  LILY_CHECK(m.E <= 1024 && m.K <= 32 && m.K <= m.E, "moe: at most 1024 experts and top-32 supported");
+  const int imax = std::max(m.I, m.Is);
+  MoeArgs a{};
+  a.m = m;
+  a.x = x;
+  float* logits = work;
+  float* sg = logits + int64_t(T) * m.E;
+  a.logits = logits;
+  a.sg = sg;
+  a.ids = reinterpret_cast<int32_t*>(sg + T);
+  a.act = sg + T + int64_t(T) * m.K;
+  a.out = out;
+  a.imax = imax;
+  GemvJob jobs[2] = {{m.router, x, logits}, {m.shared_gate, x, sg}};
+  gemv_batch(jobs, 2, T, fast, s);
+  const bool fast_up = fast && m.H % 1024 == 0 && m.H <= 4096 && q4ok(m.gate0) && q4ok(m.up0) &&
+                       q4ok(m.sh_gate) && q4ok(m.sh_up);
+  const bool fast_down = fast && m.I == 512 && m.Is == 512 && q4ok(m.down0) && q4ok(m.sh_down);
+  const int items = m.K * m.I + m.Is;
+  const int nb_up = std::min((items + 15) / 16, 4096);
+  const size_t smem_up = fast_up ? m.H * 4 + m.H / 32 * 4 : 16;
+  if (fast_up && m.H == 2048) moe_gate_up_kernel<true, 2><<<dim3(nb_up, T), 256, smem_up, s>>>(a);
+  else if (fast_up) moe_gate_up_kernel<true, 4><<<dim3(nb_up, T), 256, smem_up, s>>>(a);
+  else moe_gate_up_kernel<false, 2><<<dim3(nb_up, T), 256, smem_up, s>>>(a);
+  CUDA_LAUNCH_CHECK();
+  const int nb_down = (m.H + 15) / 16;
+  const size_t smem_down = fast_down ? (m.K + 1) * 512 * 4 + (m.K + 1) * 16 * 4 : 16;
+  if (fast_down) {
+    static bool attr = false;
+    if (!attr) {
+      CUDA_CHECK(cudaFuncSetAttribute(moe_down_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      33 * 512 * 4 + 33 * 16 * 4));
+      attr = true;
+    }
+    moe_down_kernel<true><<<dim3(nb_down, T), 256, smem_down, s>>>(a);
+  } else {
+    moe_down_kernel<false><<<dim3(nb_down, T), 256, smem_down, s>>>(a);
+  }
+  CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace lily::cuda
