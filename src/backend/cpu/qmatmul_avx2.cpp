@@ -7,6 +7,8 @@
 
 #include <cstring>
 
+// Token loops must be fully unrolled so the per-token accumulators live in registers.
+#define LILY_UNROLL _Pragma("GCC unroll 16")
 #define LILY_AVX2 __attribute__((target("avx2,fma")))
 
 namespace lily::qmm {
@@ -55,10 +57,11 @@ LILY_AVX2 void affine4_rows(const Job& j, int64_t r0, int64_t r1, int t0, float*
   const __m256i nib = _mm256_set1_epi32(0xf);
   alignas(32) int32_t gidx[8];
   for (int l = 0; l < 8; ++l) gidx[l] = int32_t(l * 8 / gs);
+  const int shift = __builtin_ctz(unsigned(gs));  // gs is a power of two on SIMD paths
   const __m256i gidx8 = _mm256_load_si256(reinterpret_cast<const __m256i*>(gidx));
   const float* xp[TB];
   const float* xs[TB];
-  for (int t = 0; t < TB; ++t) {
+  LILY_UNROLL for (int t = 0; t < TB; ++t) {
     xp[t] = j.xp + int64_t(t0 + t) * cols;
     xs[t] = j.xsum + int64_t(t0 + t) * j.xsum_stride;
   }
@@ -67,23 +70,23 @@ LILY_AVX2 void affine4_rows(const Job& j, int64_t r0, int64_t r1, int t0, float*
     load_sb(j.W.biases, j.W.sb_f32, r * G, G, bf);
     const uint32_t* codes = static_cast<const uint32_t*>(j.W.data) + r * words_per_row;
     __m256 acc[TB];
-    for (int t = 0; t < TB; ++t) acc[t] = _mm256_setzero_ps();
+    LILY_UNROLL for (int t = 0; t < TB; ++t) acc[t] = _mm256_setzero_ps();
     for (int64_t e = 0; e < cols; e += 64) {
       __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + e / 8));
       __m256 ba[TB];
       __m256 q = _mm256_cvtepi32_ps(_mm256_and_si256(v, nib));
-      for (int t = 0; t < TB; ++t) ba[t] = _mm256_mul_ps(q, _mm256_loadu_ps(xp[t] + e));
+      LILY_UNROLL for (int t = 0; t < TB; ++t) ba[t] = _mm256_mul_ps(q, _mm256_loadu_ps(xp[t] + e));
 #pragma GCC unroll 7
       for (int n = 1; n < 8; ++n) {
         v = _mm256_srli_epi32(v, 4);
         q = _mm256_cvtepi32_ps(_mm256_and_si256(v, nib));
-        for (int t = 0; t < TB; ++t) ba[t] = _mm256_fmadd_ps(q, _mm256_loadu_ps(xp[t] + e + 8 * n), ba[t]);
+        LILY_UNROLL for (int t = 0; t < TB; ++t) ba[t] = _mm256_fmadd_ps(q, _mm256_loadu_ps(xp[t] + e + 8 * n), ba[t]);
       }
-      const __m256 sv = gs >= 64 ? _mm256_set1_ps(sf[e / gs])
-                                 : _mm256_permutevar8x32_ps(_mm256_loadu_ps(sf + e / gs), gidx8);
-      for (int t = 0; t < TB; ++t) acc[t] = _mm256_fmadd_ps(sv, ba[t], acc[t]);
+      const __m256 sv = gs >= 64 ? _mm256_set1_ps(sf[e >> shift])
+                                 : _mm256_permutevar8x32_ps(_mm256_loadu_ps(sf + (e >> shift)), gidx8);
+      LILY_UNROLL for (int t = 0; t < TB; ++t) acc[t] = _mm256_fmadd_ps(sv, ba[t], acc[t]);
     }
-    for (int t = 0; t < TB; ++t) j.y[int64_t(t0 + t) * j.rows + r] = hsum8(acc[t]) + dot(bf, xs[t], G);
+    LILY_UNROLL for (int t = 0; t < TB; ++t) j.y[int64_t(t0 + t) * j.rows + r] = hsum8(acc[t]) + dot(bf, xs[t], G);
   }
 }
 
@@ -93,7 +96,7 @@ LILY_AVX2 void affine8_rows(const Job& j, int64_t r0, int64_t r1, int t0, float*
   const int64_t cols = j.cols, G = j.groups, gs = j.W.group_size;
   const float* x[TB];
   const float* xs[TB];
-  for (int t = 0; t < TB; ++t) {
+  LILY_UNROLL for (int t = 0; t < TB; ++t) {
     x[t] = j.x + int64_t(t0 + t) * cols;
     xs[t] = j.xsum + int64_t(t0 + t) * j.xsum_stride;
   }
@@ -102,19 +105,19 @@ LILY_AVX2 void affine8_rows(const Job& j, int64_t r0, int64_t r1, int t0, float*
     load_sb(j.W.biases, j.W.sb_f32, r * G, G, bf);
     const uint8_t* codes = reinterpret_cast<const uint8_t*>(static_cast<const uint32_t*>(j.W.data) + r * (cols / 4));
     __m256 acc[TB];
-    for (int t = 0; t < TB; ++t) acc[t] = _mm256_setzero_ps();
+    LILY_UNROLL for (int t = 0; t < TB; ++t) acc[t] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; ++g) {
       __m256 ba[TB];
-      for (int t = 0; t < TB; ++t) ba[t] = _mm256_setzero_ps();
+      LILY_UNROLL for (int t = 0; t < TB; ++t) ba[t] = _mm256_setzero_ps();
       for (int64_t e = g * gs; e < (g + 1) * gs; e += 8) {
         const __m256 q = _mm256_cvtepi32_ps(
             _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + e))));
-        for (int t = 0; t < TB; ++t) ba[t] = _mm256_fmadd_ps(q, _mm256_loadu_ps(x[t] + e), ba[t]);
+        LILY_UNROLL for (int t = 0; t < TB; ++t) ba[t] = _mm256_fmadd_ps(q, _mm256_loadu_ps(x[t] + e), ba[t]);
       }
       const __m256 sv = _mm256_set1_ps(sf[g]);
-      for (int t = 0; t < TB; ++t) acc[t] = _mm256_fmadd_ps(sv, ba[t], acc[t]);
+      LILY_UNROLL for (int t = 0; t < TB; ++t) acc[t] = _mm256_fmadd_ps(sv, ba[t], acc[t]);
     }
-    for (int t = 0; t < TB; ++t) j.y[int64_t(t0 + t) * j.rows + r] = hsum8(acc[t]) + dot(bf, xs[t], G);
+    LILY_UNROLL for (int t = 0; t < TB; ++t) j.y[int64_t(t0 + t) * j.rows + r] = hsum8(acc[t]) + dot(bf, xs[t], G);
   }
 }
 
@@ -123,22 +126,22 @@ template <int TB, bool kBf16>
 LILY_AVX2 void dense_rows(const Job& j, int64_t r0, int64_t r1, int t0) {
   const int64_t cols = j.cols;
   const float* x[TB];
-  for (int t = 0; t < TB; ++t) x[t] = j.x + int64_t(t0 + t) * cols;
+  LILY_UNROLL for (int t = 0; t < TB; ++t) x[t] = j.x + int64_t(t0 + t) * cols;
   for (int64_t r = r0; r < r1; ++r) {
     const uint16_t* wb = static_cast<const uint16_t*>(j.W.data) + r * cols;
     const float* wf = static_cast<const float*>(j.W.data) + r * cols;
     __m256 a0[TB], a1[TB];
-    for (int t = 0; t < TB; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
+    LILY_UNROLL for (int t = 0; t < TB; ++t) a0[t] = a1[t] = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 16 <= cols; k += 16) {
       const __m256 w0 = kBf16 ? bf16x8(wb + k) : _mm256_loadu_ps(wf + k);
       const __m256 w1 = kBf16 ? bf16x8(wb + k + 8) : _mm256_loadu_ps(wf + k + 8);
-      for (int t = 0; t < TB; ++t) {
+      LILY_UNROLL for (int t = 0; t < TB; ++t) {
         a0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[t] + k), a0[t]);
         a1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x[t] + k + 8), a1[t]);
       }
     }
-    for (int t = 0; t < TB; ++t) {
+    LILY_UNROLL for (int t = 0; t < TB; ++t) {
       float s = hsum8(_mm256_add_ps(a0[t], a1[t]));
       for (int64_t i = k; i < cols; ++i) s += (kBf16 ? sb_at(wb, false, i) : wf[i]) * x[t][i];
       j.y[int64_t(t0 + t) * j.rows + r] = s;

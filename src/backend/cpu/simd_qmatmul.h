@@ -22,14 +22,15 @@ struct Job {
   float* y = nullptr;           // [T, rows]
 };
 
-// Floats of per-thread scratch a kernel needs for job j (row scales and biases in f32, padded so a
-// full vector load past the last group stays inside).
-inline int64_t scratch_floats(const Job& j) { return 2 * (j.groups + 32); }
+// Floats of per-thread scratch a kernel needs for job j: scales and biases in f32 of up to 4 rows,
+// each padded by 32 so a full vector load past the last group stays inside.
+inline int64_t scratch_floats(const Job& j) { return 4 * 2 * (j.groups + 32); }
 
 // Each kernel computes y[t0 .. t0+tb, r0 .. r1) with tb <= its kMaxTb.
 using RowsFn = void (*)(const Job& j, int64_t r0, int64_t r1, int t0, int tb, float* scratch);
 
-constexpr int kMaxTbScalar = 4, kMaxTbAvx2 = 4, kMaxTbAvx512 = 8;
+// Token blocks: 4 tokens of 2048 f32 (32 KiB) still fit L1 next to the weights being read.
+constexpr int kMaxTbScalar = 4, kMaxTbAvx2 = 4, kMaxTbAvx512 = 4;
 void rows_scalar(const Job& j, int64_t r0, int64_t r1, int t0, int tb, float* scratch);
 void rows_avx2(const Job& j, int64_t r0, int64_t r1, int t0, int tb, float* scratch);
 void rows_avx512(const Job& j, int64_t r0, int64_t r1, int t0, int tb, float* scratch);
