@@ -35,7 +35,11 @@ OJ completion_logprobs(const Tokenizer& tok, const std::vector<TokenLogprob>& lp
     tokens.push_back(b);
     lp.push_back(x.logprob);
     OJ t = OJ::object();
-    for (const auto& a : x.top) t[tok.token_bytes(a.id)] = a.logprob;
+    for (const auto& a : x.top) {
+      // Keys are token text; partial UTF-8 tokens all print as U+FFFD, keep the likeliest one.
+      const std::string key = OJ::parse(dump_json(OJ(tok.token_bytes(a.id)))).get<std::string>();
+      if (!t.contains(key)) t[key] = a.logprob;
+    }
     top.push_back(t);
     offs.push_back(off);
     off += b.size();
