@@ -12,6 +12,14 @@ namespace {
 
 __device__ __forceinline__ int cur_pos(int pos0, const int32_t* pos_dev) { return pos_dev ? *pos_dev : pos0; }
 
+// Positions per split: the grid is fixed (a captured step replays at any length), so the cache
+// [0, len) is cut into at most `splits` slices of at least kMinChunk positions; CTAs past the end
+// exit at once.
+constexpr int kMinChunk = 64;
+__device__ __forceinline__ int split_chunk(int len, int splits) {
+  return max(kMinChunk, (len + splits - 1) / splits);
+}
+
 // grid (heads + kv_heads, T), block head_dim threads. Queries go to qbuf [T, heads, hd]
 // (normalised, rotated, pre-multiplied by 1/sqrt(hd)); keys and values to the cache rows.
 __global__ void attn_prep_kernel(AttnDims d, const float* qn, const float* kn, float* kc, float* vc,
@@ -61,7 +69,7 @@ __global__ void __launch_bounds__(256) attn_split_kernel(AttnDims d, const float
   const int G = d.heads / d.kv_heads;
   const int h0 = blockIdx.y * HPB, kvh = h0 / G;
   const int len = min(cur_pos(pos0, pos_dev) + t + 1, d.capacity);
-  const int chunk = (len + splits - 1) / splits;
+  const int chunk = split_chunk(len, splits);
   const int lo = split * chunk, hi = min(len, lo + chunk);
   float* pbase = part + ((int64_t(t) * d.heads + h0) * splits + split) * (hd + 2);
   const int64_t hstride = int64_t(splits) * (hd + 2);
@@ -150,21 +158,37 @@ __global__ void __launch_bounds__(256) attn_split_kernel(AttnDims d, const float
   }
 }
 
-// grid (heads, T), block hd: o = Σ_s acc_s 2^(m_s−M) / Σ_s l_s 2^(m_s−M), times σ(gate).
-__global__ void attn_merge_kernel(AttnDims d, int splits, const float* part, const float* q, float* o) {
+// grid (heads, T), block hd: o = Σ_s acc_s 2^(m_s−M) / Σ_s l_s 2^(m_s−M), times σ(gate). The
+// split weights are computed once into shared memory; each thread then sums its dim over splits.
+__global__ void attn_merge_kernel(AttnDims d, int splits, int pos0, const int32_t* pos_dev, const float* part,
+                                  const float* q, float* o) {
+  extern __shared__ float wsm[];   // [splits] weights, red[32]
+  float* red = wsm + splits;
   const int h = blockIdx.x, t = blockIdx.y, e = threadIdx.x, hd = d.head_dim;
+  const int len = min(cur_pos(pos0, pos_dev) + t + 1, d.capacity);
+  const int ns = min(splits, (len + split_chunk(len, splits) - 1) / split_chunk(len, splits));
   const float* pb = part + (int64_t(t) * d.heads + h) * splits * (hd + 2);
+  float mloc = -FLT_MAX;
+  for (int s = e; s < ns; s += blockDim.x)
+    if (pb[s * (hd + 2) + hd + 1] > 0.f) mloc = fmaxf(mloc, pb[s * (hd + 2) + hd]);
+  mloc = warp_max(mloc);
+  if ((e & 31) == 0) red[e >> 5] = mloc;
+  __syncthreads();
   float M = -FLT_MAX;
-  for (int s = 0; s < splits; ++s)
-    if (pb[s * (hd + 2) + hd + 1] > 0.f) M = fmaxf(M, pb[s * (hd + 2) + hd]);
-  float L = 0.f, A = 0.f;
-  for (int s = 0; s < splits; ++s) {
-    const float* ps = pb + s * (hd + 2);
-    if (ps[hd + 1] > 0.f) {
-      const float f = exp2f(ps[hd] - M);
-      L = fmaf(ps[hd + 1], f, L);
-      A = fmaf(ps[e], f, A);
-    }
+  for (int i = 0; i < int(blockDim.x >> 5); ++i) M = fmaxf(M, red[i]);
+  float lloc = 0.f;
+  for (int s = e; s < ns; s += blockDim.x) {
+    const float l = pb[s * (hd + 2) + hd + 1];
+    const float f = l > 0.f ? exp2f(pb[s * (hd + 2) + hd] - M) : 0.f;
+    wsm[s] = f;
+    lloc = fmaf(l, f, lloc);
+  }
+  const float L = block_sum(lloc, red);
+  float A = 0.f;
+#pragma unroll 8
+  for (int s = 0; s < ns; ++s) {
+    const float f = wsm[s];
+    if (f > 0.f) A = fmaf(pb[s * (hd + 2) + e], f, A);
   }
   const float gate = q[(int64_t(t) * d.heads + h) * 2 * hd + hd + e];
   o[(int64_t(t) * d.heads + h) * hd + e] = A / L * sigmoidf_(gate);
@@ -229,7 +253,7 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, floa
   if (hd == 256) launch_split_h<8>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
   else if (hd == 128) launch_split_h<4>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
   else launch_split_h<2>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
-  attn_merge_kernel<<<dim3(d.heads, T), hd, 0, s>>>(d, splits, part, q, o);
+  attn_merge_kernel<<<dim3(d.heads, T), hd, (splits + 32) * sizeof(float), s>>>(d, splits, pos0, pos_dev, part, q, o);
   CUDA_LAUNCH_CHECK();
 }
 

@@ -266,9 +266,12 @@ class CudaBackend final : public Backend {
   }
 
   // ---- tool hooks -------------------------------------------------------------------------
+  // Turning profiling on (again) arms a 30 ms spin before the next op: the step queues up behind
+  // it and runs back to back, as it would from a graph.
   void set_profiling(bool on) {
     synchronize();
     profiling_ = on;
+    hold_ = on;
   }
   std::vector<cuda_tools::OpTime> take_profile() {
     synchronize();
@@ -375,6 +378,10 @@ class CudaBackend final : public Backend {
       launch();
       return;
     }
+    if (hold_) {
+      cuda::spin(30000000ull, s_);
+      hold_ = false;
+    }
     const size_t ev0 = next_event_pair();
     CUDA_CHECK(cudaEventRecord(events_[ev0], s_));
     launch();
@@ -433,7 +440,7 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;
   cudaGraph_t graph_ = nullptr, graph_next_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
-  bool profiling_ = false;
+  bool profiling_ = false, hold_ = false;
   bool hist_on_ = false;
   int32_t* hist_ = nullptr;
   int hist_layers_ = 0, hist_E_ = 0;

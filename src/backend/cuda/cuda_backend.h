@@ -22,7 +22,9 @@ struct OpTime {
   double bytes = 0;   // bytes the op must move at least (weights, state, cache), summed
 };
 
-// Each op is bracketed by CUDA events while profiling is on (eager steps only, not in a graph).
+// Each op is bracketed by CUDA events while profiling is on (eager steps only, not in a graph);
+// turning it on also queues the next step behind a short device spin so that the events time the
+// device work, not the host's launch gaps.
 void set_profiling(Backend& be, bool on);
 // Synchronises, returns the accumulated times (sorted by time, largest first) and clears them.
 std::vector<OpTime> take_profile(Backend& be);

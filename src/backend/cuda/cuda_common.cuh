@@ -116,69 +116,78 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int f) {
   return f == 0 ? v.x : f == 1 ? v.y : f == 2 ? v.z : v.w;
 }
 
-// Stages x (cols floats) into shared memory pre-scaled for dot8_q4 and permuted so that lane l's
-// f-th float4 of chunk ci sits at [(ci/32)*256 + f*32 + ci%32] (conflict-free 16-byte reads), and
-// the plain sum of each 32-element chunk (for the bias term of the group-sum trick).
+// Stages x (cols floats, cols % 1024 == 0) into shared memory pre-scaled for dot8_q4 and permuted
+// so that lane l's f-th float4 of chunk ci sits at [(ci/32)*256 + f*32 + ci%32] (conflict-free
+// 16-byte reads), plus the plain sum of each 32-element chunk (bias term of the group-sum trick),
+// reduced over the 8 consecutive threads that load one chunk.
 __device__ __forceinline__ void stage_x_q4(const float* x, int cols, float4* sm4, float* xsum) {
   for (int idx = threadIdx.x; idx < cols / 4; idx += blockDim.x) {
     float4 v = reinterpret_cast<const float4*>(x)[idx];
-    int ci = idx >> 3, f = idx & 7, h = (f & 1) * 4;
+    const int ci = idx >> 3, f = idx & 7, h = (f & 1) * 4;
+    float s = (v.x + v.y) + (v.z + v.w);
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    s += __shfl_xor_sync(0xffffffffu, s, 4);
+    if (f == 0) xsum[ci] = s;
     v.x *= nib_prescale(h);
     v.y *= nib_prescale(h + 1);
     v.z *= nib_prescale(h + 2);
     v.w *= nib_prescale(h + 3);
     sm4[(ci >> 5) * 256 + f * 32 + (ci & 31)] = v;
   }
-  for (int ci = threadIdx.x; ci < cols / 32; ci += blockDim.x) {
-    const float4* p = reinterpret_cast<const float4*>(x) + ci * 8;
-    float s = 0.f;
-#pragma unroll
-    for (int f = 0; f < 8; ++f) {
-      float4 v = p[f];
-      s += (v.x + v.y) + (v.z + v.w);
-    }
-    xsum[ci] = s;
-  }
 }
 
-// Dot products of R rows (each cols = 1024*CPL 4-bit codes, bf16 scales/biases, groups of 64) with
-// the x staged by stage_x_q4; lane l reads 16-byte chunks l, l+32, ... of every row. All R loads
-// are issued before any arithmetic. Results are warp-reduced (every lane holds them).
+// R rows of 4-bit codes (cols = 1024*CPL, bf16 scales/biases, groups of 64) held in registers:
+// load() issues every 16-byte load first, dot() then works on x staged by stage_x_q4; lane l owns
+// chunks l, l+32, ... of each row. Results are warp-reduced (every lane holds them).
+template <int CPL, int R>
+struct Q4Rows {
+  uint4 w[R][CPL];
+  float s[R][CPL], b[R][CPL];
+
+  __device__ __forceinline__ void load(const uint4* const* rp, const uint16_t* const* sp, const uint16_t* const* bp) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int i = 0; i < CPL; ++i) {
+        w[r][i] = __ldcs(rp[r] + lane + 32 * i);
+        s[r][i] = bf16f(sp[r][(lane + 32 * i) >> 1]);
+        b[r][i] = bf16f(bp[r][(lane + 32 * i) >> 1]);
+      }
+  }
+  __device__ __forceinline__ void dot(const float4* sm4, const float* xsum, float* out) const {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < R; ++r) out[r] = 0.f;
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+      const float xs = xsum[lane + 32 * i];
+      float d[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) d[r] = 0.f;
+#pragma unroll
+      for (int f = 0; f < 4; ++f) {
+        const float4 xa = sm4[i * 256 + (2 * f) * 32 + lane];
+        const float4 xb = sm4[i * 256 + (2 * f + 1) * 32 + lane];
+#pragma unroll
+        for (int r = 0; r < R; ++r) d[r] += dot8_q4(word_of(w[r][i], f), xa, xb);
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) out[r] = fmaf(s[r][i], d[r], fmaf(b[r][i], xs, out[r]));
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) out[r] = warp_sum(out[r]);
+  }
+};
+
 template <int CPL, int R>
 __device__ __forceinline__ void q4_dot_rows(const uint4* const* rp, const uint16_t* const* sp,
                                             const uint16_t* const* bp, const float4* sm4,
                                             const float* xsum, float* out) {
-  const int lane = threadIdx.x & 31;
-  uint4 wv[R][CPL];
-  float s[R][CPL], b[R][CPL];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int i = 0; i < CPL; ++i) {
-      wv[r][i] = __ldcs(rp[r] + lane + 32 * i);
-      s[r][i] = bf16f(sp[r][(lane + 32 * i) >> 1]);
-      b[r][i] = bf16f(bp[r][(lane + 32 * i) >> 1]);
-    }
-#pragma unroll
-  for (int r = 0; r < R; ++r) out[r] = 0.f;
-#pragma unroll
-  for (int i = 0; i < CPL; ++i) {
-    const float xs = xsum[lane + 32 * i];
-    float d[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) d[r] = 0.f;
-#pragma unroll
-    for (int f = 0; f < 4; ++f) {
-      const float4 xa = sm4[i * 256 + (2 * f) * 32 + lane];
-      const float4 xb = sm4[i * 256 + (2 * f + 1) * 32 + lane];
-#pragma unroll
-      for (int r = 0; r < R; ++r) d[r] += dot8_q4(word_of(wv[r][i], f), xa, xb);
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) out[r] = fmaf(s[r][i], d[r], fmaf(b[r][i], xs, out[r]));
-  }
-#pragma unroll
-  for (int r = 0; r < R; ++r) out[r] = warp_sum(out[r]);
+  Q4Rows<CPL, R> q;
+  q.load(rp, sp, bp);
+  q.dot(sm4, xsum, out);
 }
 
 }  // namespace lily::cuda

@@ -33,6 +33,9 @@ void add(float* h, const float* r, int64_t n, cudaStream_t s);
 int64_t argmax_scratch_bytes(int T);
 void argmax(const float* logits, int T, int n, int32_t* ids, void* scratch, cudaStream_t s);
 void increment(int32_t* p, int by, cudaStream_t s);
+// Keeps the stream busy for `ns` nanoseconds, so that the host can enqueue a whole eager step
+// behind it and per-op events then measure device time rather than launch gaps.
+void spin(uint64_t ns, cudaStream_t s);
 // Fills n floats with uniform values in [-scale, scale) from a counter-based hash (bench only).
 void fill_uniform(float* p, int64_t n, float scale, uint64_t seed, cudaStream_t s);
 

@@ -21,6 +21,9 @@ struct GdnArgs {
   float* y;
 };
 
+// NR > 0: each thread keeps its NR = dk/rq state values in registers for all T tokens (one read
+// and one write of S per call); NR == 0: generic sizes, S is read and written in global memory.
+template <int NR>
 __global__ void __launch_bounds__(512) gdn_kernel(const __grid_constant__ GdnArgs g) {
   extern __shared__ float sm[];
   const GdnDims& d = g.d;
@@ -44,6 +47,11 @@ __global__ void __launch_bounds__(512) gdn_kernel(const __grid_constant__ GdnArg
   auto raw = [&](int t, int ch) {
     return t >= 0 ? g.qkv[int64_t(t) * d.conv_dim + ch] : g.conv_state[int64_t(t + K - 1) * d.conv_dim + ch];
   };
+  float sv[NR > 0 ? NR : 1];
+  if constexpr (NR > 0) {
+#pragma unroll
+    for (int i = 0; i < NR; ++i) sv[i] = S[(rq + i * g.rq) * d.dv + c];
+  }
   const float A = -__expf(g.A_log[j]), dtb = g.dt_bias[j];
   const float qscale = rsqrtf(float(d.dk));
   for (int t = 0; t < g.T; ++t) {
@@ -67,8 +75,12 @@ __global__ void __launch_bounds__(512) gdn_kernel(const __grid_constant__ GdnArg
     const float beta = sigmoidf_(g.b[int64_t(t) * d.nv + j]);
     // m = Sᵀk̂ (decay applied after, it is a scalar), δ = β (v − α m).
     float m = 0.f;
-#pragma unroll 8
-    for (int r = rq; r < d.dk; r += g.rq) m = fmaf(S[r * d.dv + c], ks[r], m);
+    if constexpr (NR > 0) {
+#pragma unroll
+      for (int i = 0; i < NR; ++i) m = fmaf(sv[i], ks[rq + i * g.rq], m);
+    } else {
+      for (int r = rq; r < d.dk; r += g.rq) m = fmaf(S[r * d.dv + c], ks[r], m);
+    }
     part[rq * d.dv + c] = m * nkk;
     __syncthreads();
     m = 0.f;
@@ -77,11 +89,19 @@ __global__ void __launch_bounds__(512) gdn_kernel(const __grid_constant__ GdnArg
     __syncthreads();
     // S ← α S + k̂ δᵀ, o = Sᵀ q̂.
     float o = 0.f;
-#pragma unroll 8
-    for (int r = rq; r < d.dk; r += g.rq) {
-      const float s = fmaf(alpha, S[r * d.dv + c], ks[r] * nkk * delta);
-      S[r * d.dv + c] = s;
-      o = fmaf(s, qs[r], o);
+    const float kd = nkk * delta;
+    if constexpr (NR > 0) {
+#pragma unroll
+      for (int i = 0; i < NR; ++i) {
+        sv[i] = fmaf(alpha, sv[i], ks[rq + i * g.rq] * kd);
+        o = fmaf(sv[i], qs[rq + i * g.rq], o);
+      }
+    } else {
+      for (int r = rq; r < d.dk; r += g.rq) {
+        const float s = fmaf(alpha, S[r * d.dv + c], ks[r] * kd);
+        S[r * d.dv + c] = s;
+        o = fmaf(s, qs[r], o);
+      }
     }
     part[rq * d.dv + c] = o * nq;
     __syncthreads();
@@ -94,6 +114,10 @@ __global__ void __launch_bounds__(512) gdn_kernel(const __grid_constant__ GdnArg
           o * rsqrtf(ss / float(d.dv) + d.eps) * g.norm_w[c] * siluf_(zv);
     }
     __syncthreads();
+  }
+  if constexpr (NR > 0) {
+#pragma unroll
+    for (int i = 0; i < NR; ++i) S[(rq + i * g.rq) * d.dv + c] = sv[i];
   }
   // New conv state = the last K-1 raw inputs; q/k channels are shared with the sibling CTAs, so
   // everyone reads first, then the cluster's rank 0 writes them.
@@ -132,7 +156,8 @@ void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float*
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_kernel, g));
+  if (d.dk / rq == 32) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_kernel<32>, g));
+  else CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_kernel<0>, g));
 }
 
 }  // namespace lily::cuda

@@ -24,7 +24,8 @@ __device__ __forceinline__ int find_job(const GemvLaunch& L) {
 }
 
 // cols = 1024*CPL (each lane owns CPL 16-byte chunks of a row), R rows per warp per iteration,
-// 8 warps per block; blocks of a job stride over its row groups.
+// 8 warps per block; blocks of a job stride over its row groups. The first group's weight loads
+// are issued before x is staged so that their latency overlaps the staging.
 template <int CPL, int R>
 __global__ void __launch_bounds__(256) gemv_q4_kernel(const __grid_constant__ GemvLaunch L) {
   extern __shared__ float4 sm4[];
@@ -32,32 +33,111 @@ __global__ void __launch_bounds__(256) gemv_q4_kernel(const __grid_constant__ Ge
   float* xsum = reinterpret_cast<float*>(sm4 + cols / 4);
   const int j = find_job(L);
   const GemvJob& jb = L.job[j];
-  stage_x_q4(jb.x, cols, sm4, xsum);
-  __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nb = L.block_begin[j + 1] - L.block_begin[j], bj = blockIdx.x - L.block_begin[j];
   const int rows = jb.w.rows;
   const uint4* data = static_cast<const uint4*>(jb.w.data);
   const uint16_t* sc = static_cast<const uint16_t*>(jb.w.scales);
   const uint16_t* bi = static_cast<const uint16_t*>(jb.w.biases);
-  for (int g = bj; g * 8 * R < rows; g += nb) {
-    const int r0 = g * 8 * R + warp * R;
-    if (r0 >= rows) break;
+  Q4Rows<CPL, R> q;
+  auto load = [&](int g) {
     const uint4* rp[R];
     const uint16_t *sp[R], *bp[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const int64_t row = min(r0 + r, rows - 1);
+      const int64_t row = min(g * 8 * R + warp * R + r, rows - 1);
       rp[r] = data + row * (cols / 32);
       sp[r] = sc + row * (cols / 64);
       bp[r] = bi + row * (cols / 64);
     }
+    q.load(rp, sp, bp);
+  };
+  load(bj);
+  stage_x_q4(jb.x, cols, sm4, xsum);
+  __syncthreads();
+  for (int g = bj; g * 8 * R < rows; g += nb) {
+    const int r0 = g * 8 * R + warp * R;
+    if (g != bj) load(g);
+    if (r0 >= rows) break;
     float acc[R];
-    q4_dot_rows<CPL, R>(rp, sp, bp, sm4, xsum, acc);
+    q.dot(sm4, xsum, acc);
     if (lane == 0)
 #pragma unroll
       for (int r = 0; r < R; ++r)
         if (r0 + r < rows) jb.y[r0 + r] = acc[r];
+  }
+}
+
+// 8-bit rows of cols = 512*CPL (router, shared-expert gate): lane l owns 16-byte chunks
+// l, l+32, ... (16 codes each). Bytes 0/1 of a word use the 2^23 trick directly and bytes 2/3 on
+// w >> 16, so x is pre-scaled by (1, 1/256, 1, 1/256); chunk sums give the bias term.
+template <int CPL, int R>
+__global__ void __launch_bounds__(256) gemv_q8_kernel(const __grid_constant__ GemvLaunch L) {
+  extern __shared__ float4 sm4[];
+  constexpr int cols = CPL * 512;
+  float* xsum = reinterpret_cast<float*>(sm4 + cols / 4);
+  const int j = find_job(L);
+  const GemvJob& jb = L.job[j];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int idx = threadIdx.x; idx < cols / 4; idx += blockDim.x) {
+    float4 v = reinterpret_cast<const float4*>(jb.x)[idx];
+    const int ci = idx >> 2, f = idx & 3;
+    float s = (v.x + v.y) + (v.z + v.w);
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    if (f == 0) xsum[ci] = s;
+    v.y *= 1.f / 256;
+    v.w *= 1.f / 256;
+    sm4[(ci >> 5) * 128 + f * 32 + (ci & 31)] = v;
+  }
+  __syncthreads();
+  const int nb = L.block_begin[j + 1] - L.block_begin[j], bj = blockIdx.x - L.block_begin[j];
+  const int rows = jb.w.rows;
+  const uint4* data = static_cast<const uint4*>(jb.w.data);
+  const uint16_t* sc = static_cast<const uint16_t*>(jb.w.scales);
+  const uint16_t* bi = static_cast<const uint16_t*>(jb.w.biases);
+  const float M = 8388608.f;
+  for (int g = bj; g * 8 * R < rows; g += nb) {
+    const int r0 = g * 8 * R + warp * R;
+    if (r0 >= rows) break;
+    uint4 w[R][CPL];
+    float s[R][CPL], b[R][CPL];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = min(r0 + r, rows - 1);
+#pragma unroll
+      for (int i = 0; i < CPL; ++i) {
+        w[r][i] = __ldcs(data + row * (cols / 16) + lane + 32 * i);
+        s[r][i] = bf16f(sc[row * (cols / 64) + ((lane + 32 * i) >> 2)]);
+        b[r][i] = bf16f(bi[row * (cols / 64) + ((lane + 32 * i) >> 2)]);
+      }
+    }
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+      const float xs = xsum[lane + 32 * i];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float d = 0.f;
+#pragma unroll
+        for (int f = 0; f < 4; ++f) {
+          const float4 xv = sm4[i * 128 + f * 32 + lane];
+          const uint32_t wd = word_of(w[r][i], f), h = wd >> 16;
+          d = fmaf(__uint_as_float((wd & 0xFFu) | 0x4B000000u) - M, xv.x, d);
+          d = fmaf(__uint_as_float((wd & 0xFF00u) | 0x4B000000u) - M, xv.y, d);
+          d = fmaf(__uint_as_float((h & 0xFFu) | 0x4B000000u) - M, xv.z, d);
+          d = fmaf(__uint_as_float((h & 0xFF00u) | 0x4B000000u) - M, xv.w, d);
+        }
+        acc[r] = fmaf(s[r][i], d, fmaf(b[r][i], xs, acc[r]));
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float v = warp_sum(acc[r]);
+      if (lane == 0 && r0 + r < rows) jb.y[r0 + r] = v;
+    }
   }
 }
 
@@ -106,7 +186,7 @@ __global__ void __launch_bounds__(256) gemv_generic_kernel(const __grid_constant
   }
 }
 
-template <int CPL, int R>
+template <int CPL, int R, bool Q8 = false>
 void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s) {
   GemvLaunch L{};
   L.n = int(jobs.size());
@@ -119,8 +199,13 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s) {
     nb += std::min((jobs[j].w.rows + 8 * R - 1) / (8 * R), 264);
   }
   L.block_begin[L.n] = nb;
-  const int smem = CPL * 1024 * 4 + CPL * 32 * 4;
-  gemv_q4_kernel<CPL, R><<<nb, 256, smem, s>>>(L);
+  if constexpr (Q8) {
+    const int smem = CPL * 512 * 4 + CPL * 32 * 4;
+    gemv_q8_kernel<CPL, R><<<nb, 256, smem, s>>>(L);
+  } else {
+    const int smem = CPL * 1024 * 4 + CPL * 32 * 4;
+    gemv_q4_kernel<CPL, R><<<nb, 256, smem, s>>>(L);
+  }
   CUDA_LAUNCH_CHECK();
 }
 
@@ -164,6 +249,25 @@ __global__ void __launch_bounds__(256) rmsnorm_kernel(float* h, const float* r, 
   for (int i = threadIdx.x; i < n; i += blockDim.x) out[base + i] = h[base + i] * scale * w[i];
 }
 
+// n = 4 * blockDim.x: one float4 per thread, everything in registers.
+__global__ void rmsnorm4_kernel(float* h, const float* r, const float* w, int n, float eps, float* out) {
+  __shared__ float red[32];
+  const int64_t base = int64_t(blockIdx.x) * n;
+  float4 v = reinterpret_cast<const float4*>(h + base)[threadIdx.x];
+  if (r) {
+    const float4 a = reinterpret_cast<const float4*>(r + base)[threadIdx.x];
+    v.x += a.x;
+    v.y += a.y;
+    v.z += a.z;
+    v.w += a.w;
+    reinterpret_cast<float4*>(h + base)[threadIdx.x] = v;
+  }
+  const float scale = rsqrtf(block_sum(v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w, red) / float(n) + eps);
+  const float4 g = reinterpret_cast<const float4*>(w)[threadIdx.x];
+  reinterpret_cast<float4*>(out + base)[threadIdx.x] =
+      make_float4(v.x * scale * g.x, v.y * scale * g.y, v.z * scale * g.z, v.w * scale * g.w);
+}
+
 __global__ void add_kernel(float* h, const float* r, int64_t n) {
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) h[i] += r[i];
@@ -172,20 +276,23 @@ __global__ void add_kernel(float* h, const float* r, int64_t n) {
 }  // namespace
 
 bool gemv_fast_ok(const QMat& w) {
-  return w.type == kQ4 && !w.sb_f32 && w.gs == 64 && (w.cols == 2048 || w.cols == 4096);
+  if (w.sb_f32 || w.gs != 64) return false;
+  if (w.type == kQ8) return w.cols == 2048;
+  return w.type == kQ4 && (w.cols == 2048 || w.cols == 4096);
 }
 
 void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s) {
-  std::vector<GemvJob> f2, f4, gen;
+  std::vector<GemvJob> f2, f4, q8, gen;
   for (int i = 0; i < n; ++i) {
     const GemvJob& j = jobs[i];
     if (fast && T == 1 && gemv_fast_ok(j.w))
-      (j.w.cols == 2048 ? f2 : f4).push_back(j);
+      (j.w.type == kQ8 ? q8 : j.w.cols == 2048 ? f2 : f4).push_back(j);
     else
       gen.push_back(j);
   }
   if (!f2.empty()) launch_fast<2, 4>(f2, s);
   if (!f4.empty()) launch_fast<4, 2>(f4, s);
+  if (!q8.empty()) launch_fast<4, 2, true>(q8, s);
   if (!gen.empty()) launch_generic(gen, T, s);
 }
 
@@ -197,7 +304,10 @@ void embed(const QMat& E, const int32_t* tokens, int T, float* out, cudaStream_t
 
 void rmsnorm(float* h, const float* r, const float* w, int n, int T, float eps, float* out,
              cudaStream_t s) {
-  rmsnorm_kernel<<<T, 256, 0, s>>>(h, r, w, n, eps, out);
+  if (n % 128 == 0 && n / 4 <= 1024)
+    rmsnorm4_kernel<<<T, n / 4, 0, s>>>(h, r, w, n, eps, out);
+  else
+    rmsnorm_kernel<<<T, 256, 0, s>>>(h, r, w, n, eps, out);
   CUDA_LAUNCH_CHECK();
 }
 

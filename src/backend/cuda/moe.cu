@@ -237,7 +237,7 @@ bool q4ok(const QMat& w) { return w.type == kQ4 && !w.sb_f32 && w.gs == 64; }
 
 int64_t moe_workspace_floats(const MoeDev& m, int T) {
   const int imax = std::max(m.I, m.Is);
-  return int64_t(T) * (m.E + 1 + m.K + (m.K + 1) * imax) + 64;
+  return int64_t(T) * (m.E + 1 + m.K + (m.K + 1) * imax) + 64;   // + padding of the three sections
 }
 
 void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool fast, cudaStream_t s) {
@@ -246,12 +246,14 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   MoeArgs a{};
   a.m = m;
   a.x = x;
+  // Sections start on 16-byte boundaries: the down kernel stages act with float4 loads.
+  auto r4 = [](int64_t n) { return (n + 3) / 4 * 4; };
   float* logits = work;
-  float* sg = logits + int64_t(T) * m.E;
+  float* sg = logits + r4(int64_t(T) * m.E);
   a.logits = logits;
   a.sg = sg;
-  a.ids = reinterpret_cast<int32_t*>(sg + T);
-  a.act = sg + T + int64_t(T) * m.K;
+  a.ids = reinterpret_cast<int32_t*>(sg + r4(T));
+  a.act = sg + r4(T) + r4(int64_t(T) * m.K);
   a.out = out;
   a.imax = imax;
   GemvJob jobs[2] = {{m.router, x, logits}, {m.shared_gate, x, sg}};

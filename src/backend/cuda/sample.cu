@@ -69,6 +69,14 @@ __global__ void __launch_bounds__(256) argmax_kernel(const float* logits, int n,
 
 __global__ void increment_kernel(int32_t* p, int by) { *p += by; }
 
+__global__ void spin_kernel(uint64_t ns) {
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+
 __global__ void fill_uniform_kernel(float* p, int64_t n, float scale, uint64_t seed) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -96,6 +104,11 @@ void argmax(const float* logits, int T, int n, int32_t* ids, void* scratch, cuda
 
 void increment(int32_t* p, int by, cudaStream_t s) {
   increment_kernel<<<1, 1, 0, s>>>(p, by);
+  CUDA_LAUNCH_CHECK();
+}
+
+void spin(uint64_t ns, cudaStream_t s) {
+  spin_kernel<<<1, 1, 0, s>>>(ns);
   CUDA_LAUNCH_CHECK();
 }
 
