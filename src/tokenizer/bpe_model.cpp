@@ -3,7 +3,9 @@
 #include "tokenizer/bpe_model.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
+#include <cstring>
 #include <queue>
 
 #include "core/common.h"
@@ -77,7 +79,9 @@ inline uint64_t mix(uint64_t k) {
 
 BpeModel::BpeModel(std::vector<std::string> vocab_bytes, const std::vector<Merge>& merges,
                    bool ignore_merges)
-    : vocab_(std::move(vocab_bytes)), ignore_merges_(ignore_merges), cache_(new Shard[kShards]) {
+    : vocab_(std::move(vocab_bytes)), ignore_merges_(ignore_merges) {
+  static std::atomic<uint64_t> next_instance{1};
+  instance_id_ = next_instance++;
   byte_id_.fill(-1);
   for (size_t id = 0; id < vocab_.size(); ++id)
     if (vocab_[id].size() == 1 && byte_id_[uint8_t(vocab_[id][0])] < 0)
@@ -195,6 +199,48 @@ void BpeModel::encode_word_reference(std::string_view word, std::vector<int32_t>
   out.insert(out.end(), syms.begin(), syms.end());
 }
 
+namespace {
+
+// Direct-mapped, per-thread word cache: text is Zipfian, so most pre-tokens were seen recently and
+// one cache-line probe replaces several random probes into the merge table. Per thread so that
+// concurrent encoders never lock; words or results too long for a slot are simply not cached.
+struct CacheSlot {
+  uint64_t tag;   // hash | 1; 0 = empty
+  uint8_t key_len, n_ids;
+  char key[26];
+  int32_t ids[7];
+};
+static_assert(sizeof(CacheSlot) == 64);
+constexpr size_t kCacheSlots = size_t(1) << 15;
+
+struct WordCache {
+  uint64_t owner = 0;
+  std::unique_ptr<CacheSlot[]> slots;
+  CacheSlot* for_model(uint64_t id) {
+    if (!slots) slots.reset(new CacheSlot[kCacheSlots]);
+    if (owner != id) {
+      for (size_t i = 0; i < kCacheSlots; ++i) slots[i].tag = 0;
+      owner = id;
+    }
+    return slots.get();
+  }
+};
+
+inline uint64_t hash_word(std::string_view w) {
+  uint64_t h = 0x9E3779B97F4A7C15ULL ^ w.size();
+  size_t i = 0;
+  for (; i + 8 <= w.size(); i += 8) {
+    uint64_t v;
+    std::memcpy(&v, w.data() + i, 8);
+    h = mix(h ^ v) * 0x9E3779B97F4A7C15ULL;
+  }
+  uint64_t v = 0;
+  std::memcpy(&v, w.data() + i, w.size() - i);
+  return mix(h ^ v ^ (uint64_t(w.size()) << 56)) | 1;
+}
+
+}  // namespace
+
 void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) const {
   if (word.size() == 1) {
     if (byte_id_[uint8_t(word[0])] >= 0) out.push_back(byte_id_[uint8_t(word[0])]);
@@ -206,15 +252,14 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
       return;
     }
   }
-  const bool cacheable = word.size() <= 64;
-  Shard* shard = nullptr;
-  std::string key;
-  if (cacheable) {
-    key.assign(word);
-    shard = &cache_[std::hash<std::string>{}(key) % kShards];
-    std::lock_guard<std::mutex> lock(shard->mu);
-    if (auto it = shard->map.find(key); it != shard->map.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
+  CacheSlot* slot = nullptr;
+  uint64_t tag = 0;
+  if (word.size() <= sizeof(CacheSlot::key)) {
+    thread_local WordCache cache;
+    tag = hash_word(word);
+    slot = &cache.for_model(instance_id_)[tag & (kCacheSlots - 1)];
+    if (slot->tag == tag && slot->key_len == word.size() && !std::memcmp(slot->key, word.data(), word.size())) {
+      out.insert(out.end(), slot->ids, slot->ids + slot->n_ids);
       return;
     }
   }
@@ -225,10 +270,12 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
   if (syms.size() <= 48) merge_small(syms);
   else merge_heap(syms);
   out.insert(out.end(), syms.begin(), syms.end());
-  if (cacheable) {
-    std::lock_guard<std::mutex> lock(shard->mu);
-    if (shard->map.size() >= kShardCapacity) shard->map.clear();
-    shard->map.emplace(std::move(key), syms);
+  if (slot && syms.size() <= std::size(slot->ids)) {
+    slot->tag = tag;
+    slot->key_len = uint8_t(word.size());
+    slot->n_ids = uint8_t(syms.size());
+    std::memcpy(slot->key, word.data(), word.size());
+    std::copy(syms.begin(), syms.end(), slot->ids);
   }
 }
 

@@ -3,7 +3,6 @@
 #include <array>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -60,13 +59,9 @@ class BpeModel {
   bool ignore_merges_ = false;
   std::unordered_map<std::string, int32_t> by_bytes_;   // only for ignore_merges
 
-  // Word cache, sharded so concurrent encoders rarely contend.
-  struct Shard {
-    std::mutex mu;
-    std::unordered_map<std::string, std::vector<int32_t>> map;
-  };
-  static constexpr size_t kShards = 16, kShardCapacity = 8192;
-  mutable std::unique_ptr<Shard[]> cache_;
+  // Each thread keeps a direct-mapped cache of recent words (see encode_word); the id tells a
+  // thread's cache which model it was filled for.
+  uint64_t instance_id_ = 0;
 };
 
 }  // namespace lily
