@@ -1,5 +1,6 @@
 // `lily template`: renders conversations from a JSONL file with the native chat template, one
-// {"text"} or {"error"} line per input line (parity tests drive it against jinja2).
+// {"text"} or {"error"} line per input line (parity tests drive it against jinja2); with --parse,
+// runs the output parser on model outputs instead (differential tests against mlx-lm's parser).
 #ifdef LILY_HAVE_FRONTEND
 #include <fstream>
 #include <iostream>
@@ -11,6 +12,7 @@
 #include "core/common.h"
 #include "core/options.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/output_parser.h"
 
 namespace lily {
 namespace {
@@ -46,12 +48,42 @@ std::string render_line(const std::string& line) {
   return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+// {"text", "tools", "starts_in_reasoning", "chunk"} -> {"reasoning", "content", "tool_calls"}; chunk > 0
+// pushes the text in pieces of that many bytes, as a stream would.
+std::string parse_line(const std::string& line) {
+  OJson out;
+  try {
+    OJson req = OJson::parse(line);
+    if (!req.is_object() || !req.contains("text") || !req["text"].is_string())
+      throw Error("each input line must be an object with a string 'text'");
+    const std::string text = req["text"].get<std::string>();
+    const int64_t chunk = req.value("chunk", int64_t(0));
+    OutputParser p(get_bool(req, "starts_in_reasoning", true), req.contains("tools") ? req["tools"] : OJson());
+    for (size_t i = 0; i < text.size(); i += chunk > 0 ? size_t(chunk) : text.size())
+      p.push(std::string_view(text).substr(i, chunk > 0 ? size_t(chunk) : text.size()));
+    p.finish();
+    out["reasoning"] = p.reasoning();
+    out["content"] = p.content();
+    out["tool_calls"] = OJson::array();
+    for (const ToolCall& c : p.tool_calls())
+      out["tool_calls"].push_back({{"id", c.id}, {"name", c.name}, {"arguments", c.arguments_json}});
+  } catch (const Error& e) {
+    out = OJson{{"error", e.what()}};
+  } catch (const nlohmann::json::exception& e) {
+    out = OJson{{"error", std::string("invalid JSON: ") + e.what()}};
+  }
+  return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 int template_main(int argc, char** argv) {
   Options o("template",
             "Render chat requests (JSONL: messages, tools, add_generation_prompt, enable_thinking,\n"
             "preserve_thinking) with the built-in Qwen3.6 template; writes {\"text\"} or {\"error\"} per line.",
             {{"input", "-", "input JSONL file (- = stdin)", ""},
-             {"output", "-", "output JSONL file (- = stdout)", ""}});
+             {"output", "-", "output JSONL file (- = stdout)", ""},
+             {"parse", "false",
+              "read model outputs {text, tools, starts_in_reasoning, chunk}; write {reasoning, content, tool_calls}",
+              "", true}});
   if (!o.parse(argc, argv)) return 0;
   std::ifstream fin;
   std::istream* in = &std::cin;
@@ -70,7 +102,7 @@ int template_main(int argc, char** argv) {
   std::string line;
   while (std::getline(*in, line)) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    *out << render_line(line) << '\n';
+    *out << (o.flag("parse") ? parse_line(line) : render_line(line)) << '\n';
   }
   out->flush();
   if (!*out) throw Error("failed writing " + o.str("output"));

@@ -4,12 +4,11 @@
 #include "tokenizer/output_parser.h"
 
 #include <algorithm>
-#include <cctype>
-#include <cmath>
 #include <cstdio>
 #include <random>
 
 #include "tokenizer/json_py.h"
+#include "tokenizer/output_parser_values.h"
 
 namespace lily {
 
@@ -60,58 +59,6 @@ size_t partial_tag_suffix(std::string_view s, std::initializer_list<std::string_
         break;
       }
   return best;
-}
-
-// JSON-schema types a parameter accepts: "type" (string or list) or the types of anyOf/oneOf.
-std::vector<std::string> schema_types(const nlohmann::json* schema) {
-  std::vector<std::string> out;
-  if (!schema || !schema->is_object()) return out;
-  auto add = [&](const nlohmann::json& t) {
-    if (t.is_string()) out.push_back(t.get<std::string>());
-    else if (t.is_array())
-      for (const auto& e : t)
-        if (e.is_string()) out.push_back(e.get<std::string>());
-  };
-  if (auto it = schema->find("type"); it != schema->end()) add(*it);
-  for (const char* key : {"anyOf", "oneOf"})
-    if (auto it = schema->find(key); it != schema->end() && it->is_array())
-      for (const auto& sub : *it)
-        if (sub.is_object() && sub.contains("type")) add(sub["type"]);
-  return out;
-}
-
-bool has(const std::vector<std::string>& v, const char* s) { return std::find(v.begin(), v.end(), s) != v.end(); }
-
-// A parameter value as JSON text, converted by the schema types as vLLM's qwen3coder parser does;
-// anything that does not convert stays a string.
-std::string convert_value(const std::string& raw, const nlohmann::json* schema) {
-  const std::vector<std::string> types = schema_types(schema);
-  const std::string t = trim(raw);
-  if (schema && (t == "null" || t == "None") && (has(types, "null") || !has(types, "string"))) return "null";
-  for (const std::string& type : types) {
-    if (type == "string") return json_py_dumps(raw);
-    if (type == "boolean") {
-      std::string low = t;
-      for (char& c : low) c = char(std::tolower(static_cast<unsigned char>(c)));
-      if (low == "true" || low == "false") return low;
-      continue;
-    }
-    if (type != "integer" && type != "number" && type != "object" && type != "array") continue;
-    OJson v = OJson::parse(t, nullptr, false);
-    if (v.is_discarded()) continue;
-    if (type == "integer" && (v.is_number_integer())) return json_py_dumps(v);
-    if (type == "number" && v.is_number()) {
-      // Integral floats become ints, as vLLM does for "number" (2.0 -> 2).
-      if (v.is_number_float()) {
-        double d = v.get<double>();
-        if (d == double(int64_t(d)) && std::abs(d) < 9007199254740992.0) return std::to_string(int64_t(d));
-      }
-      return json_py_dumps(v);
-    }
-    if (type == "object" && v.is_object()) return json_py_dumps(v);
-    if (type == "array" && v.is_array()) return json_py_dumps(v);
-  }
-  return json_py_dumps(raw);
 }
 
 }  // namespace
@@ -229,7 +176,7 @@ struct OutputParser::Impl {
       if (it != props->end()) schema = &*it;
     }
     std::string frag = n_params == 0 ? "{" : ", ";
-    frag += json_py_dumps(param_name) + ": " + convert_value(value, schema);
+    frag += json_py_dumps(param_name) + ": " + convert_tool_value(value, schema);
     ++n_params;
     emit_args(frag);
     sub = Sub::kBody;

@@ -169,6 +169,22 @@ TEST(OutputParser, ValueConversions) {
             R"("note": "null", "either": 5, "untyped": "17", "unknown": "3"})");
 }
 
+TEST(OutputParser, LenientStructuredValues) {
+  Result r = parse(call("get_weather", {{"days", "2.0"},
+                                         {"days", "2.5"},
+                                         {"opts", "{\"code\": \"line1\nline2\"}"},
+                                         {"opts", "{'a': 'it\\'s', 'b': True, 'c': None, 'd': (1, 2)}"},
+                                         {"tags", "('x', -1.5)"},
+                                         {"opts", "{'a': x}"},
+                                         {"untyped", "{\"k\": [1]}"}}),
+                   false, kTools);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments_json,
+            R"({"days": 2, "days": "2.5", "opts": {"code": "line1\nline2"}, )"
+            R"("opts": {"a": "it's", "b": true, "c": null, "d": [1, 2]}, "tags": ["x", -1.5], "opts": "{'a': x}", )"
+            R"("untyped": {"k": [1]}})");
+}
+
 TEST(OutputParser, UnknownFunctionAndNoToolsKeepStrings) {
   Result a = parse(call("mystery", {{"n", "1"}}), false, kTools);
   ASSERT_EQ(a.calls.size(), 1u);
