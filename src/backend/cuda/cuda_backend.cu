@@ -226,11 +226,16 @@ class CudaBackend final : public Backend {
     float* ws = workspace(moe_workspace_floats(m, T));
     auto expert_bytes = [](const QStack& s) { return double(type_bytes(s.first) + 2 * sb_bytes(s.first)); };
     auto mat_bytes = [](const QMatrix& q) { return double(type_bytes(q) + 2 * sb_bytes(q)); };
-    const double bytes = mat_bytes(w.gate) + mat_bytes(w.shared_expert_gate) +
-                         m.K * (expert_bytes(w.experts_gate) + expert_bytes(w.experts_up) +
-                                expert_bytes(w.experts_down)) +
-                         mat_bytes(w.shared_gate_proj) + mat_bytes(w.shared_up_proj) + mat_bytes(w.shared_down_proj);
-    timed("moe", bytes, [&] { cuda::moe(m, x, T, out, ws, fast_, s_); });
+    if (profiling_ && !capturing_) {
+      const double ebytes = m.K * (expert_bytes(w.experts_gate) + expert_bytes(w.experts_up));
+      timed("moe.router", mat_bytes(w.gate), [&] { cuda::moe(m, x, T, out, ws, fast_, 1, s_); });
+      timed("moe.gate_up", ebytes + mat_bytes(w.shared_gate_proj) + mat_bytes(w.shared_up_proj),
+            [&] { cuda::moe(m, x, T, out, ws, fast_, 2, s_); });
+      timed("moe.down", m.K * expert_bytes(w.experts_down) + mat_bytes(w.shared_down_proj),
+            [&] { cuda::moe(m, x, T, out, ws, fast_, 4, s_); });
+      return;
+    }
+    cuda::moe(m, x, T, out, ws, fast_, 7, s_);
   }
   void argmax(const float* logits, int T, int n, int32_t* ids) override {
     flush();

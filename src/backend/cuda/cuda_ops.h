@@ -71,7 +71,8 @@ struct MoeDev {
   int* hist = nullptr;                // optional [E] counts of routed tokens per expert
 };
 int64_t moe_workspace_floats(const MoeDev& m, int T);
-// `fast` false uses the generic kernels (ablation D1).
-void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool fast, cudaStream_t s);
+// `fast` false uses the generic kernels (ablation D1). `stages` bits: 1 router, 2 gate/up, 4 down
+// (the profiler launches them one at a time).
+void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool fast, int stages, cudaStream_t s);
 
 }  // namespace lily::cuda

@@ -291,7 +291,7 @@ void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s) {
       gen.push_back(j);
   }
   if (!f2.empty()) launch_fast<2, 4>(f2, s);
-  if (!f4.empty()) launch_fast<4, 2>(f4, s);
+  if (!f4.empty()) launch_fast<4, 1>(f4, s);
   if (!q8.empty()) launch_fast<4, 2, true>(q8, s);
   if (!gen.empty()) launch_generic(gen, T, s);
 }

@@ -75,7 +75,7 @@ __device__ __forceinline__ QMat slot_mat(const MoeDev& m, const QMat& w0, const 
 
 // grid (blocks, T), 8 warps. FAST: 4-bit rows of H = 1024*CPL with the staged-x dot product.
 template <bool FAST, int CPL>
-__global__ void __launch_bounds__(256) moe_gate_up_kernel(const __grid_constant__ MoeArgs a) {
+__global__ void __launch_bounds__(256, 2) moe_gate_up_kernel(const __grid_constant__ MoeArgs a) {
   extern __shared__ float4 sm4[];
   __shared__ float sel[1024];
   __shared__ int sid[32];
@@ -240,7 +240,7 @@ int64_t moe_workspace_floats(const MoeDev& m, int T) {
   return int64_t(T) * (m.E + 1 + m.K + (m.K + 1) * imax) + 64;   // + padding of the three sections
 }
 
-void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool fast, cudaStream_t s) {
+void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool fast, int stages, cudaStream_t s) {
   LILY_CHECK(m.E <= 1024 && m.K <= 32 && m.K <= m.E, "moe: at most 1024 experts and top-32 supported");
   const int imax = std::max(m.I, m.Is);
   MoeArgs a{};
@@ -257,17 +257,22 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   a.out = out;
   a.imax = imax;
   GemvJob jobs[2] = {{m.router, x, logits}, {m.shared_gate, x, sg}};
-  gemv_batch(jobs, 2, T, fast, s);
+  if (stages & 1) gemv_batch(jobs, 2, T, fast, s);
   const bool fast_up = fast && m.H % 1024 == 0 && m.H <= 4096 && q4ok(m.gate0) && q4ok(m.up0) &&
                        q4ok(m.sh_gate) && q4ok(m.sh_up);
   const bool fast_down = fast && m.I == 512 && m.Is == 512 && q4ok(m.down0) && q4ok(m.sh_down);
   const int items = m.K * m.I + m.Is;
-  const int nb_up = std::min((items + 15) / 16, 4096);
+  // One wave (2 CTAs per SM): every CTA repeats the top-k, so extra waves would repeat its latency.
+  static int sms = 0;
+  if (!sms) CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int nb_up = std::min((items + 15) / 16, 2 * sms);
   const size_t smem_up = fast_up ? m.H * 4 + m.H / 32 * 4 : 16;
-  if (fast_up && m.H == 2048) moe_gate_up_kernel<true, 2><<<dim3(nb_up, T), 256, smem_up, s>>>(a);
+  if (!(stages & 2)) {
+  } else if (fast_up && m.H == 2048) moe_gate_up_kernel<true, 2><<<dim3(nb_up, T), 256, smem_up, s>>>(a);
   else if (fast_up) moe_gate_up_kernel<true, 4><<<dim3(nb_up, T), 256, smem_up, s>>>(a);
   else moe_gate_up_kernel<false, 2><<<dim3(nb_up, T), 256, smem_up, s>>>(a);
   CUDA_LAUNCH_CHECK();
+  if (!(stages & 4)) return;
   const int nb_down = (m.H + 15) / 16;
   const size_t smem_down = fast_down ? (m.K + 1) * 512 * 4 + (m.K + 1) * 16 * 4 : 16;
   if (fast_down) {
