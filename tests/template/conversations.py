@@ -217,6 +217,20 @@ def handwritten():
         ("tool_call_arguments_empty_string",
          req([U("t"), A("", tool_calls=[{"function": {"name": "now", "arguments": ""}}]), T("t")], tools=[BARE]),
          ),
+        ("content_part_text_non_string",
+         req([{"role": "user", "content": [{"type": "text", "text": 5}, {"text": None},
+                                           {"text": ["a", {"b": 1.0, "c": "it's"}]}, {"text": True}]}])),
+        ("tool_message_first", req([T("early result"), U("q")])),
+        ("tools_with_non_object_items", req([U("q")], tools=["just a string", 3.5, None, WEATHER])),
+        ("reasoning_content_empty_string_keeps_tags",
+         req([U("q"), A("<think>x</think>y", reasoning_content="")], agp=False)),
+        ("reasoning_content_number_falls_back_to_tags",
+         req([U("q"), A("<think>x</think>y", reasoning_content=5)], agp=False)),
+        ("empty_tool_calls_list", req([U("q"), A("hi", tool_calls=[]), U("again")])),
+        ("tool_calls_mapping_ignored", req([U("q"), A("hi", tool_calls={"name": "x"})], agp=False)),
+        ("think_tags_in_user_content_untouched", req([U("<think>user text</think> rest")])),
+        ("nested_think_in_reasoning_split",
+         req([U("q"), A("\n\n<think>\n\nouter <think> inner\n\n</think>\n\n\nanswer\n")], agp=False)),
         # Error cases: the template's own raise_exception messages.
         ("error_no_messages", req([])),
         ("error_only_system", req([S("s")])),
@@ -308,8 +322,9 @@ def normalise_for_jinja(request):
             m["role"] = "system"
         if not isinstance(m.get("reasoning_content"), str) and isinstance(m.get("reasoning"), str):
             m["reasoning_content"] = m["reasoning"]
-        for tc in m.get("tool_calls") or []:
-            fn = tc.get("function", tc)
+        calls = m.get("tool_calls")
+        for tc in calls if isinstance(calls, list) else []:
+            fn = tc.get("function", tc) if isinstance(tc, dict) else None
             if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
                 fn["arguments"] = json.loads(fn["arguments"]) if fn["arguments"].strip() else {}
     return r
