@@ -162,12 +162,15 @@ int bench_main(int argc, char** argv) {
   }
   be->synchronize();
 
-  double copy_gbs = 0;
+  double copy_gbs = 0, floor_us = 0, floor_pdl_us = 0;
   std::string machine = be->name();
 #ifdef LILY_HAVE_CUDA
   if (be->name() == "cuda") {
     copy_gbs = cuda_tools::copy_bandwidth_gbs(*be, int64_t(1) << 30);
     machine = cuda_tools::device_name();
+    floor_us = cuda_tools::launch_floor_us(*be, false);
+    floor_pdl_us = cuda_tools::launch_floor_us(*be, true);
+    std::fprintf(stderr, "bench: graph node floor %.2f us (%.2f us with PDL)\n", floor_us, floor_pdl_us);
   }
 #endif
   const double wbytes = active_weight_bytes(*host);
@@ -260,13 +263,15 @@ int bench_main(int argc, char** argv) {
      << "\",\n  \"command\": \"" << cmdline << "\",\n  \"model\": \"" << model_name
      << "\",\n  \"notes\": \"context filled with random KV/conv/recurrent state instead of a prefill; tok_s = N / wall "
         "time of generate_greedy (capture included); ms_steady from the difference of two run lengths\",\n"
-     << "  \"copy_gbs\": " << copy_gbs << ",\n  \"active_weight_bytes\": " << wbytes << ",\n  \"results\": [\n";
+     << "  \"copy_gbs\": " << copy_gbs << ",\n  \"graph_node_floor_us\": " << floor_us
+     << ",\n  \"graph_node_floor_pdl_us\": " << floor_pdl_us << ",\n  \"active_weight_bytes\": " << wbytes << ",\n  \"results\": [\n";
   md << "# Decode benchmark (" << date << ")\n\n- machine: " << machine << "\n- commit: " << o.str("commit")
      << "\n- command: `" << cmdline << "`\n- model: " << model_name
      << "\n- context: random KV cache / conv / recurrent state (no prefill); greedy, batch 1, " << N
      << " tokens, median of " << rounds << " rounds (variants alternate order)\n- device-to-device copy: "
      << fmt("%.0f", copy_gbs) << " GB/s (read+write); active weights " << fmt("%.3f", wbytes / 1e9)
-     << " GB/token\n\n| context | variant | tok/s (median) | min | max | ms/token steady | GB/s achieved | % of copy bw |\n"
+     << " GB/token\n- graph node floor (chain of no-op kernels): " << fmt("%.2f", floor_us) << " us, "
+     << fmt("%.2f", floor_pdl_us) << " us with programmatic dependent launch\n\n| context | variant | tok/s (median) | min | max | ms/token steady | GB/s achieved | % of copy bw |\n"
      << "|---:|---|---:|---:|---:|---:|---:|---:|\n";
   bool first = true;
   for (int L : ctxs)

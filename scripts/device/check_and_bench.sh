@@ -19,7 +19,7 @@ if [ "$MODE" != "bench" ]; then
     timeout 120 "$L" cuda-check --model /tmp/demo --tokens 64 --prompt 24 2>&1 | tail -12 | tee "$OUT/check_demo.txt"
 fi
 if [ "$MODE" = "quick" ]; then
-  timeout 300 "$L" bench decode --contexts 4096,131072 --tokens 128 --rounds 1 --out "$OUT" --tag quick \
+  timeout 300 "$L" bench decode --contexts 4096,131072 --tokens 128 --rounds 1 --out "$OUT" --tag quick --ablate "${ABLATE:-D3}" \
     --commit "${LILY_COMMIT:-unknown}" 2>&1 | tail -60
 else
   timeout 540 "$L" bench decode --tokens 128 --rounds 3 --ablate "${ABLATE:-D2,D3,D6,D7,D8}" \

@@ -27,6 +27,8 @@ __global__ void attn_prep_kernel(AttnDims d, const float* qn, const float* kn, f
                                  const float* v, float* qbuf) {
   extern __shared__ float sm[];   // [hd] + red[32]
   float* red = sm + d.head_dim;
+  pdl_trigger();
+  pdl_wait();
   const int h = blockIdx.x, t = blockIdx.y, i = threadIdx.x, hd = d.head_dim;
   const int pos = cur_pos(pos0, pos_dev) + t;
   const bool is_q = h < d.heads;
@@ -64,6 +66,8 @@ __global__ void __launch_bounds__(256) attn_split_kernel(AttnDims d, const float
                                                          const float* qbuf, float* part) {
   extern __shared__ float sm[];   // [8 warps][HPB][hd] acc, then [8][HPB] m and l
   constexpr int hd = DPL * 32;
+  pdl_trigger();
+  pdl_wait();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int split = blockIdx.x, t = blockIdx.z, splits = gridDim.x;
   const int G = d.heads / d.kv_heads;
@@ -164,6 +168,8 @@ __global__ void attn_merge_kernel(AttnDims d, int splits, int pos0, const int32_
                                   const float* q, float* o) {
   extern __shared__ float wsm[];   // [splits] weights, red[32]
   float* red = wsm + splits;
+  pdl_trigger();
+  pdl_wait();
   const int h = blockIdx.x, t = blockIdx.y, e = threadIdx.x, hd = d.head_dim;
   const int len = min(cur_pos(pos0, pos_dev) + t + 1, d.capacity);
   const int ns = min(splits, (len + split_chunk(len, splits) - 1) / split_chunk(len, splits));
@@ -207,7 +213,7 @@ void launch_split(const AttnDims& d, const float* kc, const float* vc, int pos0,
     attr_set = true;
   }
   dim3 grid(splits, d.heads / HPB, T);
-  attn_split_kernel<DPL, HPB><<<grid, 256, smem, s>>>(d, kc, vc, pos0, pos_dev, qbuf, part);
+  launch(attn_split_kernel<DPL, HPB>, grid, dim3(256), smem, s, d, kc, vc, pos0, pos_dev, qbuf, part);
   CUDA_LAUNCH_CHECK();
 }
 
@@ -240,8 +246,8 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, floa
   splits = eff_splits(T, std::min(splits, 256));
   float* qbuf = work;
   float* part = work + int64_t(T) * d.heads * hd;
-  attn_prep_kernel<<<dim3(d.heads + d.kv_heads, T), hd, (hd + 32) * sizeof(float), s>>>(
-      d, q_norm, k_norm, kc, vc, pos0, pos_dev, q, k, v, qbuf);
+  launch(attn_prep_kernel, dim3(d.heads + d.kv_heads, T), dim3(hd), (hd + 32) * sizeof(float), s, d, q_norm,
+         k_norm, kc, vc, pos0, pos_dev, q, k, v, qbuf);
   CUDA_LAUNCH_CHECK();
   int hpb = 1;
   if (pack_gqa)
@@ -253,7 +259,8 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, floa
   if (hd == 256) launch_split_h<8>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
   else if (hd == 128) launch_split_h<4>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
   else launch_split_h<2>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
-  attn_merge_kernel<<<dim3(d.heads, T), hd, (splits + 32) * sizeof(float), s>>>(d, splits, pos0, pos_dev, part, q, o);
+  launch(attn_merge_kernel, dim3(d.heads, T), dim3(hd), (splits + 32) * sizeof(float), s, d, splits, pos0, pos_dev,
+         (const float*)part, q, o);
   CUDA_LAUNCH_CHECK();
 }
 

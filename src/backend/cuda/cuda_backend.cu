@@ -12,6 +12,10 @@
 namespace lily {
 
 namespace cuda {
+bool& pdl_enabled() {
+  static bool on = true;
+  return on;
+}
 void cuda_fail(cudaError_t e, const char* expr, const char* file, int line) {
   throw Error(std::string("CUDA error ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ") in " +
               expr + " at " + file + ":" + std::to_string(line));
@@ -301,7 +305,8 @@ class CudaBackend final : public Backend {
     flush();
     abl_ = a;
     fast_ = !abl_.has("D1");
-    batch_ = !abl_.has("D3");
+    batch_ = !abl_.has("D3b");
+    pdl_enabled() = !abl_.has("D3");
     fuse_add_ = !abl_.has("D8");
     pack_gqa_ = !abl_.has("D6");
     splits_ = abl_.has("D7") ? 1 : 128;
@@ -499,6 +504,38 @@ double copy_bandwidth_gbs(Backend& be, int64_t bytes) {
   CUDA_CHECK(cudaFree(a));
   CUDA_CHECK(cudaFree(b));
   return 2.0 * double(bytes) * reps / (ms * 1e-3) / 1e9;
+}
+
+double launch_floor_us(Backend& be, bool pdl) {
+  CudaBackend& cb = as_cuda(be);
+  cb.synchronize();
+  const bool saved = pdl_enabled();
+  pdl_enabled() = pdl;
+  int32_t* p = cb.alloc_i32(1);
+  const int nodes = 400;
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CUDA_CHECK(cudaStreamBeginCapture(cb.stream(), cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < nodes; ++i) cuda::increment(p, 1, cb.stream());
+  CUDA_CHECK(cudaStreamEndCapture(cb.stream(), &g));
+  CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  pdl_enabled() = saved;
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  CUDA_CHECK(cudaGraphLaunch(ge, cb.stream()));
+  CUDA_CHECK(cudaEventRecord(e0, cb.stream()));
+  for (int r = 0; r < 5; ++r) CUDA_CHECK(cudaGraphLaunch(ge, cb.stream()));
+  CUDA_CHECK(cudaEventRecord(e1, cb.stream()));
+  CUDA_CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cb.free(p);
+  return 1e3 * ms / (5.0 * nodes);
 }
 
 void fill_uniform(Backend& be, float* p, int64_t n, float scale, uint64_t seed) {

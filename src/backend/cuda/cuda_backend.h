@@ -35,6 +35,9 @@ double copy_bandwidth_gbs(Backend& be, int64_t bytes);
 // Fills n floats of backend memory with uniform values in [-scale, scale).
 void fill_uniform(Backend& be, float* p, int64_t n, float scale, uint64_t seed);
 std::string device_name();
+// Device time per node of a graph of dependent no-op kernels (the per-kernel floor of a step),
+// with or without programmatic dependent launch.
+double launch_floor_us(Backend& be, bool pdl);
 // Switches optimizations off or on at run time (same ids as BackendOptions::ablations); a captured
 // step must be captured again afterwards.
 void set_ablations(Backend& be, const Ablations& a);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "core/common.h"
 
@@ -19,6 +20,31 @@ namespace lily::cuda {
   } while (0)
 // After every launch: catches bad configurations at once instead of at the next sync.
 #define CUDA_LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+// ---- programmatic dependent launch (D3) ----------------------------------------------------
+// Kernels launched through launch() may start while the previous kernel in the stream finishes:
+// each kernel first lets its own dependents launch (pdl_trigger), may read immutable data (weights),
+// and must pass pdl_wait() before touching anything an earlier kernel wrote and before writing.
+// Every kernel calls pdl_wait(), so completion stays ordered along the whole stream.
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+bool& pdl_enabled();   // process-wide switch (ablation D3)
+
+template <typename... KArgs, typename... Args>
+void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
 
 // Weight types as in model/weights.h (kept numerically identical).
 enum : int { kQ4 = 0, kQ8 = 1, kBF = 2, kF32 = 3 };

@@ -38,6 +38,8 @@ __global__ void __launch_bounds__(512) gdn_kernel(const __grid_constant__ GdnArg
   float* red = newst + (K - 1) * nch;   // [32]
   const int tid = threadIdx.x, c = tid % d.dv, rq = tid / d.dv;
   float* S = g.S + int64_t(j) * d.dk * d.dv;
+  pdl_trigger();
+  pdl_wait();
   // Channel of the conv input for the block's i-th local channel (q | k | v of this head).
   auto chan = [&](int i) {
     return i < d.dk ? kh * d.dk + i : i < 2 * d.dk ? key_dim + kh * d.dk + (i - d.dk)
@@ -149,13 +151,15 @@ void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float*
   cfg.blockDim = dim3(rq * d.dv);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = ratio;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = 2;
   if (d.dk / rq == 32) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_kernel<32>, g));
   else CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_kernel<0>, g));
 }

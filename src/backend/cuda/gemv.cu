@@ -52,7 +52,9 @@ __global__ void __launch_bounds__(256) gemv_q4_kernel(const __grid_constant__ Ge
     }
     q.load(rp, sp, bp);
   };
-  load(bj);
+  pdl_trigger();
+  load(bj);   // weights never change: safe before the wait
+  pdl_wait();
   stage_x_q4(jb.x, cols, sm4, xsum);
   __syncthreads();
   for (int g = bj; g * 8 * R < rows; g += nb) {
@@ -79,6 +81,8 @@ __global__ void __launch_bounds__(256) gemv_q8_kernel(const __grid_constant__ Ge
   const int j = find_job(L);
   const GemvJob& jb = L.job[j];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  pdl_trigger();
+  pdl_wait();
   for (int idx = threadIdx.x; idx < cols / 4; idx += blockDim.x) {
     float4 v = reinterpret_cast<const float4*>(jb.x)[idx];
     const int ci = idx >> 2, f = idx & 3;
@@ -149,6 +153,8 @@ __global__ void __launch_bounds__(256) gemv_generic_kernel(const __grid_constant
   const GemvJob& jb = L.job[j];
   const QMat& m = jb.w;
   const int lane = threadIdx.x & 31;
+  pdl_trigger();
+  pdl_wait();
   const int row = (blockIdx.x - L.block_begin[j]) * 8 + (threadIdx.x >> 5);
   if (row >= m.rows) return;
   const int t0 = blockIdx.y * kGenTok, nt = min(kGenTok, L.T - t0);
@@ -201,10 +207,10 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s) {
   L.block_begin[L.n] = nb;
   if constexpr (Q8) {
     const int smem = CPL * 512 * 4 + CPL * 32 * 4;
-    gemv_q8_kernel<CPL, R><<<nb, 256, smem, s>>>(L);
+    launch(gemv_q8_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   } else {
     const int smem = CPL * 1024 * 4 + CPL * 32 * 4;
-    gemv_q4_kernel<CPL, R><<<nb, 256, smem, s>>>(L);
+    launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   }
   CUDA_LAUNCH_CHECK();
 }
@@ -221,11 +227,13 @@ void launch_generic(const std::vector<GemvJob>& jobs, int T, cudaStream_t s) {
   }
   L.block_begin[L.n] = nb;
   dim3 grid(nb, (T + kGenTok - 1) / kGenTok);
-  gemv_generic_kernel<<<grid, 256, 0, s>>>(L);
+  launch(gemv_generic_kernel, grid, dim3(256), 0, s, L);
   CUDA_LAUNCH_CHECK();
 }
 
 __global__ void embed_kernel(QMat E, const int32_t* tokens, int T, float* out) {
+  pdl_trigger();
+  pdl_wait();
   const int t = blockIdx.y, k = blockIdx.x * blockDim.x + threadIdx.x;
   if (k >= E.cols) return;
   const int id = tokens[t];
@@ -235,6 +243,8 @@ __global__ void embed_kernel(QMat E, const int32_t* tokens, int T, float* out) {
 __global__ void __launch_bounds__(256) rmsnorm_kernel(float* h, const float* r, const float* w,
                                                       int n, float eps, float* out) {
   __shared__ float red[32];
+  pdl_trigger();
+  pdl_wait();
   const int64_t base = int64_t(blockIdx.x) * n;
   float ss = 0.f;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -252,6 +262,8 @@ __global__ void __launch_bounds__(256) rmsnorm_kernel(float* h, const float* r, 
 // n = 4 * blockDim.x: one float4 per thread, everything in registers.
 __global__ void rmsnorm4_kernel(float* h, const float* r, const float* w, int n, float eps, float* out) {
   __shared__ float red[32];
+  pdl_trigger();
+  pdl_wait();
   const int64_t base = int64_t(blockIdx.x) * n;
   float4 v = reinterpret_cast<const float4*>(h + base)[threadIdx.x];
   if (r) {
@@ -269,6 +281,8 @@ __global__ void rmsnorm4_kernel(float* h, const float* r, const float* w, int n,
 }
 
 __global__ void add_kernel(float* h, const float* r, int64_t n) {
+  pdl_trigger();
+  pdl_wait();
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) h[i] += r[i];
 }
@@ -298,21 +312,21 @@ void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s) {
 
 void embed(const QMat& E, const int32_t* tokens, int T, float* out, cudaStream_t s) {
   dim3 grid((E.cols + 255) / 256, T);
-  embed_kernel<<<grid, 256, 0, s>>>(E, tokens, T, out);
+  launch(embed_kernel, grid, dim3(256), 0, s, E, tokens, T, out);
   CUDA_LAUNCH_CHECK();
 }
 
 void rmsnorm(float* h, const float* r, const float* w, int n, int T, float eps, float* out,
              cudaStream_t s) {
   if (n % 128 == 0 && n / 4 <= 1024)
-    rmsnorm4_kernel<<<T, n / 4, 0, s>>>(h, r, w, n, eps, out);
+    launch(rmsnorm4_kernel, dim3(T), dim3(n / 4), 0, s, h, r, w, n, eps, out);
   else
-    rmsnorm_kernel<<<T, 256, 0, s>>>(h, r, w, n, eps, out);
+    launch(rmsnorm_kernel, dim3(T), dim3(256), 0, s, h, r, w, n, eps, out);
   CUDA_LAUNCH_CHECK();
 }
 
 void add(float* h, const float* r, int64_t n, cudaStream_t s) {
-  add_kernel<<<unsigned((n + 255) / 256), 256, 0, s>>>(h, r, n);
+  launch(add_kernel, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s, h, r, n);
   CUDA_LAUNCH_CHECK();
 }
 

@@ -84,6 +84,8 @@ __global__ void __launch_bounds__(256, 2) moe_gate_up_kernel(const __grid_consta
   const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float* x = a.x + int64_t(t) * m.H;
   float* xsum = reinterpret_cast<float*>(sm4 + m.H / 4);
+  pdl_trigger();
+  pdl_wait();
   if (warp == 0) {
     topk_warp(a.logits + int64_t(t) * m.E, m.E, m.K, sel, sid, sw);
     if (lane == 0) sw[m.K] = sigmoidf_(a.sg[t]);
@@ -150,6 +152,8 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const __grid_constant__ M
   const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int S = m.K + 1;
   __shared__ int sid[33];
+  pdl_trigger();
+  pdl_wait();
   if (threadIdx.x < m.K) sid[threadIdx.x] = a.ids[int64_t(t) * m.K + threadIdx.x];
   const float* act = a.act + int64_t(t) * S * a.imax;
   float* xsum = reinterpret_cast<float*>(sm4 + S * 128);
@@ -268,10 +272,13 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   const int nb_up = std::min((items + 15) / 16, 2 * sms);
   const size_t smem_up = fast_up ? m.H * 4 + m.H / 32 * 4 : 16;
   if (!(stages & 2)) {
-  } else if (fast_up && m.H == 2048) moe_gate_up_kernel<true, 2><<<dim3(nb_up, T), 256, smem_up, s>>>(a);
-  else if (fast_up) moe_gate_up_kernel<true, 4><<<dim3(nb_up, T), 256, smem_up, s>>>(a);
-  else moe_gate_up_kernel<false, 2><<<dim3(nb_up, T), 256, smem_up, s>>>(a);
-  CUDA_LAUNCH_CHECK();
+  } else if (fast_up && m.H == 2048) {
+    launch(moe_gate_up_kernel<true, 2>, dim3(nb_up, T), dim3(256), smem_up, s, a);
+  } else if (fast_up) {
+    launch(moe_gate_up_kernel<true, 4>, dim3(nb_up, T), dim3(256), smem_up, s, a);
+  } else {
+    launch(moe_gate_up_kernel<false, 2>, dim3(nb_up, T), dim3(256), smem_up, s, a);
+  }
   if (!(stages & 4)) return;
   const int nb_down = (m.H + 15) / 16;
   const size_t smem_down = fast_down ? (m.K + 1) * 512 * 4 + (m.K + 1) * 16 * 4 : 16;
@@ -282,9 +289,9 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
                                       33 * 512 * 4 + 33 * 16 * 4));
       attr = true;
     }
-    moe_down_kernel<true><<<dim3(nb_down, T), 256, smem_down, s>>>(a);
+    launch(moe_down_kernel<true>, dim3(nb_down, T), dim3(256), smem_down, s, a);
   } else {
-    moe_down_kernel<false><<<dim3(nb_down, T), 256, smem_down, s>>>(a);
+    launch(moe_down_kernel<false>, dim3(nb_down, T), dim3(256), smem_down, s, a);
   }
   CUDA_LAUNCH_CHECK();
 }

@@ -39,6 +39,8 @@ __global__ void __launch_bounds__(256) argmax_kernel(const float* logits, int n,
                                                      unsigned long long* keys, unsigned* counters) {
   __shared__ unsigned long long red[8];
   __shared__ bool last;
+  pdl_trigger();
+  pdl_wait();
   const int t = blockIdx.y;
   const float* row = logits + int64_t(t) * n;
   const int per = (n + gridDim.x - 1) / gridDim.x;
@@ -67,7 +69,11 @@ __global__ void __launch_bounds__(256) argmax_kernel(const float* logits, int n,
   }
 }
 
-__global__ void increment_kernel(int32_t* p, int by) { *p += by; }
+__global__ void increment_kernel(int32_t* p, int by) {
+  pdl_trigger();
+  pdl_wait();
+  *p += by;
+}
 
 __global__ void spin_kernel(uint64_t ns) {
   uint64_t t0, t;
@@ -98,12 +104,12 @@ void argmax(const float* logits, int T, int n, int32_t* ids, void* scratch, cuda
   auto* keys = static_cast<unsigned long long*>(scratch);
   auto* counters = reinterpret_cast<unsigned*>(keys + int64_t(T) * kArgBlocks);
   dim3 grid(kArgBlocks, T);
-  argmax_kernel<<<grid, 256, 0, s>>>(logits, n, ids, keys, counters);
+  launch(argmax_kernel, grid, dim3(256), 0, s, logits, n, ids, keys, counters);
   CUDA_LAUNCH_CHECK();
 }
 
 void increment(int32_t* p, int by, cudaStream_t s) {
-  increment_kernel<<<1, 1, 0, s>>>(p, by);
+  launch(increment_kernel, dim3(1), dim3(1), 0, s, p, by);
   CUDA_LAUNCH_CHECK();
 }
 
