@@ -120,8 +120,7 @@ struct OutputParser::Impl {
     return std::string("call_") + hex;
   }
 
-  // Text before a "<tool_call>" (or "</think>") ends the current mode; trailing whitespace there is
-  // the model's separator, not text.
+  // "<tool_call>" ends the current mode; whitespace right before it is the model's separator.
   void enter_call(size_t tag_pos) {
     std::string_view before(buf.data(), tag_pos);
     size_t keep = rstrip_len(before);
@@ -151,7 +150,9 @@ struct OutputParser::Impl {
     if (tools.is_array())
       for (const auto& tool : tools) {
         const nlohmann::json& fn = tool.is_object() && tool.contains("function") ? tool["function"] : tool;
-        if (!fn.is_object() || fn.value("name", std::string()) != name) continue;
+        if (!fn.is_object()) continue;
+        auto n = fn.find("name");
+        if (n == fn.end() || !n->is_string() || n->get_ref<const std::string&>() != name) continue;
         auto p = fn.find("parameters");
         if (p != fn.end() && p->is_object()) {
           auto pr = p->find("properties");

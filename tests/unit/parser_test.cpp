@@ -194,6 +194,19 @@ TEST(OutputParser, UnknownFunctionAndNoToolsKeepStrings) {
   EXPECT_EQ(b.calls[0].arguments_json, R"({"days": "1"})");
 }
 
+TEST(OutputParser, OddToolDefinitionsNeverThrow) {
+  const json odd = json::parse(R"([5, "x", null, {"function": null}, {"function": {"name": 7}},
+      {"function": {"name": "f", "parameters": []}}, {"function": {"name": "g", "parameters": {"properties": 3}}},
+      {"function": {"name": "h", "parameters": {"properties": {"n": 9, "m": {"type": 4}}}}}])");
+  for (const char* fn : {"f", "g", "h"}) {
+    Result r = parse(call(fn, {{"n", "1"}, {"m", "2"}}), false, odd);
+    ASSERT_EQ(r.calls.size(), 1u) << fn;
+    EXPECT_EQ(r.calls[0].arguments_json, R"({"n": "1", "m": "2"})") << fn;
+  }
+  Result s = parse(call("f", {{"n", "1"}}), false, json::parse(R"({"not": "an array"})"));
+  EXPECT_EQ(s.calls.size(), 1u);
+}
+
 TEST(OutputParser, NoParameters) {
   Result r = parse(call("now", {}), false, kTools);
   ASSERT_EQ(r.calls.size(), 1u);
