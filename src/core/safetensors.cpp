@@ -69,9 +69,14 @@ static TensorInfo parse_entry(const std::string& name, const json& e, const Mapp
   t.dtype = parse_dtype(t.dtype_str);
   const json& shape = e["shape"];
   if (!shape.is_array()) throw Error(where + ": shape is not an array");
+  uint64_t numel = 1;
   for (const json& d : shape) {
     if (!d.is_number_integer() || d.get<int64_t>() < 0) throw Error(where + ": bad shape entry");
-    t.shape.push_back(d.get<int64_t>());
+    const uint64_t n = d.get<uint64_t>();
+    // The product is compared with the file size below; refuse values that would overflow it.
+    if (n > (uint64_t(1) << 40) || (n && numel > (uint64_t(1) << 62) / n)) throw Error(where + ": shape too large");
+    numel *= n;
+    t.shape.push_back(int64_t(n));
   }
   const json& off = e["data_offsets"];
   if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())

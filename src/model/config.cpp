@@ -100,7 +100,18 @@ void parse_rope(const Fields& f, ModelConfig& c) {
     const std::string type = rp.contains("rope_type") && rp["rope_type"].is_string() ? rp["rope_type"].get<std::string>()
                              : rp.contains("type") && rp["type"].is_string()         ? rp["type"].get<std::string>()
                                                                                      : "default";
-    if (type != "default") r.fail("rope_type", "is '" + type + "'; only default RoPE is supported");
+    if (type != "default" && type != "mrope") r.fail("rope_type", "is '" + type + "'; only default RoPE is supported");
+  }
+  // Legacy scaling block: text-only mRoPE reduces to plain RoPE; anything else (yarn, linear...)
+  // would change the frequencies, so refuse it rather than ignore it.
+  if (f.has("rope_scaling")) {
+    const json& rs = f.obj["rope_scaling"];
+    const std::string type = !rs.is_object() ? rs.dump()
+                             : rs.contains("rope_type") && rs["rope_type"].is_string() ? rs["rope_type"].get<std::string>()
+                             : rs.contains("type") && rs["type"].is_string()           ? rs["type"].get<std::string>()
+                                                                                       : "default";
+    if (type != "default" && type != "mrope")
+      f.fail("rope_scaling", "has type '" + type + "'; only default RoPE is supported");
   }
   if (!(theta > 0)) f.fail("rope_theta", "must be positive");
   if (!(partial > 0 && partial <= 1)) f.fail("partial_rotary_factor", "must be in (0, 1]");

@@ -196,6 +196,11 @@ TEST(Config, BadValues) {
   j = flat_config();
   j["rope_parameters"]["type"] = "yarn";
   expect_error(j, {"rope_parameters.rope_type", "yarn"});
+  j = flat_config();
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+  expect_error(j, {"'rope_scaling'", "yarn"});
+  j["rope_scaling"] = {{"type", "mrope"}, {"mrope_section", {11, 11, 10}}};
+  EXPECT_NO_THROW(parse_config(j.dump()));
 }
 
 TEST(Config, LayerTypes) {
