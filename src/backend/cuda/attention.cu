@@ -15,7 +15,7 @@ __device__ __forceinline__ int cur_pos(int pos0, const int32_t* pos_dev) { retur
 // Positions per split: the grid is fixed (a captured step replays at any length), so the cache
 // [0, len) is cut into at most `splits` slices of at least kMinChunk positions; CTAs past the end
 // exit at once.
-constexpr int kMinChunk = 64;
+constexpr int kMinChunk = 32;
 __device__ __forceinline__ int split_chunk(int len, int splits) {
   return max(kMinChunk, (len + splits - 1) / splits);
 }
@@ -61,10 +61,10 @@ __global__ void attn_prep_kernel(AttnDims d, const float* qn, const float* kn, f
 // 8 warps; a warp takes every 8th position of the slice, lanes hold DPL consecutive dims.
 // Partials: [T, heads, splits, hd + 2] = (Σ p·v, m, l) with m the running max (log2 domain).
 template <int DPL, int HPB>
-__global__ void __launch_bounds__(256) attn_split_kernel(AttnDims d, const float* kc, const float* vc,
+__global__ void __launch_bounds__(256, 2) attn_split_kernel(AttnDims d, const float* kc, const float* vc,
                                                          int pos0, const int32_t* pos_dev,
                                                          const float* qbuf, float* part) {
-  extern __shared__ float sm[];   // [8 warps][HPB][hd] acc, then [8][HPB] m and l
+  extern __shared__ float sm[];   // [8 warps][HPB][hd] acc, then [8][HPB] m and l, then q [HPB][hd]
   constexpr int hd = DPL * 32;
   pdl_trigger();
   pdl_wait();
@@ -81,12 +81,19 @@ __global__ void __launch_bounds__(256) attn_split_kernel(AttnDims d, const float
     if (threadIdx.x < HPB) pbase[threadIdx.x * hstride + hd + 1] = 0.f;   // l = 0: empty slice
     return;
   }
+  // Queries live in shared memory (registers go to the cache rows in flight): [h][e/4][lane] float4.
   const float kLog2e = 1.4426950408889634f;
-  float qr[HPB][DPL];
-#pragma unroll
-  for (int h = 0; h < HPB; ++h)
-#pragma unroll
-    for (int e = 0; e < DPL; ++e) qr[h][e] = qbuf[(int64_t(t) * d.heads + h0 + h) * hd + lane * DPL + e] * kLog2e;
+  float4* q4 = reinterpret_cast<float4*>(sm + 8 * HPB * hd + 16 * HPB);
+  for (int i = threadIdx.x; i < HPB * hd / 4; i += blockDim.x) {
+    const int h = i / (hd / 4), r = i % (hd / 4), ln = r / (DPL / 4), e4 = r % (DPL / 4);
+    float4 v = reinterpret_cast<const float4*>(qbuf + (int64_t(t) * d.heads + h0 + h) * hd)[r];
+    v.x *= kLog2e;
+    v.y *= kLog2e;
+    v.z *= kLog2e;
+    v.w *= kLog2e;
+    q4[(h * (DPL / 4) + e4) * 32 + ln] = v;
+  }
+  __syncthreads();
   float m[HPB], l[HPB], acc[HPB][DPL];
 #pragma unroll
   for (int h = 0; h < HPB; ++h) {
@@ -116,9 +123,10 @@ __global__ void __launch_bounds__(256) attn_split_kernel(AttnDims d, const float
     for (int h = 0; h < HPB; ++h) {
       float s0 = 0.f, s1 = 0.f;
 #pragma unroll
-      for (int e = 0; e < DPL; ++e) {
-        s0 = fmaf(qr[h][e], kr[0][e], s0);
-        s1 = fmaf(qr[h][e], kr[1][e], s1);
+      for (int e4 = 0; e4 < DPL / 4; ++e4) {
+        const float4 qv = q4[(h * (DPL / 4) + e4) * 32 + lane];
+        s0 = fmaf(qv.x, kr[0][4 * e4], fmaf(qv.y, kr[0][4 * e4 + 1], fmaf(qv.z, kr[0][4 * e4 + 2], fmaf(qv.w, kr[0][4 * e4 + 3], s0))));
+        s1 = fmaf(qv.x, kr[1][4 * e4], fmaf(qv.y, kr[1][4 * e4 + 1], fmaf(qv.z, kr[1][4 * e4 + 2], fmaf(qv.w, kr[1][4 * e4 + 3], s1))));
       }
       s0 = warp_sum(s0);
       s1 = two ? warp_sum(s1) : -FLT_MAX;
@@ -205,7 +213,7 @@ int eff_splits(int T, int splits) { return T == 1 ? splits : std::max(1, std::mi
 template <int DPL, int HPB>
 void launch_split(const AttnDims& d, const float* kc, const float* vc, int pos0, const int32_t* pos_dev,
                   const float* qbuf, float* part, int splits, int T, cudaStream_t s) {
-  const size_t smem = sizeof(float) * (8 * HPB * (DPL * 32) + 16 * HPB);
+  const size_t smem = sizeof(float) * (8 * HPB * (DPL * 32) + 16 * HPB + HPB * DPL * 32);
   static bool attr_set = false;
   if (!attr_set) {
     CUDA_CHECK(cudaFuncSetAttribute(attn_split_kernel<DPL, HPB>,
@@ -243,12 +251,8 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, floa
   LILY_CHECK(hd == 64 || hd == 128 || hd == 256, "attention: head_dim must be 64, 128 or 256");
   LILY_CHECK(d.heads % d.kv_heads == 0 && d.rot_dim <= hd && d.rot_dim % 2 == 0,
              "attention: unsupported head configuration");
-  splits = eff_splits(T, std::min(splits, 256));
-  float* qbuf = work;
-  float* part = work + int64_t(T) * d.heads * hd;
-  launch(attn_prep_kernel, dim3(d.heads + d.kv_heads, T), dim3(hd), (hd + 32) * sizeof(float), s, d, q_norm,
-         k_norm, kc, vc, pos0, pos_dev, q, k, v, qbuf);
-  CUDA_LAUNCH_CHECK();
+  static int sms = 0;
+  if (!sms) CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   int hpb = 1;
   if (pack_gqa)
     for (int c : {8, 4, 2})
@@ -256,6 +260,14 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, floa
         hpb = c;
         break;
       }
+  // splits <= 0: one CTA per SM and per (kv head or head) group, two CTAs fit on an SM.
+  if (splits <= 0) splits = std::max(1, 2 * sms / (d.heads / hpb));
+  splits = eff_splits(T, std::min(splits, 256));
+  float* qbuf = work;
+  float* part = work + int64_t(T) * d.heads * hd;
+  launch(attn_prep_kernel, dim3(d.heads + d.kv_heads, T), dim3(hd), (hd + 32) * sizeof(float), s, d, q_norm,
+         k_norm, kc, vc, pos0, pos_dev, q, k, v, qbuf);
+  CUDA_LAUNCH_CHECK();
   if (hd == 256) launch_split_h<8>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
   else if (hd == 128) launch_split_h<4>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
   else launch_split_h<2>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);

@@ -309,7 +309,7 @@ class CudaBackend final : public Backend {
     pdl_enabled() = !abl_.has("D3");
     fuse_add_ = !abl_.has("D8");
     pack_gqa_ = !abl_.has("D6");
-    splits_ = abl_.has("D7") ? 1 : 128;
+    splits_ = abl_.has("D7") ? 1 : 0;   // 0: sized from the SM count
   }
   // Counting starts at the next MoE call of layer 0; counts are per layer.
   void set_expert_histogram(bool on) {
@@ -436,7 +436,7 @@ class CudaBackend final : public Backend {
   Ablations abl_;
   cudaStream_t s_ = nullptr;
   bool fast_ = true, batch_ = true, fuse_add_ = true, pack_gqa_ = true;
-  int splits_ = 128;
+  int splits_ = 0;
   std::vector<void*> allocs_;
   std::map<void*, int64_t> alloc_size_;
   std::map<const void*, std::pair<const void*, int64_t>> uploaded_;

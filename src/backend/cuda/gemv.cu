@@ -27,7 +27,7 @@ __device__ __forceinline__ int find_job(const GemvLaunch& L) {
 // 8 warps per block; blocks of a job stride over its row groups. The first group's weight loads
 // are issued before x is staged so that their latency overlaps the staging.
 template <int CPL, int R>
-__global__ void __launch_bounds__(256) gemv_q4_kernel(const __grid_constant__ GemvLaunch L) {
+__global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__ GemvLaunch L) {
   extern __shared__ float4 sm4[];
   constexpr int cols = CPL * 1024;
   float* xsum = reinterpret_cast<float*>(sm4 + cols / 4);
@@ -39,8 +39,7 @@ __global__ void __launch_bounds__(256) gemv_q4_kernel(const __grid_constant__ Ge
   const uint4* data = static_cast<const uint4*>(jb.w.data);
   const uint16_t* sc = static_cast<const uint16_t*>(jb.w.scales);
   const uint16_t* bi = static_cast<const uint16_t*>(jb.w.biases);
-  Q4Rows<CPL, R> q;
-  auto load = [&](int g) {
+  auto load = [&](Q4Rows<CPL, R>& q, int g) {
     const uint4* rp[R];
     const uint16_t *sp[R], *bp[R];
 #pragma unroll
@@ -52,17 +51,21 @@ __global__ void __launch_bounds__(256) gemv_q4_kernel(const __grid_constant__ Ge
     }
     q.load(rp, sp, bp);
   };
+  Q4Rows<CPL, R> cur;
   pdl_trigger();
-  load(bj);   // weights never change: safe before the wait
+  load(cur, bj);   // weights never change: safe before the wait
   pdl_wait();
   stage_x_q4(jb.x, cols, sm4, xsum);
   __syncthreads();
+  // Software pipeline: the next row group's loads are in flight while this one is computed.
   for (int g = bj; g * 8 * R < rows; g += nb) {
     const int r0 = g * 8 * R + warp * R;
-    if (g != bj) load(g);
     if (r0 >= rows) break;
+    Q4Rows<CPL, R> nxt;
+    if ((g + nb) * 8 * R < rows) load(nxt, g + nb);
     float acc[R];
-    q.dot(sm4, xsum, acc);
+    cur.dot(sm4, xsum, acc);
+    cur = nxt;
     if (lane == 0)
 #pragma unroll
       for (int r = 0; r < R; ++r)
@@ -192,6 +195,12 @@ __global__ void __launch_bounds__(256) gemv_generic_kernel(const __grid_constant
   }
 }
 
+int num_sms() {
+  static int n = 0;
+  if (!n) CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0));
+  return n;
+}
+
 template <int CPL, int R, bool Q8 = false>
 void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s) {
   GemvLaunch L{};
@@ -201,8 +210,8 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s) {
   for (int j = 0; j < L.n; ++j) {
     L.job[j] = jobs[j];
     L.block_begin[j] = nb;
-    // At most ~2 blocks per SM per job so that x is staged only a few hundred times.
-    nb += std::min((jobs[j].w.rows + 8 * R - 1) / (8 * R), 264);
+    // At most one wave per job (3 CTAs per SM); larger jobs loop with a software pipeline.
+    nb += std::min((jobs[j].w.rows + 8 * R - 1) / (8 * R), 3 * num_sms());
   }
   L.block_begin[L.n] = nb;
   if constexpr (Q8) {
@@ -304,7 +313,7 @@ void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s) {
     else
       gen.push_back(j);
   }
-  if (!f2.empty()) launch_fast<2, 4>(f2, s);
+  if (!f2.empty()) launch_fast<2, 2>(f2, s);
   if (!f4.empty()) launch_fast<4, 1>(f4, s);
   if (!q8.empty()) launch_fast<4, 2, true>(q8, s);
   if (!gen.empty()) launch_generic(gen, T, s);

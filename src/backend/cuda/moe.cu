@@ -98,127 +98,126 @@ __global__ void __launch_bounds__(256, 2) moe_gate_up_kernel(const __grid_consta
   __syncthreads();
   const int items = m.K * m.I + m.Is;   // (slot, row) pairs
   float* act = a.act + int64_t(t) * (m.K + 1) * a.imax;
-  for (int base = (blockIdx.x * 8 + warp) * 2; base < items; base += gridDim.x * 16) {
-    int sl[2], row[2];
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int it = min(base + u, items - 1);
-      sl[u] = it < m.K * m.I ? it / m.I : m.K;
-      row[u] = it < m.K * m.I ? it % m.I : it - m.K * m.I;
+  const int nwarps = gridDim.x * 8;
+  auto slot_row = [&](int it, int& sl, int& row) {
+    sl = it < m.K * m.I ? it / m.I : m.K;
+    row = it < m.K * m.I ? it % m.I : it - m.K * m.I;
+  };
+  if constexpr (FAST) {
+    // One (slot, row) pair per warp step: gate and up rows; the next pair's loads are issued
+    // before this pair is computed.
+    auto load = [&](Q4Rows<CPL, 2>& q, int it) {
+      int sl, row;
+      slot_row(it, sl, row);
+      const QMat g = slot_mat(m, m.gate0, m.sh_gate, m.gate_stride, m.gate_sb_stride, sl, sid, m.K);
+      const QMat p = slot_mat(m, m.up0, m.sh_up, m.up_stride, m.up_sb_stride, sl, sid, m.K);
+      const uint4* rp[2] = {static_cast<const uint4*>(g.data) + int64_t(row) * (m.H / 32),
+                            static_cast<const uint4*>(p.data) + int64_t(row) * (m.H / 32)};
+      const uint16_t* sp[2] = {static_cast<const uint16_t*>(g.scales) + int64_t(row) * (m.H / 64),
+                               static_cast<const uint16_t*>(p.scales) + int64_t(row) * (m.H / 64)};
+      const uint16_t* bp[2] = {static_cast<const uint16_t*>(g.biases) + int64_t(row) * (m.H / 64),
+                               static_cast<const uint16_t*>(p.biases) + int64_t(row) * (m.H / 64)};
+      q.load(rp, sp, bp);
+    };
+    int it = blockIdx.x * 8 + warp;
+    if (it >= items) return;
+    Q4Rows<CPL, 2> cur;
+    load(cur, it);
+    for (; it < items; it += nwarps) {
+      Q4Rows<CPL, 2> nxt;
+      if (it + nwarps < items) load(nxt, it + nwarps);
+      float res[2];
+      cur.dot(sm4, xsum, res);
+      cur = nxt;
+      int sl, row;
+      slot_row(it, sl, row);
+      if (lane == 0) act[sl * a.imax + row] = sw[sl] * siluf_(res[0]) * res[1];
     }
-    float res[4];
-    if constexpr (FAST) {
-      const uint4* rp[4];
-      const uint16_t *sp[4], *bp[4];
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const QMat g = slot_mat(m, m.gate0, m.sh_gate, m.gate_stride, m.gate_sb_stride, sl[u], sid, m.K);
-        const QMat p = slot_mat(m, m.up0, m.sh_up, m.up_stride, m.up_sb_stride, sl[u], sid, m.K);
-        rp[2 * u] = static_cast<const uint4*>(g.data) + int64_t(row[u]) * (m.H / 32);
-        sp[2 * u] = static_cast<const uint16_t*>(g.scales) + int64_t(row[u]) * (m.H / 64);
-        bp[2 * u] = static_cast<const uint16_t*>(g.biases) + int64_t(row[u]) * (m.H / 64);
-        rp[2 * u + 1] = static_cast<const uint4*>(p.data) + int64_t(row[u]) * (m.H / 32);
-        sp[2 * u + 1] = static_cast<const uint16_t*>(p.scales) + int64_t(row[u]) * (m.H / 64);
-        bp[2 * u + 1] = static_cast<const uint16_t*>(p.biases) + int64_t(row[u]) * (m.H / 64);
+  } else {
+    for (int it = blockIdx.x * 8 + warp; it < items; it += nwarps) {
+      int sl, row;
+      slot_row(it, sl, row);
+      const QMat g = slot_mat(m, m.gate0, m.sh_gate, m.gate_stride, m.gate_sb_stride, sl, sid, m.K);
+      const QMat p = slot_mat(m, m.up0, m.sh_up, m.up_stride, m.up_sb_stride, sl, sid, m.K);
+      float dg = 0.f, du = 0.f;
+      for (int k = lane; k < m.H; k += 32) {
+        dg = fmaf(qm_at(g, row, k), x[k], dg);
+        du = fmaf(qm_at(p, row, k), x[k], du);
       }
-      q4_dot_rows<CPL, 4>(rp, sp, bp, sm4, xsum, res);
-    } else {
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const QMat g = slot_mat(m, m.gate0, m.sh_gate, m.gate_stride, m.gate_sb_stride, sl[u], sid, m.K);
-        const QMat p = slot_mat(m, m.up0, m.sh_up, m.up_stride, m.up_sb_stride, sl[u], sid, m.K);
-        float dg = 0.f, du = 0.f;
-        for (int k = lane; k < m.H; k += 32) {
-          dg = fmaf(qm_at(g, row[u], k), x[k], dg);
-          du = fmaf(qm_at(p, row[u], k), x[k], du);
-        }
-        res[2 * u] = warp_sum(dg);
-        res[2 * u + 1] = warp_sum(du);
-      }
+      dg = warp_sum(dg);
+      du = warp_sum(du);
+      if (lane == 0) act[sl * a.imax + row] = sw[sl] * siluf_(dg) * du;
     }
-    if (lane == 0)
-#pragma unroll
-      for (int u = 0; u < 2; ++u)
-        if (base + u < items) act[sl[u] * a.imax + row[u]] = sw[sl[u]] * siluf_(res[2 * u]) * res[2 * u + 1];
   }
 }
 
-// grid (blocks, T), 8 warps, 2 output rows per warp. FAST (I = Is = 512): a half-warp reads one
-// 256-byte expert row, so a warp covers two experts per step and all K+1 rows are loaded up front.
+// grid (blocks, T), 8 warps, 2 output rows per warp. FAST (I = Is = 512, K <= 9): a half-warp reads
+// one 256-byte expert row, so a warp covers two experts per step; all K+1 rows are loaded before
+// the activations are staged.
 template <bool FAST>
 __global__ void __launch_bounds__(256) moe_down_kernel(const __grid_constant__ MoeArgs a) {
   extern __shared__ float4 sm4[];
   const MoeDev& m = a.m;
   const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int S = m.K + 1;
-  __shared__ int sid[33];
   pdl_trigger();
   pdl_wait();
-  if (threadIdx.x < m.K) sid[threadIdx.x] = a.ids[int64_t(t) * m.K + threadIdx.x];
+  const int32_t* sid = a.ids + int64_t(t) * m.K;   // read by every thread (L2 hits), no barrier
   const float* act = a.act + int64_t(t) * S * a.imax;
   float* xsum = reinterpret_cast<float*>(sm4 + S * 128);
-  if (FAST) {
+  const int h0 = (blockIdx.x * 8 + warp) * 2;
+  float acc[2] = {0.f, 0.f};
+  if constexpr (FAST) {
+    const int half = lane >> 4, c = lane & 15;
+    uint4 wv[5][2];
+    float sc[5][2], bi[5][2];
+#pragma unroll
+    for (int q = 0; q < 5; ++q) {
+      const int s = 2 * q + half;
+      const QMat w = slot_mat(m, m.down0, m.sh_down, m.down_stride, m.down_sb_stride, s < S ? s : 0, sid, m.K);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t row = min(h0 + r, m.H - 1);
+        wv[q][r] = __ldcs(static_cast<const uint4*>(w.data) + row * 16 + c);
+        sc[q][r] = bf16f(static_cast<const uint16_t*>(w.scales)[row * 8 + (c >> 1)]);
+        bi[q][r] = bf16f(static_cast<const uint16_t*>(w.biases)[row * 8 + (c >> 1)]);
+      }
+    }
     // Slot s, chunk c (16 per row), float4 f -> [s*128 + f*16 + c], pre-scaled for dot8_q4.
     for (int idx = threadIdx.x; idx < S * 128; idx += blockDim.x) {
-      const int s = idx / 128, r = idx % 128, c = r / 8, f = r % 8, h = (f & 1) * 4;
+      const int s = idx / 128, r = idx % 128, cc = r / 8, f = r % 8, h = (f & 1) * 4;
       float4 v = reinterpret_cast<const float4*>(act + s * a.imax)[r];
+      float sum = (v.x + v.y) + (v.z + v.w);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+      if (f == 0) xsum[s * 16 + cc] = sum;
       v.x *= nib_prescale(h);
       v.y *= nib_prescale(h + 1);
       v.z *= nib_prescale(h + 2);
       v.w *= nib_prescale(h + 3);
-      sm4[s * 128 + f * 16 + c] = v;
+      sm4[s * 128 + f * 16 + cc] = v;
     }
-    for (int idx = threadIdx.x; idx < S * 16; idx += blockDim.x) {
-      const float* p = act + (idx / 16) * a.imax + (idx % 16) * 32;
-      float sum = 0.f;
-      for (int e = 0; e < 32; ++e) sum += p[e];
-      xsum[idx] = sum;
-    }
-  }
-  __syncthreads();
-  const int h0 = (blockIdx.x * 8 + warp) * 2;
-  if (h0 >= m.H) return;
-  float acc[2] = {0.f, 0.f};
-  if constexpr (FAST) {
-    const int half = lane >> 4, c = lane & 15;
-    const int np = (S + 1) / 2;
-#pragma unroll 1
-    for (int p0 = 0; p0 < np; p0 += 5) {
-      uint4 wv[5][2];
-      float sc[5][2], bi[5][2];
-      bool ok[5];
+    __syncthreads();
+    if (h0 >= m.H) return;
 #pragma unroll
-      for (int q = 0; q < 5; ++q) {
-        const int s = 2 * (p0 + q) + half;
-        ok[q] = p0 + q < np && s < S;
-        const int ss = ok[q] ? s : 0;
-        const QMat w = slot_mat(m, m.down0, m.sh_down, m.down_stride, m.down_sb_stride, ss, sid, m.K);
+    for (int q = 0; q < 5; ++q) {
+      const int s = 2 * q + half;
+      if (s >= S) continue;
+      const float xs = xsum[s * 16 + c];
+      float d[2] = {0.f, 0.f};
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int64_t row = min(h0 + r, m.H - 1);
-          wv[q][r] = __ldcs(static_cast<const uint4*>(w.data) + row * 16 + c);
-          sc[q][r] = bf16f(static_cast<const uint16_t*>(w.scales)[row * 8 + (c >> 1)]);
-          bi[q][r] = bf16f(static_cast<const uint16_t*>(w.biases)[row * 8 + (c >> 1)]);
-        }
+      for (int f = 0; f < 4; ++f) {
+        const float4 xa = sm4[s * 128 + (2 * f) * 16 + c];
+        const float4 xb = sm4[s * 128 + (2 * f + 1) * 16 + c];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) d[r] += dot8_q4(word_of(wv[q][r], f), xa, xb);
       }
 #pragma unroll
-      for (int q = 0; q < 5; ++q) {
-        if (!ok[q]) continue;
-        const int s = 2 * (p0 + q) + half;
-        const float xs = xsum[s * 16 + c];
-        float d[2] = {0.f, 0.f};
-#pragma unroll
-        for (int f = 0; f < 4; ++f) {
-          const float4 xa = sm4[s * 128 + (2 * f) * 16 + c];
-          const float4 xb = sm4[s * 128 + (2 * f + 1) * 16 + c];
-#pragma unroll
-          for (int r = 0; r < 2; ++r) d[r] += dot8_q4(word_of(wv[q][r], f), xa, xb);
-        }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) acc[r] = fmaf(sc[q][r], d[r], fmaf(bi[q][r], xs, acc[r]));
-      }
+      for (int r = 0; r < 2; ++r) acc[r] = fmaf(sc[q][r], d[r], fmaf(bi[q][r], xs, acc[r]));
     }
   } else {
+    if (h0 >= m.H) return;
     for (int s = 0; s < S; ++s) {
       const QMat w = slot_mat(m, m.down0, m.sh_down, m.down_stride, m.down_sb_stride, s, sid, m.K);
       const int I = s == m.K ? m.Is : m.I;
@@ -264,12 +263,12 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   if (stages & 1) gemv_batch(jobs, 2, T, fast, s);
   const bool fast_up = fast && m.H % 1024 == 0 && m.H <= 4096 && q4ok(m.gate0) && q4ok(m.up0) &&
                        q4ok(m.sh_gate) && q4ok(m.sh_up);
-  const bool fast_down = fast && m.I == 512 && m.Is == 512 && q4ok(m.down0) && q4ok(m.sh_down);
+  const bool fast_down = fast && m.I == 512 && m.Is == 512 && m.K <= 9 && q4ok(m.down0) && q4ok(m.sh_down);
   const int items = m.K * m.I + m.Is;
   // One wave (2 CTAs per SM): every CTA repeats the top-k, so extra waves would repeat its latency.
   static int sms = 0;
   if (!sms) CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int nb_up = std::min((items + 15) / 16, 2 * sms);
+  const int nb_up = std::min((items + 7) / 8, 2 * sms);
   const size_t smem_up = fast_up ? m.H * 4 + m.H / 32 * 4 : 16;
   if (!(stages & 2)) {
   } else if (fast_up && m.H == 2048) {
