@@ -56,7 +56,16 @@ constexpr const char* kCorpus =
     "same format that the real checkpoint uses. When you ask the server a question, it renders the "
     "conversation with the chat template, encodes it, runs the model over the prompt, and then "
     "streams the answer back to you while it is being generated. Thank you for trying the engine; "
-    "we hope that it is fast, that it is correct, and that the code is easy to read and to change.";
+    "we hope that it is fast, that it is correct, and that the code is easy to read and to change. "
+    "Every morning the baker opens the shop before the sun comes up. She mixes flour, water, salt "
+    "and a little yeast, folds the dough, and leaves it to rest while she makes the coffee. By the "
+    "time the first customers arrive the bread is warm, the windows are bright, and the street "
+    "smells of butter and sugar. People come in to talk about the weather, the news and their "
+    "children; some of them buy a loaf, some only want a cup of tea and a quiet place to sit. In "
+    "the afternoon she writes down what sold well and what did not, and she plans the next day. "
+    "Questions, answers, numbers and names: a good tokenizer should handle all of them, from short "
+    "words like a, an, in and on to longer ones such as information, understanding, development, "
+    "international, performance and responsibility, without losing a single byte of the input.";
 
 // GPT-2 byte ↔ unicode table: printable bytes keep their code point, the rest map to 256+n.
 std::vector<std::string> byte_strings() {
