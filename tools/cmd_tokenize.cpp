@@ -2,6 +2,7 @@
 // plus a single-threaded encode throughput benchmark.
 #ifdef LILY_HAVE_FRONTEND
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -81,20 +82,24 @@ int run_bench(const Tokenizer& tok, const Options& o) {
   ss << f.rdbuf();
   const std::string text = ss.str();
   const int repeat = std::max(1, o.num("repeat"));
-  double best = 1e30, first = 0;
+  double best = 1e30, first = 0, best_cpu = 1e30;
   size_t n_tokens = 0;
   for (int r = 0; r < repeat; ++r) {
+    // CPU time as well as wall time: on a shared machine the former is the stable number.
+    const std::clock_t c0 = std::clock();
     const auto t0 = std::chrono::steady_clock::now();
     const auto ids = tok.encode(text, !o.flag("no-special"));
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best_cpu = std::min(best_cpu, double(std::clock() - c0) / CLOCKS_PER_SEC);
     if (r == 0) first = s;
     best = std::min(best, s);
     n_tokens = ids.size();
   }
   const double mb = double(text.size()) / 1e6;
   json res = {{"bytes", text.size()}, {"tokens", n_tokens}, {"repeat", repeat},
-              {"first_s", first}, {"best_s", best},
-              {"first_mb_per_s", mb / first}, {"best_mb_per_s", mb / best}};
+              {"first_s", first}, {"best_s", best}, {"best_cpu_s", best_cpu},
+              {"first_mb_per_s", mb / first}, {"best_mb_per_s", mb / best},
+              {"best_cpu_mb_per_s", mb / best_cpu}};
   std::cout << res.dump() << '\n';
   return 0;
 }
