@@ -98,8 +98,14 @@ bool Engine::prefill(const GenerationRequest& req, int from, const EventSink& si
     if ((req.cancel && req.cancel->load()) || Clock::now() > req.deadline) return false;
     forward_live({P.data() + a, size_t(b - a)});
     stats_.prefill_tokens += b - a;
-    if (snaps.count(b) && !cache_.contains({P.data(), size_t(b)}))
-      cache_.insert(lm_, {P.data(), size_t(b)}, *live_, logits_);
+    if (snaps.count(b) && !cache_.contains({P.data(), size_t(b)})) {
+      try {
+        cache_.insert(lm_, {P.data(), size_t(b)}, *live_, logits_);
+      } catch (const std::exception&) {
+        // Out of backend memory for a snapshot: serving goes on without it (the cache never holds
+        // a half-built snapshot; insert makes it visible only when complete).
+      }
+    }
     a = b;
     if (sink && b < n) {
       GenerationEvent ev;
