@@ -8,13 +8,30 @@ namespace lily::qmm {
 
 namespace {
 
-// Affine rows: Σ_k (s·q_k + b)·x_k = s·Σ_k q_k·x_k + b·Σ_k x_k per group, so the inner loop is one
-// multiply-add per code and the bias costs one multiply-add per group.
-template <int TB>
+// Σ_k a[k]·b[k] over n elements with 8 independent partial sums, so the loop is not bound by the
+// latency of one add chain and compilers can map the lanes onto whatever vector unit exists.
+inline float dot8(const float* a, const float* b, int64_t n) {
+  float p[8] = {};
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8)
+    for (int i = 0; i < 8; ++i) p[i] += a[k + i] * b[k + i];
+  for (; k < n; ++k) p[0] += a[k] * b[k];
+  return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+}
+
+// Affine rows: Σ_k (s·q_k + b)·x_k = s·Σ_k q_k·x_k + b·Σ_k x_k per group. Codes are unpacked once
+// into floats per chunk of a group and reused for every token of the block; the bias costs one
+// multiply-add per group.
+template <int TB, int kBits>
 void affine_rows(const Job& j, int64_t r0, int64_t r1, int t0) {
-  const int bits = j.W.bits(), per_word = 32 / bits, gs = j.W.group_size;
-  const uint32_t mask = (1u << bits) - 1;
+  constexpr int per_word = 32 / kBits;
+  constexpr uint32_t mask = (1u << kBits) - 1;
+  const int gs = j.W.group_size;
   const int64_t words_per_row = j.cols / per_word;
+  // Chunk of a group unpacked at a time: divides the group, holds whole words (gs % per_word == 0).
+  int chunk = 64;
+  while (gs % chunk != 0) chunk /= 2;
+  float q[64];
   const float* x[TB];
   const float* xs[TB];
   for (int t = 0; t < TB; ++t) {
@@ -26,13 +43,12 @@ void affine_rows(const Job& j, int64_t r0, int64_t r1, int t0) {
     float acc[TB] = {};
     for (int64_t g = 0; g < j.groups; ++g) {
       float ga[TB] = {};
-      const int64_t k0 = g * gs;
-      for (int64_t k = k0; k < k0 + gs; k += per_word) {
-        const uint32_t w = words[k / per_word];
-        for (int i = 0; i < per_word; ++i) {
-          const float q = float((w >> (bits * i)) & mask);
-          for (int t = 0; t < TB; ++t) ga[t] += q * x[t][k + i];
+      for (int64_t k0 = g * gs; k0 < (g + 1) * gs; k0 += chunk) {
+        for (int w = 0; w < chunk / per_word; ++w) {
+          const uint32_t word = words[k0 / per_word + w];
+          for (int i = 0; i < per_word; ++i) q[w * per_word + i] = float((word >> (kBits * i)) & mask);
         }
+        for (int t = 0; t < TB; ++t) ga[t] += dot8(q, x[t] + k0, chunk);
       }
       const float s = sb_at(j.W.scales, j.W.sb_f32, r * j.groups + g);
       const float b = sb_at(j.W.biases, j.W.sb_f32, r * j.groups + g);
@@ -44,19 +60,23 @@ void affine_rows(const Job& j, int64_t r0, int64_t r1, int t0) {
 
 template <int TB, bool kBf16>
 void dense_rows(const Job& j, int64_t r0, int64_t r1, int t0) {
-  const float* x[TB];
-  for (int t = 0; t < TB; ++t) x[t] = j.x + int64_t(t0 + t) * j.cols;
+  float w[256];
   for (int64_t r = r0; r < r1; ++r) {
     float acc[TB] = {};
-    for (int64_t k = 0; k < j.cols; ++k) {
-      float w;
+    for (int64_t k0 = 0; k0 < j.cols; k0 += 256) {
+      const int64_t n = j.cols - k0 < 256 ? j.cols - k0 : 256;
+      const float* wr;
       if constexpr (kBf16) {
-        const uint32_t u = uint32_t(static_cast<const uint16_t*>(j.W.data)[r * j.cols + k]) << 16;
-        std::memcpy(&w, &u, 4);
+        const uint16_t* p = static_cast<const uint16_t*>(j.W.data) + r * j.cols + k0;
+        for (int64_t i = 0; i < n; ++i) {
+          const uint32_t u = uint32_t(p[i]) << 16;
+          std::memcpy(&w[i], &u, 4);
+        }
+        wr = w;
       } else {
-        w = static_cast<const float*>(j.W.data)[r * j.cols + k];
+        wr = static_cast<const float*>(j.W.data) + r * j.cols + k0;
       }
-      for (int t = 0; t < TB; ++t) acc[t] += w * x[t][k];
+      for (int t = 0; t < TB; ++t) acc[t] += dot8(wr, j.x + int64_t(t0 + t) * j.cols + k0, n);
     }
     for (int t = 0; t < TB; ++t) j.y[int64_t(t0 + t) * j.rows + r] = acc[t];
   }
@@ -65,8 +85,8 @@ void dense_rows(const Job& j, int64_t r0, int64_t r1, int t0) {
 template <int TB>
 void rows_tb(const Job& j, int64_t r0, int64_t r1, int t0) {
   switch (j.W.type) {
-    case WType::kAffine4:
-    case WType::kAffine8: affine_rows<TB>(j, r0, r1, t0); return;
+    case WType::kAffine4: affine_rows<TB, 4>(j, r0, r1, t0); return;
+    case WType::kAffine8: affine_rows<TB, 8>(j, r0, r1, t0); return;
     case WType::kBF16: dense_rows<TB, true>(j, r0, r1, t0); return;
     case WType::kF32: dense_rows<TB, false>(j, r0, r1, t0); return;
   }
