@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/common.h"
+#include "core/mapped_file.h"
 #include "core/safetensors.h"
 #include "model/weights.h"
 
@@ -300,7 +301,13 @@ TEST(Loader, MlxLayoutBf16Scales) {
   write_ckpt(d, c);
   const ModelWeights w = load_weights(d.str(), quiet());
   check_mlx(w, c, o);
-  EXPECT_EQ(w.files.size(), 1u);
+  ASSERT_EQ(w.files.size(), 1u);
+  // Big tensors are views into the mapping, not copies.
+  const uint8_t* lo = w.files[0]->data();
+  const uint8_t* hi = lo + w.files[0]->size();
+  for (const void* p : {w.embed_tokens.data, w.embed_tokens.scales, w.lm_head.biases, w.layers[1].self_attn.q_proj.data,
+                        w.layers[0].mlp.experts_down.expert(E - 1).data})
+    EXPECT_TRUE(p >= lo && p < hi);
 }
 
 TEST(Loader, MlxLayoutF32Scales) {
