@@ -8,10 +8,10 @@
 namespace lily {
 
 struct OptionSpec {
-  std::string name;        // long flag without dashes, e.g. "model"
-  std::string def;         // default value as text ("" = none); flags use "false"
-  std::string help;
-  std::string env;         // environment variable read when the flag is absent ("" = none)
+  std::string name{};      // long flag without dashes, e.g. "model"
+  std::string def{};       // default value as text ("" = none); flags use "false"
+  std::string help{};
+  std::string env{};       // environment variable read when the flag is absent ("" = none)
   bool is_flag = false;    // boolean switch: present => "true"
   char short_name = 0;     // optional one-letter alias, e.g. 'n' for -n
 };
