@@ -51,7 +51,7 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::run_range(int index, int chunks) {
   const int64_t begin = n_ * index / chunks, end = n_ * (index + 1) / chunks;
   try {
-    (*fn_)(begin, end);
+    call_(ctx_, begin, end);
   } catch (...) {
     std::lock_guard<std::mutex> lk(error_mu_);
     if (!error_) error_ = std::current_exception();
@@ -65,7 +65,7 @@ void ThreadPool::work_on(uint64_t seq, int chunks) {
     if ((c >> 32) != tag || int(c & 0xffffffffu) >= chunks) return;
     if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_acquire))
       continue;
-    // The call cannot finish before this range is counted done, so fn_ and n_ stay valid.
+    // The call cannot finish before this range is counted done, so call_, ctx_, n_ stay valid.
     run_range(int(c & 0xffffffffu), chunks);
     if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) {
       std::lock_guard<std::mutex> lk(mu_);
@@ -96,13 +96,19 @@ void ThreadPool::worker_main() {
 }
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  run(n, [](const void* c, int64_t b, int64_t e) { (*static_cast<const std::function<void(int64_t, int64_t)>*>(c))(b, e); },
+      &fn);
+}
+
+void ThreadPool::run(int64_t n, Call call, const void* ctx) {
   if (n <= 0) return;
   if (n_threads_ == 1 || n == 1 || tl_active_pool == this) {
-    fn(0, n);
+    call(ctx, 0, n);
     return;
   }
   std::lock_guard<std::mutex> call_lk(call_mu_);
-  fn_ = &fn;
+  call_ = call;
+  ctx_ = ctx;
   n_ = n;
   const int chunks = int(std::min<int64_t>(n, n_threads_));
   error_ = nullptr;
@@ -126,7 +132,8 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     std::unique_lock<std::mutex> lk(mu_);
     done_cv_.wait(lk, [&] { return done_.load(std::memory_order_acquire) == chunks; });
   }
-  fn_ = nullptr;
+  call_ = nullptr;
+  ctx_ = nullptr;
   if (error_) {
     std::exception_ptr e = error_;
     error_ = nullptr;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace lily {
@@ -29,7 +30,18 @@ class ThreadPool {
   // Calls from different outside threads are serialised.
   void parallel_for(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn);
 
+  // Same for any callable, without wrapping it in a std::function (which allocates when a lambda
+  // captures more than two pointers): preferred by overload resolution for lambdas.
+  template <class F>
+  void parallel_for(int64_t n, F&& fn) {
+    using Fn = std::remove_reference_t<F>;
+    run(n, [](const void* c, int64_t b, int64_t e) { (*static_cast<Fn*>(const_cast<void*>(c)))(b, e); },
+        static_cast<const void*>(&fn));
+  }
+
  private:
+  using Call = void (*)(const void* ctx, int64_t begin, int64_t end);
+  void run(int64_t n, Call call, const void* ctx);
   void worker_main();
   // Claims and runs ranges of call `seq` until none is left (or that call is over).
   void work_on(uint64_t seq, int chunks);
@@ -50,7 +62,8 @@ class ThreadPool {
   bool stop_ = false;
 
   // The current call (written before generation_ is bumped, read by workers after they see it).
-  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
+  Call call_ = nullptr;
+  const void* ctx_ = nullptr;
   int64_t n_ = 0;
 
   std::mutex error_mu_;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -109,6 +110,21 @@ TEST(ThreadPool, ConcurrentCallersAreSerialised) {
   t2.join();
   EXPECT_EQ(a.load(), 20000);
   EXPECT_EQ(b.load(), 20000);
+}
+
+TEST(ThreadPool, StdFunctionAndLargeCaptures) {
+  ThreadPool pool(3);
+  std::atomic<int64_t> sum{0};
+  const std::function<void(int64_t, int64_t)> f = [&](int64_t b, int64_t e) { sum += e - b; };
+  pool.parallel_for(10, f);
+  EXPECT_EQ(sum.load(), 10);
+  // A lambda holding more than std::function's small buffer, captured by value and mutable.
+  const int64_t a = 1, b = 2, c = 3, d = 4, e = 5;
+  std::vector<std::atomic<int64_t>> out(7);
+  pool.parallel_for(7, [=, &out](int64_t lo, int64_t hi) mutable {
+    for (int64_t i = lo; i < hi; ++i) out[size_t(i)] = a + b + c + d + e + i;
+  });
+  for (int64_t i = 0; i < 7; ++i) EXPECT_EQ(out[size_t(i)].load(), 15 + i);
 }
 
 TEST(ThreadPool, ExceptionReachesCallerAndPoolStaysUsable) {
