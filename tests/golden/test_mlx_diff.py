@@ -36,7 +36,8 @@ BF16_TOP1 = 0.75
 
 def make(out_dir, *args):
     cmd = [sys.executable, str(ROOT / "scripts" / "make_tiny_models.py"), str(out_dir), *args]
-    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
 
 
 @pytest.fixture(scope="session")
@@ -66,7 +67,9 @@ def run_lily(lily_bin, model_dir, prompt, n, chunk, dump):
     return generated, logits, sidecar
 
 
-@pytest.mark.parametrize("chunk", [64, None], ids=["chunk64", "default_chunk"])
+# 64: prefill crosses chunk boundaries at multiples of 64; 100: at odd offsets (320 = 3x100 + 20);
+# None: lily's default chunk (the whole 320-token prompt at once).
+@pytest.mark.parametrize("chunk", [64, 100, None], ids=["chunk64", "chunk100", "default_chunk"])
 @pytest.mark.parametrize("model,ref,bound", TIGHT_CASES, ids=[c[0] for c in TIGHT_CASES])
 def test_matches_mlx(lily_bin, tiny_dir, tmp_path, model, ref, bound, chunk):
     ref_logits, prompt, meta = load_ref(tiny_dir / ref)
