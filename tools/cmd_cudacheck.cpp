@@ -26,7 +26,8 @@ struct Cmp {
 
 int argmax_of(const float* l, int V) { return int(std::max_element(l, l + V) - l); }
 
-void compare_rows(const float* a, const float* b, int rows, int V, Cmp& c, const char* what, bool verbose) {
+void compare_rows(const float* a, const float* b, int rows, int V, Cmp& c, const char* what, bool verbose,
+                  int pos0 = 0) {
   for (int r = 0; r < rows; ++r) {
     const float* x = a + int64_t(r) * V;
     const float* y = b + int64_t(r) * V;
@@ -44,7 +45,7 @@ void compare_rows(const float* a, const float* b, int rows, int V, Cmp& c, const
     c.top1_same += same;
     c.n += 1;
     if (verbose || !std::isfinite(cos) || cos < 0.999)
-      std::printf("  %s pos %4d  cosine %.6f  max|diff| %.3g  top1 %s\n", what, r, cos, mx, same ? "same" : "DIFF");
+      std::printf("  %s pos %4d  cosine %.6f  max|diff| %.3g  top1 %s\n", what, pos0 + r, cos, mx, same ? "same" : "DIFF");
   }
 }
 
@@ -112,7 +113,7 @@ int cudacheck_main(int argc, char** argv) {
     for (int i = 0; i < N; ++i) {
       cpu.forward(*sa, std::span<const int32_t>(&seq[P + i], 1), a.data());
       gpu.forward(*sb, std::span<const int32_t>(&seq[P + i], 1), b.data());
-      compare_rows(a.data(), b.data(), 1, V, dec, "decode", verbose);
+      compare_rows(a.data(), b.data(), 1, V, dec, "decode", verbose, P + i);
     }
   }
 

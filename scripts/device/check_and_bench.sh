@@ -22,7 +22,10 @@ if [ "$MODE" = "quick" ]; then
   timeout 300 "$L" bench decode --contexts 4096,131072 --tokens 128 --rounds 1 --out "$OUT" --tag quick --ablate "${ABLATE:-D3}" \
     --commit "${LILY_COMMIT:-unknown}" 2>&1 | tail -60
 else
-  timeout 540 "$L" bench decode --tokens 128 --rounds 3 --ablate "${ABLATE:-D2,D3,D6,D7,D8}" \
+  timeout 240 "$L" bench decode --tokens 128 --rounds 3 \
     --contexts "${CONTEXTS:-256,512,1024,2048,4096,8192,16384,32768,65536,131072}" --out "$OUT" --tag decode \
-    --commit "${LILY_COMMIT:-unknown}" 2>&1 | tail -80
+    --commit "${LILY_COMMIT:-unknown}" 2>&1 | grep -v "^bench:" | tail -40
+  timeout 300 "$L" bench decode --tokens 128 --rounds 3 --ablate "${ABLATE:-D2,D3,D3b,D6,D7,D8}" \
+    --contexts 4096,32768,131072 --profile-context 131072 --out "$OUT" --tag ablations \
+    --commit "${LILY_COMMIT:-unknown}" 2>&1 | grep -v "^bench:" | tail -60
 fi

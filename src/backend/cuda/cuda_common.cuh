@@ -146,14 +146,14 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int f) {
 // so that lane l's f-th float4 of chunk ci sits at [(ci/32)*256 + f*32 + ci%32] (conflict-free
 // 16-byte reads), plus the plain sum of each 32-element chunk (bias term of the group-sum trick),
 // reduced over the 8 consecutive threads that load one chunk.
-// Pre-scales one float4 of x (elements h..h+3 of a word, h = 0 or 4) and returns its share of the
-// chunk's 2^23-offset correction in *corr.
+// Pre-scales one float4 of x (elements h..h+3 of a word, h = 0 or 4) for dot8_q4. `corr` is the
+// chunk's share of an additive offset of the dot product (zero for this dequantisation).
 __device__ __forceinline__ float4 prescale4(float4 v, int h, float* corr) {
   v.x *= nib_prescale(h);
   v.y *= nib_prescale(h + 1);
   v.z *= nib_prescale(h + 2);
   v.w *= nib_prescale(h + 3);
-  *corr = 8388608.f * ((v.x + v.y) + (v.z + v.w));
+  *corr = 0.f;
   return v;
 }
 
