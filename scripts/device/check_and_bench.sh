@@ -8,7 +8,7 @@ B=/root/work/build
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 cd "$SRC"
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee /tmp/gpu.txt
 t0=$(date +%s)
 bash scripts/device/build.sh "$B" 2>&1 | tee "$OUT/build.txt" || exit 1
 echo "build: $(( $(date +%s) - t0 )) s"
