@@ -27,24 +27,50 @@ void SamplingParams::validate() const {
     bad("repetition_penalty", "must be in (0, 10]");
 }
 
+namespace {
+
+using Cand = std::pair<float, int32_t>;   // (score, id)
+
+// Most likely first; equal scores by lower id, so results never depend on scan order.
+bool better(const Cand& a, const Cand& b) {
+  return a.first > b.first || (a.first == b.first && a.second < b.second);
+}
+
+// The k best (score, id) of x[0, n) in order, by one scan with a bounded heap: for a 248K
+// vocabulary almost every element fails the first comparison, so this costs about n compares.
+void top_k_scan(const float* x, int n, int k, std::vector<Cand>& out) {
+  out.clear();
+  if (k <= 0) return;
+  for (int i = 0; i < n; ++i) {
+    if (!(x[i] > -std::numeric_limits<float>::infinity())) continue;   // -inf and NaN
+    const Cand c{x[i], i};
+    if (int(out.size()) < k) {
+      out.push_back(c);
+      std::push_heap(out.begin(), out.end(), better);   // heap top = worst kept
+    } else if (better(c, out.front())) {
+      std::pop_heap(out.begin(), out.end(), better);
+      out.back() = c;
+      std::push_heap(out.begin(), out.end(), better);
+    }
+  }
+  std::sort_heap(out.begin(), out.end(), better);
+}
+
+}  // namespace
+
 TokenLogprob compute_logprobs(const float* logits, int n, int32_t id, int top_n) {
   float mx = -std::numeric_limits<float>::infinity();
   for (int i = 0; i < n; ++i) mx = std::max(mx, logits[i]);
   double sum = 0.0;
-  for (int i = 0; i < n; ++i) sum += std::exp(double(logits[i]) - mx);
+  for (int i = 0; i < n; ++i) sum += std::exp(logits[i] - mx);
   const float lse = mx + float(std::log(sum));
   TokenLogprob r;
   r.id = id;
   r.logprob = logits[id] - lse;
   if (top_n > 0) {
-    top_n = std::min(top_n, n);
-    std::vector<std::pair<float, int32_t>> c(n);
-    for (int i = 0; i < n; ++i) c[i] = {logits[i], i};
-    auto better = [](const auto& a, const auto& b) {
-      return a.first > b.first || (a.first == b.first && a.second < b.second);
-    };
-    std::partial_sort(c.begin(), c.begin() + top_n, c.end(), better);
-    for (int i = 0; i < top_n; ++i) r.top.push_back({c[i].second, c[i].first - lse});
+    std::vector<Cand> c;
+    top_k_scan(logits, n, std::min(top_n, n), c);
+    for (const auto& [v, i] : c) r.top.push_back({i, v - lse});
   }
   return r;
 }
@@ -97,37 +123,57 @@ int32_t Sampler::sample(float* logits, int vocab, TokenLogprob* lp, int top_n) {
     for (int i = 1; i < n; ++i)
       if (logits[i] > logits[chosen]) chosen = i;
   } else {
-    cand_.clear();
     const float inv_t = 1.0f / p_.temperature;
-    for (int i = 0; i < n; ++i)
-      if (logits[i] > -std::numeric_limits<float>::infinity()) cand_.push_back({logits[i] * inv_t, i});
-    if (cand_.empty()) cand_.push_back({0.0f, 0});
-    auto better = [](const auto& a, const auto& b) {
-      return a.first > b.first || (a.first == b.first && a.second < b.second);
-    };
-    size_t keep = cand_.size();
-    if (p_.top_k > 0 && size_t(p_.top_k) < keep) {
-      keep = size_t(p_.top_k);
-      std::partial_sort(cand_.begin(), cand_.begin() + keep, cand_.end(), better);
-      cand_.resize(keep);
+    double z = 0.0;   // normaliser of the survivors of top-k
+    if (p_.top_k > 0 && p_.top_k < n) {
+      top_k_scan(logits, n, p_.top_k, cand_);
+      if (cand_.empty()) cand_.push_back({0.0f, 0});
+      const float mx = cand_[0].first;
+      for (auto& c : cand_) z += c.first = std::exp((c.first - mx) * inv_t);
     } else {
+      // No top-k: probabilities of the whole vocabulary, kept in the (scratch) logits buffer.
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int i = 0; i < n; ++i) mx = std::max(mx, logits[i]);
+      for (int i = 0; i < n; ++i) {
+        logits[i] = logits[i] > -std::numeric_limits<float>::infinity() ? std::exp((logits[i] - mx) * inv_t) : 0.0f;
+        z += logits[i];
+      }
+      // Only tokens above a threshold can be in the nucleus / pass min-p: lower the threshold
+      // until the tokens above it carry at least top_p of the mass, then sort just those.
+      const bool truncating = p_.top_p < 1.0f || p_.min_p > 0.0f;
+      float thr = 0.0f;
+      if (truncating) {
+        thr = p_.min_p > 0.0f ? p_.min_p : 1e-2f;   // relative to the most likely token (exp(0) = 1)
+        while (thr > 0.0f) {
+          double mass = 0.0;
+          for (int i = 0; i < n; ++i) mass += logits[i] >= thr ? logits[i] : 0.0f;
+          if (mass >= double(p_.top_p) * z || p_.min_p > 0.0f) break;
+          thr = thr > 1e-12f ? thr * 1e-3f : 0.0f;
+        }
+      }
+      if (!truncating) {   // plain sampling: one draw straight from the weights
+        const double u = double(rng_() >> 11) * (1.0 / 9007199254740992.0) * z;
+        double acc = 0.0;
+        chosen = -1;
+        for (int i = 0; i < n && chosen < 0; ++i)
+          if ((acc += logits[i]) > u && logits[i] > 0.0f) chosen = i;
+        if (chosen < 0) chosen = int32_t(std::max_element(logits, logits + n) - logits);
+        if (want_lp) *lp = compute_logprobs(raw_logits.data(), n, chosen, top_n);
+        return chosen;
+      }
+      cand_.clear();
+      for (int i = 0; i < n; ++i)
+        if (logits[i] > 0.0f && logits[i] >= thr) cand_.push_back({logits[i], i});
+      if (cand_.empty()) cand_.push_back({1.0f, 0});
       std::sort(cand_.begin(), cand_.end(), better);
     }
-    // Softmax over the survivors (sorted, most likely first); probabilities overwrite the logits.
-    const float mx = cand_[0].first;
-    double sum = 0.0;
-    for (auto& c : cand_) {
-      c.first = float(std::exp(double(c.first) - mx));
-      sum += c.first;
-    }
-    for (auto& c : cand_) c.first = float(c.first / sum);
-    if (p_.top_p < 1.0f) {
+    if (p_.top_p < 1.0f) {   // smallest most-likely-first prefix holding top_p of the mass
       double cum = 0.0;
       size_t k = 0;
       while (k < cand_.size()) {
         cum += cand_[k].first;
         ++k;
-        if (cum >= p_.top_p) break;
+        if (cum >= double(p_.top_p) * z) break;
       }
       cand_.resize(std::max<size_t>(k, 1));
     }

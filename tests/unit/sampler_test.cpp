@@ -93,6 +93,31 @@ TEST(Sampler, TopKTopPMinPTruncate) {
   }
 }
 
+TEST(Sampler, TopPOnALargeFlatVocabularyKeepsTheExactNucleus) {
+  // One peaked token (id 20000, logit 10) over 20,000 flat ones: Z = e^10 + 20000. Nucleus for
+  // top_p 0.9 = the peak plus the lowest ids of the flat tokens (ties go to lower ids) until the
+  // mass reaches 0.9 Z: 0.9 * 42026.47 - 22026.47 = 15797.3 -> 15,798 flat tokens (ids 0..15797).
+  std::vector<float> l(20001, 0.0f);
+  l[20000] = 10.0f;
+  SamplingParams p;
+  p.top_p = 0.9f;
+  p.has_seed = true;
+  p.seed = 11;
+  Sampler s(p, 20001, {});
+  int peak = 0, max_flat = -1;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) {
+    auto x = l;
+    const int id = s.sample(x.data(), int(x.size()));
+    if (id == 20000) ++peak;
+    else max_flat = std::max(max_flat, id);
+  }
+  const double e10 = std::exp(10.0);
+  EXPECT_NEAR(double(peak) / n, e10 / (e10 + 15798), 0.01);
+  EXPECT_LE(max_flat, 15797);
+  EXPECT_GT(max_flat, 15000);
+}
+
 TEST(Sampler, PenaltiesFollowOpenAiAndCtrlFormulas) {
   SamplingParams p;
   p.temperature = 1.0f;
