@@ -12,6 +12,7 @@
 #include "core/common.h"
 #include "tokenizer/bpe_model.h"
 #include "tokenizer/pretokenize.h"
+#include "tokenizer/tokenizer_json.h"
 
 namespace lily {
 
@@ -100,7 +101,7 @@ class BpeTokenizer final : public Tokenizer {
   const std::vector<int32_t>& stop_ids() const override { return stop_ids_; }
 
  private:
-  void load_model(const json& model, const std::string& where);
+  void load_model(const json& model, TokenizerJson& tj, const std::string& where);
   void load_pre_tokenizer(const json& pt, const std::string& where);
   void load_normalizer(const json& n, const std::string& where);
   void load_stop_ids(const fs::path& dir);
@@ -121,10 +122,11 @@ class BpeTokenizer final : public Tokenizer {
 };
 
 BpeTokenizer::BpeTokenizer(const fs::path& file) {
-  const json j = read_json(file);
+  TokenizerJson tj = read_tokenizer_json(file.string());
+  const json& j = tj.doc;
   const std::string where = file.string();
   if (!j.contains("model")) throw Error(where + ": no \"model\" section");
-  load_model(j["model"], where);
+  load_model(j["model"], tj, where);
   load_normalizer(j.value("normalizer", json()), where);
   load_pre_tokenizer(j.value("pre_tokenizer", json()), where);
 
@@ -154,48 +156,36 @@ BpeTokenizer::BpeTokenizer(const fs::path& file) {
   load_stop_ids(file.parent_path());
 }
 
-void BpeTokenizer::load_model(const json& m, const std::string& where) {
+void BpeTokenizer::load_model(const json& m, TokenizerJson& tj, const std::string& where) {
   if (m.contains("type") && m["type"] != "BPE")
     throw Error(where + ": model type " + m["type"].dump() + " is not supported (BPE only)");
   if (m.value("byte_fallback", false)) throw Error(where + ": BPE byte_fallback is not supported");
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (m.contains(k) && m[k].is_string() && !m[k].get<std::string>().empty())
       throw Error(where + std::string(": BPE ") + k + " is not supported");
-  if (!m.contains("vocab") || !m["vocab"].is_object()) throw Error(where + ": model.vocab missing");
+  if (!tj.has_vocab) throw Error(where + ": model.vocab missing");
   const auto& bl = byte_level();
   std::vector<std::string> vocab;
-  for (const auto& [tok, idj] : m["vocab"].items()) {
-    const int32_t id = idj.get<int32_t>();
-    if (id < 0) throw Error(where + ": vocab entry " + tok + " has a negative id");
+  by_spelling_.reserve(tj.vocab.size() + 64);
+  for (auto& [tok, id] : tj.vocab) {
     if (size_t(id) >= vocab.size()) vocab.resize(size_t(id) + 1);
     if (!bl.decode(tok, vocab[size_t(id)])) vocab[size_t(id)] = tok;
-    by_spelling_[tok] = id;
+    by_spelling_[std::move(tok)] = id;
   }
-  std::vector<BpeModel::Merge> merges;
-  const json& mj = m.value("merges", json::array());
-  merges.reserve(mj.size());
+  tj.vocab.clear();
   auto id_of = [&](const std::string& t) {
     auto it = by_spelling_.find(t);
     if (it == by_spelling_.end()) throw Error(where + ": merge token " + t + " is not in the vocabulary");
     return it->second;
   };
-  for (const auto& e : mj) {
-    std::string a, b;
-    if (e.is_string()) {
-      const std::string s = e.get<std::string>();
-      const size_t sp = s.find(' ');
-      if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
-        throw Error(where + ": malformed merge \"" + s + "\"");
-      a = s.substr(0, sp);
-      b = s.substr(sp + 1);
-    } else if (e.is_array() && e.size() == 2) {
-      a = e[0].get<std::string>();
-      b = e[1].get<std::string>();
-    } else {
-      throw Error(where + ": malformed merge " + e.dump());
-    }
-    merges.push_back({id_of(a), id_of(b), id_of(a + b)});
+  std::vector<BpeModel::Merge> merges;
+  merges.reserve(tj.merges.size());
+  std::string both;
+  for (const auto& [a, b] : tj.merges) {
+    both.assign(a).append(b);
+    merges.push_back({id_of(a), id_of(b), id_of(both)});
   }
+  tj.merges.clear();
   bytes_ = vocab;
   bpe_ = std::make_unique<BpeModel>(std::move(vocab), merges, m.value("ignore_merges", false));
 }
