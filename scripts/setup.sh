@@ -20,7 +20,7 @@ sys.exit(0 if all(importlib.util.find_spec(m) for m in mods) else 1)
 PY
 if [ ${#py_need[@]} -gt 0 ]; then
   echo "setup: installing Python test references (mlx[cpu], mlx-lm, tokenizers, jinja2, openai, pytest)" >&2
-  pkgs=("mlx[cpu]" mlx-lm tokenizers jinja2 openai pytest numpy requests)
+  pkgs=("mlx[cpu]==0.32.4" "mlx-lm==0.32.2" tokenizers jinja2 openai pytest numpy requests)
   python3 -m pip install -q --disable-pip-version-check "${pkgs[@]}" 2>/dev/null ||
     python3 -m pip install -q --disable-pip-version-check --break-system-packages "${pkgs[@]}"
 fi
