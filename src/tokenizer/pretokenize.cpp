@@ -133,30 +133,6 @@ bool nfc_normalize(std::string_view s, std::string& out) {
 
 // ---- regex pre-tokenizer -----------------------------------------------------------------------
 
-std::string portable_whitespace_class(const std::string& p) {
-  static constexpr const char* kWs = "\\t-\\r\\x{85}\\p{Z}";
-  std::string out;
-  out.reserve(p.size() + 32);
-  bool in_class = false;
-  for (size_t i = 0; i < p.size(); ++i) {
-    const char c = p[i];
-    if (c == '\\' && i + 1 < p.size()) {
-      if (p[i + 1] == 's') {
-        out += in_class ? std::string(kWs) : "[" + std::string(kWs) + "]";
-      } else {
-        out += c;
-        out += p[i + 1];
-      }
-      ++i;
-      continue;
-    }
-    if (c == '[' && !in_class) in_class = true;
-    else if (c == ']' && in_class) in_class = false;
-    out += c;
-  }
-  return out;
-}
-
 namespace {
 
 // Per-thread match data and JIT stack: pcre2 match data may not be shared between threads, and the
@@ -181,7 +157,8 @@ MatchScratch& scratch() {
 }  // namespace
 
 RegexSplitter::RegexSplitter(const std::string& pattern) : pattern_(pattern) {
-  const std::string p = portable_whitespace_class(pattern);
+  // PCRE2's UCP `\s` is Unicode White_Space (U+0085 and U+00A0 included), as in Oniguruma (HF).
+  const std::string& p = pattern;
   int err = 0;
   PCRE2_SIZE off = 0;
   auto* code = pcre2_compile_8(reinterpret_cast<PCRE2_SPTR8>(p.data()), p.size(),

@@ -57,8 +57,4 @@ class RegexSplitter {
   void* code_ = nullptr;   // pcre2_code_8*
 };
 
-// Rewrites `\s` in an Oniguruma/Rust-regex pattern into an explicit Unicode White_Space class,
-// because PCRE2's UCP `\s` leaves out U+0085 (NEL) while the HF engines include it.
-std::string portable_whitespace_class(const std::string& pattern);
-
 }  // namespace lily
