@@ -15,7 +15,7 @@ __device__ __forceinline__ int cur_pos(int pos0, const int32_t* pos_dev) { retur
 // Positions per split: the grid is fixed (a captured step replays at any length), so the cache
 // [0, len) is cut into at most `splits` slices of at least kMinChunk positions; CTAs past the end
 // exit at once.
-constexpr int kMinChunk = 64;
+constexpr int kMinChunk = 32;
 __device__ __forceinline__ int split_chunk(int len, int splits) {
   return max(kMinChunk, (len + splits - 1) / splits);
 }
@@ -170,52 +170,42 @@ __global__ void __launch_bounds__(256, 2) attn_split_kernel(AttnDims d, const fl
   }
 }
 
-// grid (heads, T), 256 threads: o = Σ_s acc_s 2^(m_s−M) / Σ_s l_s 2^(m_s−M), times σ(gate).
-// Warp w takes splits w, w+8, ... with lanes across dims (coalesced rows, independent loads), then
-// the 8 warp sums are added through shared memory.
-template <int DPL>
-__global__ void __launch_bounds__(256) attn_merge_kernel(AttnDims d, int splits, int pos0, const int32_t* pos_dev,
-                                                         const float* part, const float* q, float* o) {
-  constexpr int hd = DPL * 32;
-  __shared__ float red[32];
-  __shared__ float accs[8][hd];
+// grid (heads, T), block hd: o = Σ_s acc_s 2^(m_s−M) / Σ_s l_s 2^(m_s−M), times σ(gate). The
+// split weights are computed once into shared memory; each thread then sums its dim over splits.
+__global__ void attn_merge_kernel(AttnDims d, int splits, int pos0, const int32_t* pos_dev, const float* part,
+                                  const float* q, float* o) {
+  extern __shared__ float wsm[];   // [splits] weights, red[32]
+  float* red = wsm + splits;
   pdl_trigger();
   pdl_wait();
-  const int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int h = blockIdx.x, t = blockIdx.y, e = threadIdx.x, hd = d.head_dim;
   const int len = min(cur_pos(pos0, pos_dev) + t + 1, d.capacity);
   const int ns = min(splits, (len + split_chunk(len, splits) - 1) / split_chunk(len, splits));
   const float* pb = part + (int64_t(t) * d.heads + h) * splits * (hd + 2);
   float mloc = -FLT_MAX;
-  for (int s = threadIdx.x; s < ns; s += blockDim.x) mloc = fmaxf(mloc, pb[s * (hd + 2) + hd]);
+  for (int s = e; s < ns; s += blockDim.x)
+    if (pb[s * (hd + 2) + hd + 1] > 0.f) mloc = fmaxf(mloc, pb[s * (hd + 2) + hd]);
   mloc = warp_max(mloc);
-  if (lane == 0) red[warp] = mloc;
+  if ((e & 31) == 0) red[e >> 5] = mloc;
   __syncthreads();
   float M = -FLT_MAX;
-  for (int i = 0; i < 8; ++i) M = fmaxf(M, red[i]);
-  float L = 0.f, acc[DPL];
-#pragma unroll
-  for (int e = 0; e < DPL; ++e) acc[e] = 0.f;
-#pragma unroll 4
-  for (int s = warp; s < ns; s += 8) {
-    const float* ps = pb + s * (hd + 2);
-    const float f = exp2f(ps[hd] - M);
-    L = fmaf(ps[hd + 1], f, L);
-#pragma unroll
-    for (int e = 0; e < DPL; ++e) acc[e] = fmaf(ps[lane * DPL + e], f, acc[e]);
+  for (int i = 0; i < int(blockDim.x >> 5); ++i) M = fmaxf(M, red[i]);
+  float lloc = 0.f;
+  for (int s = e; s < ns; s += blockDim.x) {
+    const float l = pb[s * (hd + 2) + hd + 1];
+    const float f = l > 0.f ? exp2f(pb[s * (hd + 2) + hd] - M) : 0.f;
+    wsm[s] = f;
+    lloc = fmaf(l, f, lloc);
   }
-#pragma unroll
-  for (int e = 0; e < DPL; ++e) accs[warp][lane * DPL + e] = acc[e];
-  __syncthreads();
-  if (lane == 0) red[8 + warp] = L;
-  __syncthreads();
-  float Lt = 0.f;
-  for (int i = 0; i < 8; ++i) Lt += red[8 + i];
-  for (int e = threadIdx.x; e < hd; e += blockDim.x) {
-    float A = 0.f;
-    for (int w = 0; w < 8; ++w) A += accs[w][e];
-    const float gate = q[(int64_t(t) * d.heads + h) * 2 * hd + hd + e];
-    o[(int64_t(t) * d.heads + h) * hd + e] = A / Lt * sigmoidf_(gate);
+  const float L = block_sum(lloc, red);
+  float A = 0.f;
+#pragma unroll 8
+  for (int s = 0; s < ns; ++s) {
+    const float f = wsm[s];
+    if (f > 0.f) A = fmaf(pb[s * (hd + 2) + e], f, A);
   }
+  const float gate = q[(int64_t(t) * d.heads + h) * 2 * hd + hd + e];
+  o[(int64_t(t) * d.heads + h) * hd + e] = A / L * sigmoidf_(gate);
 }
 
 int eff_splits(int T, int splits) { return T == 1 ? splits : std::max(1, std::min(splits, 64 / T)); }
@@ -281,8 +271,8 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, floa
   if (hd == 256) launch_split_h<8>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
   else if (hd == 128) launch_split_h<4>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
   else launch_split_h<2>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
-  auto merge = hd == 256 ? attn_merge_kernel<8> : hd == 128 ? attn_merge_kernel<4> : attn_merge_kernel<2>;
-  launch(merge, dim3(d.heads, T), dim3(256), 0, s, d, splits, pos0, pos_dev, (const float*)part, q, o);
+  launch(attn_merge_kernel, dim3(d.heads, T), dim3(hd), (splits + 32) * sizeof(float), s, d, splits, pos0, pos_dev,
+         (const float*)part, q, o);
   CUDA_LAUNCH_CHECK();
 }
 

@@ -113,28 +113,28 @@ __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf
 __device__ __forceinline__ float siluf_(float x) { return x / (1.f + __expf(-x)); }
 
 // ---- 4-bit fast path -----------------------------------------------------------------------
-// A nibble moved to bits 12..15 (16^3) or 16..19 (16^4) and OR-ed into the mantissa of 2^23 reads
-// as the float 2^23 + q·16^k, exactly, with no int->float conversion. Multiplying by x·16^-k
-// (pre-scaled when x is staged; exact, a power of two) gives q·x + 2^23·16^-k·x; the second term
-// is summed once per 32-element chunk at staging (xcorr) and subtracted per chunk. Because k >= 3
-// that offset is at most 2048·x, so the fp32 accumulation keeps ~1e-5 relative accuracy. Cost per
-// element: one LOP3 and one FFMA (plus 4 shifts per 8 nibbles).
+// Nibble k of a word is turned into a float without an int->float conversion: OR-ing the masked
+// bits into the mantissa of 2^23 gives exactly 2^23 + q·16^k (k <= 4), so one LOP3 + one FADD per
+// element. The matching activation is pre-scaled by 16^-k (exact, a power of two) when x is staged
+// in shared memory; nibbles 5..7 reuse the trick on w >> 20.
 __host__ __device__ constexpr float nib_prescale(int e) {
-  return e == 1 || e == 4 || e == 6 ? 1.f / 65536 : 1.f / 4096;
+  return e == 0 || e == 5 ? 1.f : e == 1 || e == 6 ? 1.f / 16 : e == 2 || e == 7 ? 1.f / 256
+         : e == 3 ? 1.f / 4096 : 1.f / 65536;
 }
 
-// Σ_e (q_e x_e + 2^23 x'_e) over the 8 nibbles of w; xa = pre-scaled elements 0..3, xb = 4..7.
+// Σ_e q_e x_e over the 8 nibbles of w, with x pre-scaled (xa = elements 0..3, xb = 4..7).
 __device__ __forceinline__ float dot8_q4(uint32_t w, float4 xa, float4 xb) {
-  const uint32_t M = 0x4B000000u, lo = 0x0000F000u, hi = 0x000F0000u;
-  const uint32_t u = w << 12, v = w << 4, p = w >> 8, q = w >> 16;
-  float acc = __uint_as_float((u & lo) | M) * xa.x;
-  acc = fmaf(__uint_as_float((u & hi) | M), xa.y, acc);
-  acc = fmaf(__uint_as_float((v & lo) | M), xa.z, acc);
-  acc = fmaf(__uint_as_float((w & lo) | M), xa.w, acc);
-  acc = fmaf(__uint_as_float((w & hi) | M), xb.x, acc);
-  acc = fmaf(__uint_as_float((p & lo) | M), xb.y, acc);
-  acc = fmaf(__uint_as_float((p & hi) | M), xb.z, acc);
-  acc = fmaf(__uint_as_float((q & lo) | M), xb.w, acc);
+  const float M = 8388608.f;
+  uint32_t h = w >> 20;
+  float acc;
+  acc = (__uint_as_float((w & 0x0000000Fu) | 0x4B000000u) - M) * xa.x;
+  acc = fmaf(__uint_as_float((w & 0x000000F0u) | 0x4B000000u) - M, xa.y, acc);
+  acc = fmaf(__uint_as_float((w & 0x00000F00u) | 0x4B000000u) - M, xa.z, acc);
+  acc = fmaf(__uint_as_float((w & 0x0000F000u) | 0x4B000000u) - M, xa.w, acc);
+  acc = fmaf(__uint_as_float((w & 0x000F0000u) | 0x4B000000u) - M, xb.x, acc);
+  acc = fmaf(__uint_as_float((h & 0x0000000Fu) | 0x4B000000u) - M, xb.y, acc);
+  acc = fmaf(__uint_as_float((h & 0x000000F0u) | 0x4B000000u) - M, xb.z, acc);
+  acc = fmaf(__uint_as_float((h & 0x00000F00u) | 0x4B000000u) - M, xb.w, acc);
   return acc;
 }
 
@@ -146,34 +146,19 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int f) {
 // so that lane l's f-th float4 of chunk ci sits at [(ci/32)*256 + f*32 + ci%32] (conflict-free
 // 16-byte reads), plus the plain sum of each 32-element chunk (bias term of the group-sum trick),
 // reduced over the 8 consecutive threads that load one chunk.
-// Pre-scales one float4 of x (elements h..h+3 of a word, h = 0 or 4) for dot8_q4. `corr` is the
-// chunk's share of an additive offset of the dot product (zero for this dequantisation).
-__device__ __forceinline__ float4 prescale4(float4 v, int h, float* corr) {
-  v.x *= nib_prescale(h);
-  v.y *= nib_prescale(h + 1);
-  v.z *= nib_prescale(h + 2);
-  v.w *= nib_prescale(h + 3);
-  *corr = 0.f;
-  return v;
-}
-
-// Reduces a value over the `n` consecutive lanes (n = 4 or 8) that load one chunk.
-__device__ __forceinline__ float chunk_sum(float s, int n) {
-  s += __shfl_xor_sync(0xffffffffu, s, 1);
-  s += __shfl_xor_sync(0xffffffffu, s, 2);
-  if (n == 8) s += __shfl_xor_sync(0xffffffffu, s, 4);
-  return s;
-}
-
-__device__ __forceinline__ void stage_x_q4(const float* x, int cols, float4* sm4, float2* xsum) {
+__device__ __forceinline__ void stage_x_q4(const float* x, int cols, float4* sm4, float* xsum) {
   for (int idx = threadIdx.x; idx < cols / 4; idx += blockDim.x) {
     float4 v = reinterpret_cast<const float4*>(x)[idx];
-    const int ci = idx >> 3, f = idx & 7;
-    const float s = chunk_sum((v.x + v.y) + (v.z + v.w), 8);
-    float corr;
-    v = prescale4(v, (f & 1) * 4, &corr);
-    corr = chunk_sum(corr, 8);
-    if (f == 0) xsum[ci] = make_float2(s, corr);
+    const int ci = idx >> 3, f = idx & 7, h = (f & 1) * 4;
+    float s = (v.x + v.y) + (v.z + v.w);
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    s += __shfl_xor_sync(0xffffffffu, s, 4);
+    if (f == 0) xsum[ci] = s;
+    v.x *= nib_prescale(h);
+    v.y *= nib_prescale(h + 1);
+    v.z *= nib_prescale(h + 2);
+    v.w *= nib_prescale(h + 3);
     sm4[(ci >> 5) * 256 + f * 32 + (ci & 31)] = v;
   }
 }
@@ -197,16 +182,16 @@ struct Q4Rows {
         b[r][i] = bf16f(bp[r][(lane + 32 * i) >> 1]);
       }
   }
-  __device__ __forceinline__ void dot(const float4* sm4, const float2* xsum, float* out) const {
+  __device__ __forceinline__ void dot(const float4* sm4, const float* xsum, float* out) const {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < R; ++r) out[r] = 0.f;
 #pragma unroll
     for (int i = 0; i < CPL; ++i) {
-      const float2 xs = xsum[lane + 32 * i];
+      const float xs = xsum[lane + 32 * i];
       float d[R];
 #pragma unroll
-      for (int r = 0; r < R; ++r) d[r] = -xs.y;
+      for (int r = 0; r < R; ++r) d[r] = 0.f;
 #pragma unroll
       for (int f = 0; f < 4; ++f) {
         const float4 xa = sm4[i * 256 + (2 * f) * 32 + lane];
@@ -215,7 +200,7 @@ struct Q4Rows {
         for (int r = 0; r < R; ++r) d[r] += dot8_q4(word_of(w[r][i], f), xa, xb);
       }
 #pragma unroll
-      for (int r = 0; r < R; ++r) out[r] = fmaf(s[r][i], d[r], fmaf(b[r][i], xs.x, out[r]));
+      for (int r = 0; r < R; ++r) out[r] = fmaf(s[r][i], d[r], fmaf(b[r][i], xs, out[r]));
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) out[r] = warp_sum(out[r]);
@@ -225,7 +210,7 @@ struct Q4Rows {
 template <int CPL, int R>
 __device__ __forceinline__ void q4_dot_rows(const uint4* const* rp, const uint16_t* const* sp,
                                             const uint16_t* const* bp, const float4* sm4,
-                                            const float2* xsum, float* out) {
+                                            const float* xsum, float* out) {
   Q4Rows<CPL, R> q;
   q.load(rp, sp, bp);
   q.dot(sm4, xsum, out);

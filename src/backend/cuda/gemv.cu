@@ -30,7 +30,7 @@ template <int CPL, int R>
 __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__ GemvLaunch L) {
   extern __shared__ float4 sm4[];
   constexpr int cols = CPL * 1024;
-  float2* xsum = reinterpret_cast<float2*>(sm4 + cols / 4);
+  float* xsum = reinterpret_cast<float*>(sm4 + cols / 4);
   const int j = find_job(L);
   const GemvJob& jb = L.job[j];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -206,24 +206,19 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s) {
   GemvLaunch L{};
   L.n = int(jobs.size());
   L.T = 1;
-  // One wave in total (3 CTAs per SM), shared by the jobs in proportion to their rows; CTAs loop
-  // over row groups with a software pipeline.
-  int64_t total = 0;
-  for (const auto& j : jobs) total += (j.w.rows + 8 * R - 1) / (8 * R);
-  const int64_t cap = 3 * num_sms();
   int nb = 0;
   for (int j = 0; j < L.n; ++j) {
     L.job[j] = jobs[j];
     L.block_begin[j] = nb;
-    const int64_t need = (jobs[j].w.rows + 8 * R - 1) / (8 * R);
-    nb += int(std::max<int64_t>(1, total <= cap ? need : need * cap / total));
+    // At most one wave per job (3 CTAs per SM); larger jobs loop with a software pipeline.
+    nb += std::min((jobs[j].w.rows + 8 * R - 1) / (8 * R), 3 * num_sms());
   }
   L.block_begin[L.n] = nb;
   if constexpr (Q8) {
     const int smem = CPL * 512 * 4 + CPL * 32 * 4;
     launch(gemv_q8_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   } else {
-    const int smem = CPL * 1024 * 4 + CPL * 32 * 8;
+    const int smem = CPL * 1024 * 4 + CPL * 32 * 4;
     launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   }
   CUDA_LAUNCH_CHECK();

@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(256, 2) moe_gate_up_kernel(const __grid_consta
   const MoeDev& m = a.m;
   const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float* x = a.x + int64_t(t) * m.H;
-  float2* xsum = reinterpret_cast<float2*>(sm4 + m.H / 4);
+  float* xsum = reinterpret_cast<float*>(sm4 + m.H / 4);
   pdl_trigger();
   pdl_wait();
   if (warp == 0) {
@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const __grid_constant__ M
   pdl_wait();
   const int32_t* sid = a.ids + int64_t(t) * m.K;   // read by every thread (L2 hits), no barrier
   const float* act = a.act + int64_t(t) * S * a.imax;
-  float2* xsum = reinterpret_cast<float2*>(sm4 + S * 128);
+  float* xsum = reinterpret_cast<float*>(sm4 + S * 128);
   const int h0 = (blockIdx.x * 8 + warp) * 2;
   float acc[2] = {0.f, 0.f};
   if constexpr (FAST) {
@@ -187,11 +187,15 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const __grid_constant__ M
     for (int idx = threadIdx.x; idx < S * 128; idx += blockDim.x) {
       const int s = idx / 128, r = idx % 128, cc = r / 8, f = r % 8, h = (f & 1) * 4;
       float4 v = reinterpret_cast<const float4*>(act + s * a.imax)[r];
-      const float sum = chunk_sum((v.x + v.y) + (v.z + v.w), 8);
-      float corr;
-      v = prescale4(v, h, &corr);
-      corr = chunk_sum(corr, 8);
-      if (f == 0) xsum[s * 16 + cc] = make_float2(sum, corr);
+      float sum = (v.x + v.y) + (v.z + v.w);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+      if (f == 0) xsum[s * 16 + cc] = sum;
+      v.x *= nib_prescale(h);
+      v.y *= nib_prescale(h + 1);
+      v.z *= nib_prescale(h + 2);
+      v.w *= nib_prescale(h + 3);
       sm4[s * 128 + f * 16 + cc] = v;
     }
     __syncthreads();
@@ -200,8 +204,8 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const __grid_constant__ M
     for (int q = 0; q < 5; ++q) {
       const int s = 2 * q + half;
       if (s >= S) continue;
-      const float2 xs = xsum[s * 16 + c];
-      float d[2] = {-xs.y, -xs.y};
+      const float xs = xsum[s * 16 + c];
+      float d[2] = {0.f, 0.f};
 #pragma unroll
       for (int f = 0; f < 4; ++f) {
         const float4 xa = sm4[s * 128 + (2 * f) * 16 + c];
@@ -210,7 +214,7 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const __grid_constant__ M
         for (int r = 0; r < 2; ++r) d[r] += dot8_q4(word_of(wv[q][r], f), xa, xb);
       }
 #pragma unroll
-      for (int r = 0; r < 2; ++r) acc[r] = fmaf(sc[q][r], d[r], fmaf(bi[q][r], xs.x, acc[r]));
+      for (int r = 0; r < 2; ++r) acc[r] = fmaf(sc[q][r], d[r], fmaf(bi[q][r], xs, acc[r]));
     }
   } else {
     if (h0 >= m.H) return;
@@ -265,7 +269,7 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   static int sms = 0;
   if (!sms) CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int nb_up = std::min((items + 7) / 8, 2 * sms);
-  const size_t smem_up = fast_up ? m.H * 4 + m.H / 32 * 8 : 16;
+  const size_t smem_up = fast_up ? m.H * 4 + m.H / 32 * 4 : 16;
   if (!(stages & 2)) {
   } else if (fast_up && m.H == 2048) {
     launch(moe_gate_up_kernel<true, 2>, dim3(nb_up, T), dim3(256), smem_up, s, a);
@@ -276,12 +280,12 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   }
   if (!(stages & 4)) return;
   const int nb_down = (m.H + 15) / 16;
-  const size_t smem_down = fast_down ? (m.K + 1) * 512 * 4 + (m.K + 1) * 16 * 8 : 16;
+  const size_t smem_down = fast_down ? (m.K + 1) * 512 * 4 + (m.K + 1) * 16 * 4 : 16;
   if (fast_down) {
     static bool attr = false;
     if (!attr) {
       CUDA_CHECK(cudaFuncSetAttribute(moe_down_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      33 * 512 * 4 + 33 * 16 * 8));
+                                      33 * 512 * 4 + 33 * 16 * 4));
       attr = true;
     }
     launch(moe_down_kernel<true>, dim3(nb_down, T), dim3(256), smem_down, s, a);
