@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include <unistd.h>
 
@@ -199,6 +200,29 @@ TEST(Tokenizer, InvalidUtf8InputIsRepairedAndNfcApplied) {
   EXPECT_EQ(tok->decode(tok->encode("a\xFF" "b")), "a" + kFFFD + "b");
   EXPECT_EQ(tok->decode(tok->encode("e\xCC\x81")), "\xC3\xA9");   // e + U+0301 -> é under NFC
   EXPECT_THROW(tok->decode(std::vector<int32_t>{tok->vocab_size()}), Error);
+}
+
+TEST(Tokenizer, ConcurrentEncodersAgreeWithSequential) {
+  // encode() is const and shared by server threads: caches and regex scratch are per thread.
+  TinyTokenizer tt;
+  tt.write("tokenizer.json", tt.tokenizer_json());
+  auto tok = tt.load();
+  std::mt19937 rng(3);
+  const std::vector<std::string> parts = {"a", "aa", "hello", " ", "\xF0\x9F\x98\x80", "he", "<|im_end|>", "\n", "x'"};
+  std::vector<std::string> texts(400);
+  for (auto& t : texts)
+    for (int k = int(rng() % 30); k >= 0; --k) t += parts[rng() % parts.size()];
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& t : texts) want.push_back(tok->encode(t));
+  std::vector<int> bad(4, 0);
+  std::vector<std::thread> threads;
+  for (int th = 0; th < 4; ++th)
+    threads.emplace_back([&, th] {
+      for (int rep = 0; rep < 5; ++rep)
+        for (size_t i = 0; i < texts.size(); ++i) bad[size_t(th)] += tok->encode(texts[i]) != want[i];
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(bad, std::vector<int>(4, 0));
 }
 
 // ---- stop ids ---------------------------------------------------------------------------------
