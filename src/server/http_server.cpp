@@ -104,6 +104,8 @@ int HttpServer::bind() {
 void HttpServer::listen() { http_->listen_after_bind(); }
 
 void HttpServer::stop() {
+  // Running generations end at their next token, so shutdown does not wait for long outputs.
+  if (worker_) worker_->cancel_all();
   if (http_) http_->stop();
 }
 

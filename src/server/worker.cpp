@@ -52,6 +52,12 @@ void Worker::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void Worker::cancel_all() {
+  std::lock_guard lk(mu_);
+  for (auto& job : queue_) job->cancel = true;
+  if (current_) current_->cancel = true;
+}
+
 int Worker::queue_depth() const {
   std::lock_guard lk(mu_);
   return int(queue_.size()) + (busy_ ? 1 : 0);
@@ -73,10 +79,12 @@ void Worker::loop() {
       job = queue_.front();
       queue_.pop_front();
       busy_ = true;
+      current_ = job;
     }
     run(*job);
     std::lock_guard lk(mu_);
     busy_ = false;
+    current_.reset();
   }
 }
 
@@ -100,11 +108,14 @@ void Worker::run(Job& job) {
   }
   if (!err && r.finish_reason == "timeout")
     err = ApiError(504, "the request timed out", "", "timeout");
+  // Only a client that went away or a shutdown cancels; neither has a reader for a normal result.
+  const bool cancelled = !err && r.finish_reason == "cancelled";
+  if (cancelled) err = ApiError(503, "the request was cancelled (client disconnected or server shutting down)");
   {
     std::lock_guard lk(mu_);
     ++m_.requests;
-    if (err) ++m_.failed;
-    if (r.finish_reason == "cancelled") ++m_.cancelled;
+    if (err && !cancelled) ++m_.failed;
+    if (cancelled) ++m_.cancelled;
     if (r.finish_reason == "timeout") ++m_.timeouts;
     m_.prompt_tokens += r.prompt_tokens;
     m_.cached_tokens += r.cached_tokens;

@@ -46,6 +46,7 @@ class Worker {
 
   void submit(const std::shared_ptr<Job>& job);
   void stop();                       // fails queued jobs, joins the thread
+  void cancel_all();                 // cancels the running and queued jobs (shutdown)
   int queue_depth() const;
   std::string metrics_text() const;  // Prometheus exposition format
   void count_failed_request();       // rejected before reaching the queue
@@ -61,6 +62,7 @@ class Worker {
   std::deque<std::shared_ptr<Job>> queue_;
   bool stopping_ = false;
   bool busy_ = false;
+  std::shared_ptr<Job> current_;
   ServerMetrics m_;
   EngineStats engine_stats_;          // copied after each request (engine is worker-only)
   std::thread thread_;

@@ -11,6 +11,7 @@
 
 #include "core/common.h"
 #include "engine/engine.h"
+#include "server/openai_response.h"
 #include "tokenizer/chat_template.h"
 
 namespace lily {
@@ -254,6 +255,94 @@ TEST(Engine, ToolCallStreamingMatchesFinalCalls) {
   EXPECT_EQ(r.content.find("<tool_call>"), std::string::npos);
   EXPECT_GT(r.reasoning_tokens, 0);
   EXPECT_LT(r.reasoning_tokens, r.completion_tokens);
+}
+
+TEST(Engine, ToolCallsBecomeOpenAiChunksAndMessages) {
+  auto tok = std::make_shared<FakeTokenizer>();
+  FakeLm lm;
+  Engine eng(lm, tok, {});
+  ApiRequest api;
+  api.chat = true;
+  api.stream = true;
+  api.include_usage = true;
+  api.gen.prompt = tok->encode("<|im_start|>user\nfiles?<|im_end|>\n<|im_start|>assistant\n<think>\n", true);
+  api.gen.sampling.temperature = 0.0f;
+  api.gen.max_tokens = 300;
+  api.gen.parse_output = true;
+  api.gen.starts_in_reasoning = true;
+  api.gen.tools = nlohmann::json::parse(R"([{"type":"function","function":{"name":"ls","parameters":
+    {"type":"object","properties":{"dir":{"type":"string"},"all":{"type":"boolean"}}}}}])");
+  lm.script = tok->encode(
+      "look\n</think>\n\nChecking.\n\n<tool_call>\n<function=ls>\n<parameter=dir>\nsrc\n</parameter>\n"
+      "<parameter=all>\ntrue\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=ls>\n"
+      "<parameter=dir>\ndocs\n</parameter>\n</function>\n</tool_call><|im_end|>", true);
+  lm.script_from = int(api.gen.prompt.size());
+  ChunkWriter w(api, "chatcmpl-x", 1, "demo", *tok);
+  std::string sse = w.start();
+  auto r = eng.generate(api.gen, [&](const GenerationEvent& e) { sse += w.on_event(e); });
+  sse += w.finish(r);
+
+  // Reassemble the stream the way OpenAI clients do.
+  std::vector<nlohmann::json> chunks;
+  size_t at = 0;
+  while ((at = sse.find("data: ", at)) != std::string::npos) {
+    const size_t end = sse.find("\n\n", at);
+    const std::string data = sse.substr(at + 6, end - at - 6);
+    at = end;
+    if (data == "[DONE]") break;
+    chunks.push_back(nlohmann::json::parse(data));
+  }
+  ASSERT_GE(chunks.size(), 4u);
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+  std::string reasoning, content, finish;
+  std::map<int, nlohmann::json> calls;
+  for (const auto& c : chunks) {
+    EXPECT_EQ(c["id"], "chatcmpl-x");
+    if (c["choices"].empty()) continue;
+    const auto& ch = c["choices"][0];
+    const auto& d = ch["delta"];
+    int kinds = d.contains("content") + d.contains("reasoning_content") + d.contains("tool_calls");
+    EXPECT_LE(kinds, 1) << c.dump();   // one kind of delta per chunk
+    if (d.contains("reasoning_content")) {
+      EXPECT_EQ(d["reasoning"], d["reasoning_content"]);
+      reasoning += d["reasoning_content"].get<std::string>();
+    }
+    if (d.contains("content")) content += d["content"].get<std::string>();
+    if (d.contains("tool_calls"))
+      for (const auto& tc : d["tool_calls"]) {
+        auto& call = calls[tc["index"].get<int>()];
+        if (tc.contains("id")) {
+          EXPECT_FALSE(call.contains("id"));
+          call["id"] = tc["id"];
+          EXPECT_EQ(tc["type"], "function");
+        }
+        if (tc["function"].contains("name")) call["name"] = tc["function"]["name"];
+        call["arguments"] = call.value("arguments", "") + tc["function"]["arguments"].get<std::string>();
+      }
+    if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+  }
+  EXPECT_EQ(finish, "tool_calls");
+  EXPECT_TRUE(chunks.back()["choices"].empty());
+  EXPECT_EQ(chunks.back()["usage"]["completion_tokens"], r.completion_tokens);
+  EXPECT_EQ(reasoning, "look");
+  EXPECT_EQ(content, r.content);
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(nlohmann::json::parse(calls[0]["arguments"].get<std::string>()),
+            nlohmann::json::parse(R"({"dir": "src", "all": true})"));
+  EXPECT_EQ(nlohmann::json::parse(calls[1]["arguments"].get<std::string>()),
+            nlohmann::json::parse(R"({"dir": "docs"})"));
+  EXPECT_NE(calls[0]["id"], calls[1]["id"]);
+
+  // The non-streamed message carries the same calls.
+  const auto msg = chat_response(api, r, "chatcmpl-x", 1, "demo", *tok)["choices"][0];
+  EXPECT_EQ(msg["finish_reason"], "tool_calls");
+  ASSERT_EQ(msg["message"]["tool_calls"].size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(msg["message"]["tool_calls"][i]["id"], calls[i]["id"]);
+    EXPECT_EQ(msg["message"]["tool_calls"][i]["function"]["name"], "ls");
+    EXPECT_EQ(msg["message"]["tool_calls"][i]["function"]["arguments"], calls[i]["arguments"]);
+  }
+  EXPECT_EQ(msg["message"]["reasoning_content"], "look");
 }
 
 // Largest turn boundary (end of "<|im_end|>\n" or end of prompt) of `prev` that still prefixes `cur`.
