@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>

@@ -22,7 +22,9 @@ class Tokenizer {
   virtual std::string decode(std::span<const int32_t> ids, bool skip_special = false) const = 0;
   // Raw bytes of one token (may be a partial UTF-8 sequence).
   virtual std::string token_bytes(int32_t id) const = 0;
-  virtual int32_t token_id(std::string_view token) const = 0;   // -1 if absent
+  // A token as spelled in tokenizer.json (byte-level form, e.g. "Ġhello") or an added token's
+  // content (e.g. "<think>"); -1 if absent.
+  virtual int32_t token_id(std::string_view token) const = 0;
   virtual int vocab_size() const = 0;                            // ids are < vocab_size()
   virtual bool is_special(int32_t id) const = 0;
   // Stop ids: generation_config.json eos_token_id(s) united with the tokenizer's eos token.
