@@ -342,7 +342,7 @@ def test_metrics_exposes_counters(server, client):
 
 
 def test_api_key_and_timeout(lily_bin, demo_dir):
-    s = Server(lily_bin, demo_dir, "--ctx", "4096", "--timeout", "1", env={"LILY_API_KEY": "sekret"})
+    s = Server(lily_bin, demo_dir, "--ctx", "8192", "--timeout", "1", env={"LILY_API_KEY": "sekret"})
     try:
         assert httpx.get(s.base + "/health").status_code == 200   # public
         with pytest.raises(openai.AuthenticationError):
@@ -351,10 +351,18 @@ def test_api_key_and_timeout(lily_bin, demo_dir):
         assert error_of(httpx.get(s.base + "/v1/models"))["code"] == "invalid_api_key"
         ok = s.client("sekret")
         assert chat(ok).choices[0].finish_reason == "length"
-        r = s.post("/v1/chat/completions", {"messages": HELLO, "max_tokens": 100000 // 30, "ignore_eos": True},
-                   headers={"Authorization": "Bearer sekret"})
-        if r.status_code != 200:   # on a fast machine 3,333 tokens may fit in a second
-            assert r.status_code == 504 and error_of(r)["code"] == "timeout"
+        auth = {"Authorization": "Bearer sekret"}
+        long = {"messages": HELLO, "max_tokens": 4000, "ignore_eos": True}
+        r = s.post("/v1/chat/completions", long, headers=auth)
+        assert r.status_code == 504 and error_of(r)["code"] == "timeout"
+        # Once streaming has started the error arrives as an SSE event, then [DONE].
+        with httpx.stream("POST", s.base + "/v1/chat/completions", json={**long, "stream": True},
+                          headers=auth, timeout=30) as resp:
+            assert resp.status_code == 200
+            data = [l[6:] for l in resp.iter_lines() if l.startswith("data: ")]
+        assert data[-1] == "[DONE]"
+        assert json.loads(data[-2])["error"]["code"] == "timeout"
+        assert len(data) > 3   # some tokens were streamed before the deadline
         assert chat(ok).choices[0].finish_reason == "length"
     finally:
         s.stop()
@@ -394,3 +402,32 @@ def test_ten_turn_agent_conversation_reuses_prefix(server, cold_server):
         messages.append({"role": "tool", "tool_call_id": f"call_{turn}", "content": f"contents of f{turn}"})
         if turn % 4 == 3:
             messages.append({"role": "user", "content": "Keep going."})
+
+
+def test_chat_logprobs_stream_matches_non_stream(client):
+    full = chat(client, max_tokens=8, logprobs=True, top_logprobs=2)
+    lps = full.choices[0].logprobs.content
+    assert len(lps) == 8
+    for e in lps:   # greedy without penalties picks the model's most likely token
+        assert len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob
+        assert e.logprob == pytest.approx(e.top_logprobs[0].logprob, abs=1e-6)
+        assert bytes(e.bytes) == bytes(e.top_logprobs[0].bytes)
+    streamed = [e for c in chat(client, max_tokens=8, logprobs=True, top_logprobs=2, stream=True)
+                if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [bytes(e.bytes) for e in streamed] == [bytes(e.bytes) for e in lps]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in lps], abs=1e-5)
+
+
+def test_sigterm_stops_promptly_during_a_stream(lily_bin, demo_dir):
+    s = Server(lily_bin, demo_dir, "--ctx", "8192")
+    body = {"messages": HELLO, "max_tokens": 8000, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", s.base + "/v1/chat/completions", json=body, timeout=30) as r:
+        it = r.iter_lines()
+        while not next(it).startswith("data: "):
+            pass
+        t0 = time.time()
+        s.proc.terminate()
+        s.proc.wait(15)
+        assert time.time() - t0 < 5   # the running generation was cancelled, not finished
+    assert s.proc.returncode == 0
+    s.log.close()
