@@ -87,9 +87,10 @@ class BpeTokenizer final : public Tokenizer {
 
   std::vector<int32_t> encode(std::string_view text, bool parse_special) const override;
   std::string decode(std::span<const int32_t> ids, bool skip_special) const override;
+  // Unknown ids (e.g. the padded embedding rows past the tokenizer) have no bytes: HF's decode
+  // skips them silently, and a sampled padding row must not abort a stream.
   std::string token_bytes(int32_t id) const override {
-    check_id(id);
-    return bytes_[size_t(id)];
+    return id >= 0 && size_t(id) < bytes_.size() ? bytes_[size_t(id)] : std::string();
   }
   int32_t token_id(std::string_view token) const override {
     auto it = by_spelling_.find(std::string(token));
@@ -105,10 +106,6 @@ class BpeTokenizer final : public Tokenizer {
   void load_normalizer(const json& n, const std::string& where);
   void load_stop_ids(const fs::path& dir);
   void encode_segment(std::string_view seg, std::vector<int32_t>& out) const;
-  void check_id(int32_t id) const {
-    if (id < 0 || size_t(id) >= bytes_.size())
-      throw Error("token id " + std::to_string(id) + " out of range [0, " + std::to_string(bytes_.size()) + ")");
-  }
 
   std::unique_ptr<BpeModel> bpe_;
   std::unique_ptr<RegexSplitter> splitter_;   // null: the whole segment is one pre-token
@@ -308,8 +305,7 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text, bool parse_spec
 std::string BpeTokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
   std::string raw;
   for (int32_t id : ids) {
-    check_id(id);
-    if (skip_special && special_[size_t(id)]) continue;
+    if (id < 0 || size_t(id) >= bytes_.size() || (skip_special && special_[size_t(id)])) continue;
     raw += bytes_[size_t(id)];
   }
   return utf8_lossy(raw);

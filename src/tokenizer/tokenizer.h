@@ -19,8 +19,9 @@ class Tokenizer {
   // parse_special: added/special tokens written in the text become their ids (HF default);
   // false treats them as plain text.
   virtual std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const = 0;
+  // Ids the tokenizer does not define (>= vocab_size(), negative, holes) are skipped, as in HF.
   virtual std::string decode(std::span<const int32_t> ids, bool skip_special = false) const = 0;
-  // Raw bytes of one token (may be a partial UTF-8 sequence).
+  // Raw bytes of one token (may be a partial UTF-8 sequence); "" for an unknown id.
   virtual std::string token_bytes(int32_t id) const = 0;
   // A token as spelled in tokenizer.json (byte-level form, e.g. "Ġhello") or an added token's
   // content (e.g. "<think>"); -1 if absent.

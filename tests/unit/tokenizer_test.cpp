@@ -199,7 +199,13 @@ TEST(Tokenizer, InvalidUtf8InputIsRepairedAndNfcApplied) {
   auto tok = tt.load();
   EXPECT_EQ(tok->decode(tok->encode("a\xFF" "b")), "a" + kFFFD + "b");
   EXPECT_EQ(tok->decode(tok->encode("e\xCC\x81")), "\xC3\xA9");   // e + U+0301 -> é under NFC
-  EXPECT_THROW(tok->decode(std::vector<int32_t>{tok->vocab_size()}), Error);
+  // Unknown ids (padded embedding rows) decode to nothing, as in HF, in both decoders.
+  const std::vector<int32_t> with_unknown = {'a', tok->vocab_size(), -1, 'b'};
+  EXPECT_EQ(tok->decode(with_unknown), "ab");
+  StreamDecoder sd(*tok);
+  std::string s;
+  for (int32_t id : with_unknown) s += sd.push(id);
+  EXPECT_EQ(s + sd.flush(), "ab");
 }
 
 TEST(Tokenizer, ConcurrentEncodersAgreeWithSequential) {
