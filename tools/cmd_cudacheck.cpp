@@ -62,6 +62,15 @@ int cudacheck_main(int argc, char** argv) {
              {"ablate", "", "optimization ids switched off on the cuda side"},
              {"verbose", "false", "print every position", "", true}});
   if (!o.parse(argc, argv)) return 0;
+  // Backends first: a build or machine without CUDA fails before any weights are built.
+  BackendOptions cpu_opt;
+  cpu_opt.name = "cpu";
+  cpu_opt.threads = o.num("threads");
+  BackendOptions cuda_opt;
+  cuda_opt.name = "cuda";
+  cuda_opt.ablations.off = split_list(o.str("ablate"));
+  auto cpu_be = make_backend(cpu_opt);
+  auto cuda_be = make_backend(cuda_opt);
   std::shared_ptr<ModelWeights> host;
   if (!o.str("model").empty()) {
     host = std::make_shared<ModelWeights>(load_weights(o.str("model")));
@@ -79,14 +88,6 @@ int cudacheck_main(int argc, char** argv) {
   std::vector<int32_t> seq(P + N);
   for (auto& t : seq) t = int32_t(rng() % uint32_t(V));
 
-  BackendOptions cpu_opt;
-  cpu_opt.name = "cpu";
-  cpu_opt.threads = o.num("threads");
-  BackendOptions cuda_opt;
-  cuda_opt.name = "cuda";
-  cuda_opt.ablations.off = split_list(o.str("ablate"));
-  auto cpu_be = make_backend(cpu_opt);
-  auto cuda_be = make_backend(cuda_opt);
   ModelOptions mo;
   mo.max_chunk = o.num("chunk");
   Qwen36 cpu(host, *cpu_be, mo), gpu(host, *cuda_be, mo);
