@@ -231,6 +231,22 @@ TEST(Tokenizer, ConcurrentEncodersAgreeWithSequential) {
   EXPECT_EQ(bad, std::vector<int>(4, 0));
 }
 
+TEST(Tokenizer, WordCacheIsPerModel) {
+  // Two models alternating on one thread must not see each other's cached words.
+  TinyTokenizer ta, tb;
+  ta.write("tokenizer.json", ta.tokenizer_json());
+  json jb = tb.tokenizer_json();
+  jb["model"]["merges"].erase(2);   // drop aa+aa
+  jb["model"]["merges"].erase(1);   // drop a+a
+  tb.write("tokenizer.json", jb);
+  auto a = ta.load(), b = tb.load();
+  const std::vector<int32_t> aaaa_a = ids_of(*a, {"aaaa"}), aaaa_b = ids_of(*b, {"a", "a", "a", "a"});
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(a->encode("aaaa"), aaaa_a);
+    EXPECT_EQ(b->encode("aaaa"), aaaa_b);
+  }
+}
+
 // ---- stop ids ---------------------------------------------------------------------------------
 
 TEST(StopIds, GenerationConfigUnitedWithTokenizerEos) {
