@@ -198,3 +198,24 @@ def test_qwen36_stop_ids(lily_bin, qwen36_dir, shared_dir):
     assert info["vocab_size"] == 248077
     hf_special = [i for i, (_, s) in enumerate(tok_files.QWEN36_ADDED, start=248044) if s]
     assert info["special_ids"] == hf_special
+
+
+def test_added_tokens_outside_byte_table(lily_bin, qwen3_json, tmp_path):
+    """Added tokens whose text is not byte-level (CJK) decode as raw UTF-8; ones made only of
+    byte-table characters ("ĠĊx") decode through the byte table, as HF's ByteLevel decoder does."""
+    from tokenizers import AddedToken
+    hf = Tokenizer.from_file(str(qwen3_json))
+    hf.add_tokens([AddedToken("<|思考|>", special=False, normalized=False),
+                   AddedToken("ĠĊx", special=False, normalized=False),
+                   AddedToken("<|思考|>长", special=True, normalized=False)])
+    path = tmp_path / "tokenizer.json"
+    hf.save(str(path))
+    texts = ["a<|思考|>b", "aĠĊxb", "<|思考|>长<|思考|>", "<|思考|", "ĠĊ x"]
+    res = run_lily(lily_bin, path, [{"text": t, "parse_special": p} for t in texts for p in (True, False)],
+                   tmp_path, "added")
+    for (t, p), r in zip([(t, p) for t in texts for p in (True, False)], res):
+        hf.encode_special_tokens = not p
+        ids = hf.encode(t, add_special_tokens=False).ids
+        assert r["ids"] == ids, (t, p)
+        assert r["decoded"] == hf.decode(ids, skip_special_tokens=False), (t, p)
+        assert r["decoded_skip_special"] == hf.decode(ids, skip_special_tokens=True), (t, p)
