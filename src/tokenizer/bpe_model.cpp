@@ -125,9 +125,8 @@ inline void BpeModel::lookup(int32_t a, int32_t b, int32_t& rank, int32_t& merge
 void BpeModel::merge_small(std::vector<int32_t>& syms) const {
   size_t n = syms.size();
   if (n < 2) return;
-  thread_local std::vector<int32_t> rank, merged;
-  rank.resize(n);
-  merged.resize(n);
+  // Only called for n <= kSmallWord: fixed arrays on the stack, no allocation.
+  int32_t rank[kSmallWord], merged[kSmallWord];
   for (size_t i = 0; i + 1 < n; ++i) lookup(syms[i], syms[i + 1], rank[i], merged[i]);
   while (n > 1) {
     size_t best = 0;
@@ -267,7 +266,7 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
   syms.clear();
   for (char ch : word)
     if (byte_id_[uint8_t(ch)] >= 0) syms.push_back(byte_id_[uint8_t(ch)]);
-  if (syms.size() <= 48) merge_small(syms);
+  if (syms.size() <= kSmallWord) merge_small(syms);
   else merge_heap(syms);
   out.insert(out.end(), syms.begin(), syms.end());
   if (slot && syms.size() <= std::size(slot->ids)) {

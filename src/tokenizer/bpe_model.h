@@ -49,6 +49,7 @@ class BpeModel {
 
   // Rank and result of merging (a, b); rank = INT32_MAX when the pair does not merge.
   inline void lookup(int32_t a, int32_t b, int32_t& rank, int32_t& merged) const;
+  static constexpr size_t kSmallWord = 48;
   void merge_small(std::vector<int32_t>& syms) const;   // O(n^2), fastest for short words
   void merge_heap(std::vector<int32_t>& syms) const;    // O(n log n) for long words
 
