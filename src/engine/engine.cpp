@@ -34,6 +34,7 @@ Engine::Engine(LanguageModel& lm, std::shared_ptr<const Tokenizer> tok, EngineOp
 void Engine::reset_sessions() {
   cache_.clear();
   live_tokens_.clear();
+  live_kv_.clear();
   live_valid_ = false;
 }
 
@@ -43,34 +44,54 @@ EngineStats Engine::stats() const {
   return s;
 }
 
+void Engine::overwrite_kv(int q, std::span<const int32_t> incoming, const Snapshot* protect) {
+  const size_t end = size_t(q) + incoming.size();
+  if (end <= live_kv_.size() && std::equal(incoming.begin(), incoming.end(), live_kv_.begin() + q))
+    return;   // the same tokens again: rows and history unchanged
+  cache_.before_kv_overwrite(lm_, *live_, live_kv_, q, incoming, protect);
+  live_kv_.resize(std::min(live_kv_.size(), size_t(q)));
+  live_kv_.insert(live_kv_.end(), incoming.begin(), incoming.end());
+}
+
 void Engine::forward_live(std::span<const int32_t> tokens) {
   try {
+    overwrite_kv(live_->pos(), tokens);
     lm_.forward(*live_, tokens, logits_.data());
   } catch (...) {
-    // The state may be half-updated: never reuse it.
+    // The state may be half-updated: never reuse it, nor snapshots sharing its KV rows.
     live_valid_ = false;
     live_tokens_.clear();
+    live_kv_.clear();
+    cache_.drop_shared();
     throw;
   }
   live_tokens_.insert(live_tokens_.end(), tokens.begin(), tokens.end());
 }
 
 int Engine::restore_prefix(const std::vector<int32_t>& prompt) {
+  const bool snaps = opt_.prefix_reuse && cache_.budget() > 0;
   if (opt_.prefix_reuse && live_valid_ && !live_tokens_.empty() && is_prefix(live_tokens_, prompt)) {
     // The live sequence is already a prefix; a snapshot can only beat it by being longer.
-    const Snapshot* s = cache_.budget() > 0 ? cache_.find(prompt) : nullptr;
+    const Snapshot* s = snaps ? cache_.find(prompt, live_kv_) : nullptr;
     if (!s || s->tokens.size() <= live_tokens_.size()) return int(live_tokens_.size());
   }
-  const Snapshot* s = (opt_.prefix_reuse && cache_.budget() > 0) ? cache_.find(prompt) : nullptr;
+  const Snapshot* s = snaps ? cache_.find(prompt, live_valid_ ? std::span<const int32_t>(live_kv_)
+                                                              : std::span<const int32_t>()) : nullptr;
   if (s) {
-    lm_.copy_state(*s->state, *live_);
+    if (s->shared_kv) {
+      lm_.restore_recurrent(*s->state, *live_);   // KV rows [0, n) are already in place
+    } else {
+      overwrite_kv(0, s->tokens, s);   // s is protected from eviction by this call
+      lm_.copy_state(*s->state, *live_);
+    }
     live_tokens_ = s->tokens;
     std::copy(s->logits.begin(), s->logits.end(), logits_.begin());
     live_valid_ = true;
     return int(live_tokens_.size());
   }
-  lm_.reset(*live_);
+  lm_.reset(*live_);   // KV rows stay: shared snapshots remain valid until rows are rewritten
   live_tokens_.clear();
+  if (!live_valid_) live_kv_.clear();
   live_valid_ = true;
   return 0;
 }
@@ -100,7 +121,7 @@ bool Engine::prefill(const GenerationRequest& req, int from, const EventSink& si
     stats_.prefill_tokens += b - a;
     if (snaps.count(b) && !cache_.contains({P.data(), size_t(b)})) {
       try {
-        cache_.insert(lm_, {P.data(), size_t(b)}, *live_, logits_);
+        cache_.insert(lm_, {P.data(), size_t(b)}, *live_, logits_, opt_.shared_kv_snapshots);
       } catch (const std::exception&) {
         // Out of backend memory for a snapshot: serving goes on without it (the cache never holds
         // a half-built snapshot; insert makes it visible only when complete).

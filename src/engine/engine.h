@@ -25,6 +25,7 @@ struct EngineOptions {
   int64_t cache_bytes = 2048LL << 20;   // snapshot budget (0 = no snapshots)
   int snapshot_every = 2048;            // also snapshot every N prompt tokens (0 = off)
   bool prefix_reuse = true;             // false = every request starts cold (testing, A/B)
+  bool shared_kv_snapshots = true;      // snapshots keep only the recurrent state when possible
 };
 
 struct GenerationRequest {
@@ -97,6 +98,9 @@ class Engine {
   // false if cancelled or past the deadline.
   bool prefill(const GenerationRequest& req, int from, const EventSink& sink);
   void forward_live(std::span<const int32_t> tokens);
+  // Makes the session cache give up (or copy out) shared snapshots whose KV rows are about to be
+  // rewritten from position q with `incoming`, then records the new KV history.
+  void overwrite_kv(int q, std::span<const int32_t> incoming, const Snapshot* protect = nullptr);
 
   LanguageModel& lm_;
   std::shared_ptr<const Tokenizer> tok_;
@@ -104,6 +108,7 @@ class Engine {
   SessionCache cache_;
   std::unique_ptr<LmState> live_;        // the working sequence
   std::vector<int32_t> live_tokens_;     // what live_ has consumed
+  std::vector<int32_t> live_kv_;         // tokens whose KV rows live_ holds (may exceed pos)
   bool live_valid_ = false;              // false after a failed forward (state unknown)
   std::vector<float> logits_;            // logits after live_tokens_.back()
   std::vector<float> scratch_;

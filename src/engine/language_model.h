@@ -29,6 +29,19 @@ class LanguageModel {
   // Consumes tokens; writes the last token's logits [vocab] to logits_last when non-null.
   virtual void forward(LmState& st, std::span<const int32_t> tokens, float* logits_last) = 0;
   virtual int64_t state_bytes(int capacity) const = 0;
+
+  // Optional, for snapshots that share a working state's KV rows (only the recurrent part is
+  // copied; a 35B-A3B snapshot is then 62.8 MiB whatever its length). copy_recurrent returns
+  // nullptr when unsupported.
+  virtual std::unique_ptr<LmState> copy_recurrent(const LmState& src) { return nullptr; }
+  // dst takes the snapshot's recurrent state and position; dst's KV rows [0, snap.pos()) must
+  // already hold the snapshot's tokens.
+  virtual void restore_recurrent(const LmState& snap, LmState& dst) {}
+  // A self-contained state: recurrent part from snap, KV rows [0, snap.pos()) from kv_src.
+  virtual std::unique_ptr<LmState> materialize(const LmState& snap, const LmState& kv_src) {
+    return nullptr;
+  }
+  virtual int64_t recurrent_bytes() const { return 0; }
 };
 
 // Adapts a Qwen36 model (which must outlive the adapter).

@@ -37,8 +37,73 @@ class Qwen36Lm : public LanguageModel {
   }
   int64_t state_bytes(int capacity) const override { return m_.state_bytes(capacity); }
 
+  std::unique_ptr<LmState> copy_recurrent(const LmState& src) override {
+    const Qwen36State& s = static_cast<const Qwen36LmState&>(src).get();
+    const ModelConfig& c = m_.config();
+    Backend& be = m_.backend();
+    auto st = std::make_unique<Qwen36State>();   // no KV rows: capacity 0, pos = src.pos
+    st->backend = &be;
+    st->pos = s.pos;
+    st->gdn.resize(c.num_hidden_layers);
+    st->kv.resize(c.num_hidden_layers);
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+      if (c.is_full_attention[l]) continue;
+      st->gdn[l].conv = be.alloc(conv_floats());
+      st->gdn[l].S = be.alloc(s_floats());
+    }
+    copy_gdn(s, *st);
+    return std::make_unique<Qwen36LmState>(std::move(st));
+  }
+  void restore_recurrent(const LmState& snap, LmState& dst) override {
+    const Qwen36State& s = static_cast<const Qwen36LmState&>(snap).get();
+    Qwen36State& d = cast(dst);
+    LILY_CHECK(d.capacity >= s.pos, "restore_recurrent: state too small");
+    copy_gdn(s, d);
+    d.pos = s.pos;
+  }
+  std::unique_ptr<LmState> materialize(const LmState& snap, const LmState& kv_src) override {
+    const Qwen36State& s = static_cast<const Qwen36LmState&>(snap).get();
+    const Qwen36State& k = static_cast<const Qwen36LmState&>(kv_src).get();
+    LILY_CHECK(k.pos >= s.pos || k.capacity >= s.pos, "materialize: KV source too short");
+    const ModelConfig& c = m_.config();
+    auto st = m_.new_state(s.pos);
+    const int64_t bytes = 4LL * s.pos * c.num_key_value_heads * c.head_dim;
+    for (int l = 0; l < c.num_hidden_layers; ++l)
+      if (c.is_full_attention[l] && bytes) {
+        m_.backend().copy(st->kv[l].k, k.kv[l].k, bytes);
+        m_.backend().copy(st->kv[l].v, k.kv[l].v, bytes);
+      }
+    copy_gdn(s, *st);
+    st->pos = s.pos;
+    return std::make_unique<Qwen36LmState>(std::move(st));
+  }
+  int64_t recurrent_bytes() const override {
+    const ModelConfig& c = m_.config();
+    int64_t n = 0;
+    for (int l = 0; l < c.num_hidden_layers; ++l)
+      if (!c.is_full_attention[l]) n += conv_floats() + s_floats();
+    return 4 * n;
+  }
+
  private:
   static Qwen36State& cast(LmState& s) { return static_cast<Qwen36LmState&>(s).get(); }
+  int64_t conv_floats() const {
+    const ModelConfig& c = m_.config();
+    return int64_t(c.linear_conv_kernel_dim - 1) * c.conv_dim();
+  }
+  int64_t s_floats() const {
+    const ModelConfig& c = m_.config();
+    return int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim;
+  }
+  // Recurrent and conv state of every Gated DeltaNet layer.
+  void copy_gdn(const Qwen36State& src, Qwen36State& dst) {
+    const ModelConfig& c = m_.config();
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+      if (c.is_full_attention[l]) continue;
+      m_.backend().copy(dst.gdn[l].conv, src.gdn[l].conv, 4 * conv_floats());
+      m_.backend().copy(dst.gdn[l].S, src.gdn[l].S, 4 * s_floats());
+    }
+  }
   Qwen36& m_;
 };
 

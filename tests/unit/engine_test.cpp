@@ -63,15 +63,21 @@ class FakeTokenizer : public Tokenizer {
   std::vector<int32_t> stops_;
 };
 
+// Mirrors the hybrid model: KV rows (one token id per row, kept across reset like real KV memory)
+// and a recurrent hash. Logits depend on both, so restoring a snapshot whose KV rows were
+// overwritten, or the wrong recurrent state, changes the output.
 struct FakeState : LmState {
-  std::vector<int32_t> toks;
-  int cap = 0;
-  int pos() const override { return int(toks.size()); }
+  std::vector<int32_t> kv;
+  uint64_t rec = 0;
+  int p = 0, cap = 0;
+  int pos() const override { return p; }
   int capacity() const override { return cap; }
 };
 
-// Logits are a pseudo-random function of the entire consumed sequence. With a script, the token
-// script[k] gets a large logit once `script_from` tokens were consumed (k = pos - script_from).
+uint64_t mix(uint64_t h, uint64_t v) { return (h ^ (v + 1)) * 1099511628211ull; }
+
+// Logits are a pseudo-random function of the state. With a script, the token script[k] gets a
+// large logit once `script_from` tokens were consumed (k = pos - script_from).
 class FakeLm : public LanguageModel {
  public:
   int vocab_size() const override { return 270; }   // padded past the tokenizer's 263
@@ -79,23 +85,34 @@ class FakeLm : public LanguageModel {
   std::unique_ptr<LmState> new_state(int capacity) override {
     auto s = std::make_unique<FakeState>();
     s->cap = capacity;
+    s->kv.assign(capacity, -1);
     return s;
   }
-  void reset(LmState& st) override { static_cast<FakeState&>(st).toks.clear(); }
+  void reset(LmState& st) override {
+    auto& s = static_cast<FakeState&>(st);
+    s.rec = 0;
+    s.p = 0;
+  }
   void copy_state(const LmState& src, LmState& dst) override {
     auto& d = static_cast<FakeState&>(dst);
-    ASSERT_GE(d.cap, src.pos());
-    d.toks = static_cast<const FakeState&>(src).toks;
+    auto& s = static_cast<const FakeState&>(src);
+    ASSERT_GE(d.cap, s.p);
+    std::copy(s.kv.begin(), s.kv.begin() + s.p, d.kv.begin());
+    d.rec = s.rec;
+    d.p = s.p;
   }
   void forward(LmState& st, std::span<const int32_t> tokens, float* logits) override {
     auto& s = static_cast<FakeState&>(st);
-    if (s.pos() + int(tokens.size()) > s.cap) throw Error("fake: capacity exceeded");
-    s.toks.insert(s.toks.end(), tokens.begin(), tokens.end());
+    if (s.p + int(tokens.size()) > s.cap) throw Error("fake: capacity exceeded");
+    for (int32_t t : tokens) {
+      s.kv[s.p++] = t;
+      s.rec = mix(s.rec, uint64_t(t));
+    }
     consumed += int64_t(tokens.size());
     ++calls;
     if (!logits) return;
-    uint64_t h = 1469598103934665603ull;
-    for (int32_t t : s.toks) h = (h ^ uint64_t(t + 1)) * 1099511628211ull;
+    uint64_t h = s.rec;
+    for (int i = 0; i < s.p; ++i) h = mix(h, uint64_t(s.kv[i]) * 31);
     for (int i = 0; i < vocab_size(); ++i) {
       uint64_t x = (h + uint64_t(i) * 0x9e3779b97f4a7c15ull);
       x ^= x >> 31;
@@ -103,14 +120,41 @@ class FakeLm : public LanguageModel {
       x ^= x >> 29;
       logits[i] = float(x % 10000) / 1000.0f - 5.0f;
     }
-    const int k = s.pos() - script_from;
+    const int k = s.p - script_from;
     if (!script.empty() && k >= 0 && k < int(script.size())) logits[script[k]] = 100.0f;
   }
   int64_t state_bytes(int capacity) const override { return 4LL * capacity + 1000; }
+  std::unique_ptr<LmState> copy_recurrent(const LmState& src) override {
+    if (!shared) return nullptr;
+    auto& s = static_cast<const FakeState&>(src);
+    auto d = std::make_unique<FakeState>();
+    d->rec = s.rec;
+    d->p = s.p;
+    return d;
+  }
+  void restore_recurrent(const LmState& snap, LmState& dst) override {
+    auto& s = static_cast<const FakeState&>(snap);
+    auto& d = static_cast<FakeState&>(dst);
+    d.rec = s.rec;
+    d.p = s.p;
+  }
+  std::unique_ptr<LmState> materialize(const LmState& snap, const LmState& kv_src) override {
+    auto& s = static_cast<const FakeState&>(snap);
+    auto& k = static_cast<const FakeState&>(kv_src);
+    auto d = std::make_unique<FakeState>();
+    d->kv.assign(k.kv.begin(), k.kv.begin() + s.p);
+    d->cap = s.p;
+    d->rec = s.rec;
+    d->p = s.p;
+    ++materialized;
+    return d;
+  }
+  int64_t recurrent_bytes() const override { return shared ? 1000 : 0; }
 
   std::vector<int32_t> script;
   int script_from = 0;
-  int64_t consumed = 0, calls = 0;
+  bool shared = true;
+  int64_t consumed = 0, calls = 0, materialized = 0;
 };
 
 GenerationRequest greedy(std::vector<int32_t> prompt, int max_tokens) {
@@ -409,6 +453,53 @@ TEST(Engine, TenTurnAgentConversationPrefillsOnlyNewTokens) {
   EXPECT_GT(s.cached_tokens, s.prefill_tokens);   // most of the conversation was reused
   EXPECT_GT(s.cache.snapshots, 0);
   EXPECT_LT(warm_lm.consumed * 2, cold_lm.consumed);
+}
+
+}  // namespace
+}  // namespace lily
+
+namespace lily {
+namespace {
+
+TEST(Engine, InterleavedConversationsKeepTheirPrefixes) {
+  // Two conversations alternate on one engine: each one's KV rows are overwritten by the other,
+  // so its shared snapshot must be made self-contained before that happens.
+  for (bool shared : {true, false}) {
+    auto tok = std::make_shared<FakeTokenizer>();
+    FakeLm warm_lm, cold_lm;
+    warm_lm.shared = shared;
+    EngineOptions cold_opt;
+    cold_opt.prefix_reuse = false;
+    Engine warm(warm_lm, tok, {}), cold(cold_lm, tok, cold_opt);
+    std::string conv[2] = {"<|im_start|>user\nQuestion from Alice<|im_end|>\n<|im_start|>assistant\n<think>\n",
+                           "<|im_start|>user\nQuestion from Bob<|im_end|>\n<|im_start|>assistant\n<think>\n"};
+    size_t prev[2] = {0, 0};
+    for (int turn = 0; turn < 8; ++turn) {
+      const int c = turn % 2;
+      const auto prompt = tok->encode(conv[c], true);
+      auto w = warm.generate(greedy(prompt, 10));
+      auto k = cold.generate(greedy(prompt, 10));
+      EXPECT_EQ(w.tokens, k.tokens) << "shared " << shared << " turn " << turn;
+      EXPECT_GE(size_t(w.cached_tokens), prev[c]) << "shared " << shared << " turn " << turn;
+      prev[c] = prompt.size();
+      conv[c] += "ok\n</think>\n\n" + std::to_string(turn) + "<|im_end|>\n<|im_start|>user\nmore<|im_end|>\n"
+                 "<|im_start|>assistant\n<think>\n";
+    }
+    if (shared) EXPECT_GT(warm_lm.materialized, 0);
+    else EXPECT_EQ(warm_lm.materialized, 0);
+  }
+}
+
+TEST(Engine, SharedSnapshotsCostOnlyTheRecurrentState) {
+  auto tok = std::make_shared<FakeTokenizer>();
+  FakeLm lm;
+  Engine eng(lm, tok, {});
+  auto prompt = tok->encode(std::string(300, 'x') + "<|im_end|>\n" + std::string(300, 'y'), true);
+  eng.generate(greedy(prompt, 2));
+  const auto st = eng.stats().cache;
+  EXPECT_EQ(st.snapshots, 2);   // the turn boundary and the end of the prompt
+  // recurrent part (1000) + logits (270 floats) + tokens, independent of the 600-token length
+  EXPECT_EQ(st.bytes, 2 * (1000 + 270 * 4) + 4 * (302 + int64_t(prompt.size())));
 }
 
 }  // namespace
