@@ -8,7 +8,7 @@ BUILD="${LILY_BUILD_DIR:-$ROOT/build}"
 LILY="$BUILD/lily"
 DEMO="$ROOT/demo"
 
-if [[ ! -x "$LILY" ]]; then
+if [[ ! -x "$LILY" ]] || ! "$LILY" serve --help >/dev/null 2>&1; then
   echo "== building lily in $BUILD"
   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
   cmake --build "$BUILD" --target lily -j"$(nproc)"

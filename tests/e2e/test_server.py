@@ -368,7 +368,8 @@ def test_api_key_and_timeout(lily_bin, demo_dir):
         s.stop()
 
 
-def test_ten_turn_agent_conversation_reuses_prefix(server, cold_server):
+@pytest.mark.parametrize("preserve", [False, True])
+def test_ten_turn_agent_conversation_reuses_prefix(server, cold_server, preserve):
     tools = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
               "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
                              "required": ["path"]}}}]
@@ -380,12 +381,14 @@ def test_ten_turn_agent_conversation_reuses_prefix(server, cold_server):
                 {"role": "user", "content": "Fix the failing test in the repo."}]
     prev = None
     for turn in range(10):
-        kw = dict(messages=messages, tools=tools, max_tokens=10)
+        kw = dict(messages=messages, tools=tools, max_tokens=10,
+                  extra_body={"chat_template_kwargs": {"preserve_thinking": preserve}})
         w, c = chat(warm, **kw), chat(cold, **kw)
         wm, cm = w.choices[0].message, c.choices[0].message
         assert (wm.content, getattr(wm, "reasoning_content", None)) == (cm.content, getattr(cm, "reasoning_content", None)), turn
         assert c.usage.prompt_tokens_details.cached_tokens == 0
-        prompt = server.post("/tokenize", {"messages": messages, "tools": tools}).json()["tokens"]
+        prompt = server.post("/tokenize", {"messages": messages, "tools": tools,
+                                           "chat_template_kwargs": {"preserve_thinking": preserve}}).json()["tokens"]
         assert w.usage.prompt_tokens == len(prompt)
         if prev is not None:
             lcp = next((i for i, (a, b) in enumerate(zip(prev, prompt)) if a != b), min(len(prev), len(prompt)))
@@ -393,6 +396,8 @@ def test_ten_turn_agent_conversation_reuses_prefix(server, cold_server):
                 [b for b in range(2, lcp + 1) if prev[b - 2] == im_end[0] and prev[b - 1] == nl[0]] or [0])
             cached = w.usage.prompt_tokens_details.cached_tokens
             assert cached >= boundary > len(prev) // 2, (turn, cached, boundary, len(prev))
+            if preserve:   # history is re-rendered exactly: the whole previous prompt is reused
+                assert cached >= len(prev), (turn, cached, len(prev))
         prev = prompt
         messages.append({"role": "assistant", "content": wm.content or "",
                          "reasoning_content": getattr(wm, "reasoning_content", None) or "",
