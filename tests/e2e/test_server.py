@@ -436,3 +436,33 @@ def test_sigterm_stops_promptly_during_a_stream(lily_bin, demo_dir):
         assert time.time() - t0 < 5   # the running generation was cancelled, not finished
     assert s.proc.returncode == 0
     s.log.close()
+
+
+def test_health_is_503_while_loading(lily_bin, demo_dir, tmp_path):
+    # The weights file is a FIFO nobody writes to: loading blocks, the API must already answer.
+    d = tmp_path / "slow"
+    d.mkdir()
+    for f in demo_dir.iterdir():
+        if f.name != "model.safetensors":
+            (d / f.name).write_bytes(f.read_bytes())
+    os.mkfifo(d / "model.safetensors")
+    port = free_port()
+    proc = subprocess.Popen([lily_bin, "serve", "--model", str(d), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 30
+        while True:
+            try:
+                r = httpx.get(base + "/health", timeout=1)
+                break
+            except httpx.TransportError:
+                assert time.time() < deadline and proc.poll() is None
+                time.sleep(0.05)
+        assert r.status_code == 503 and r.json()["status"] == "loading"
+        r = httpx.post(base + "/v1/chat/completions", json={"messages": HELLO}, timeout=5)
+        assert r.status_code == 503 and error_of(r)["code"] == "model_loading"
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    assert "interrupted while loading" in err
