@@ -10,7 +10,10 @@ DEMO="$ROOT/demo"
 
 if [[ ! -x "$LILY" ]] || ! "$LILY" serve --help >/dev/null 2>&1; then
   echo "== building lily in $BUILD"
-  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+  if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
+    GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
+    cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release >/dev/null
+  fi
   cmake --build "$BUILD" --target lily -j"$(nproc)"
 fi
 
