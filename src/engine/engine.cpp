@@ -70,13 +70,12 @@ void Engine::forward_live(std::span<const int32_t> tokens) {
 
 int Engine::restore_prefix(const std::vector<int32_t>& prompt) {
   const bool snaps = opt_.prefix_reuse && cache_.budget() > 0;
-  if (opt_.prefix_reuse && live_valid_ && !live_tokens_.empty() && is_prefix(live_tokens_, prompt)) {
-    // The live sequence is already a prefix; a snapshot can only beat it by being longer.
-    const Snapshot* s = snaps ? cache_.find(prompt, live_kv_) : nullptr;
-    if (!s || s->tokens.size() <= live_tokens_.size()) return int(live_tokens_.size());
-  }
   const Snapshot* s = snaps ? cache_.find(prompt, live_valid_ ? std::span<const int32_t>(live_kv_)
                                                               : std::span<const int32_t>()) : nullptr;
+  // The live sequence, when it prefixes the prompt, costs nothing; a snapshot must be longer.
+  if (opt_.prefix_reuse && live_valid_ && !live_tokens_.empty() && is_prefix(live_tokens_, prompt) &&
+      (!s || s->tokens.size() <= live_tokens_.size()))
+    return int(live_tokens_.size());
   if (s) {
     if (s->shared_kv) {
       lm_.restore_recurrent(*s->state, *live_);   // KV rows [0, n) are already in place
