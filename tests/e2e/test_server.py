@@ -466,3 +466,19 @@ def test_health_is_503_while_loading(lily_bin, demo_dir, tmp_path):
         proc.terminate()
         _, err = proc.communicate(timeout=10)
     assert "interrupted while loading" in err
+
+
+def test_reasoning_accepted_under_both_names(server):
+    def render(field):
+        msgs = [{"role": "user", "content": "list files"},
+                {"role": "assistant", "content": "", field: "I should call ls.",
+                 "tool_calls": [{"id": "c1", "type": "function",
+                                 "function": {"name": "ls", "arguments": "{\"dir\": \".\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "a.txt"}]
+        r = server.post("/apply-template", {"messages": msgs})
+        assert r.status_code == 200, r.text
+        return r.json()["prompt"]
+    a, b = render("reasoning_content"), render("reasoning")
+    assert a == b
+    assert "<think>\nI should call ls.\n</think>" in a
+    assert "<parameter=dir>\n.\n</parameter>" in a   # string arguments were JSON-parsed
