@@ -68,6 +68,10 @@ int serve_main(int argc, char** argv) {
   HttpServer server(so);
   const int port = server.bind();
   std::fprintf(stderr, "lily serve: listening on http://%s:%d (loading %s)\n", so.host.c_str(), port, dir.c_str());
+  const bool loopback = so.host == "127.0.0.1" || so.host == "localhost" || so.host == "::1";
+  if (!loopback && so.api_key.empty())
+    std::fprintf(stderr, "lily serve: warning: listening on %s without --api-key: anyone who can reach "
+                         "this address can use the model\n", so.host.c_str());
   std::thread listener([&] { server.listen(); });
   std::thread([&server, sigs] {
     int sig = 0;
