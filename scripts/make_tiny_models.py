@@ -40,6 +40,11 @@ SPECS = {
     "tiny-f32-h512": dict(dtype="float32", hidden=512, layers=8, heads=4, kv_heads=2, lin_k=4,
                           lin_v=8, experts=8, top_k=2, moe_inter=64, shared_inter=192, vocab=1536,
                           seed=13),
+    # Benchmark model (scripts/bench_cpu_vs_mlx.py): the real hidden size, head counts and expert
+    # shapes of Qwen3.6-35B-A3B, with 4 layers, 32 experts and a 16K vocabulary.
+    "mini-bf16": dict(dtype="bfloat16", hidden=2048, layers=4, heads=16, kv_heads=2, lin_k=16,
+                      lin_v=32, experts=32, top_k=8, moe_inter=512, shared_inter=512, vocab=16384,
+                      seed=14),
 }
 DEFAULT_MODELS = ["tiny-bf16", "tiny-f32", "tiny-f32-h512"]
 PROMPT_LEN = 320

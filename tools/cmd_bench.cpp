@@ -1,7 +1,7 @@
 // `lily bench decode`: batch-1 greedy decode throughput per context length (BENCHMARK.md), with
 // matched ablations in alternating order, copy-bandwidth ceiling, per-op time breakdown and expert
 // load balance; writes JSON + markdown. Long contexts are filled with random KV/state instead of a
-// prefill (stated in the results).
+// prefill (stated in the results). `lily bench prefill` lives in bench_prefill.cpp.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -26,6 +26,9 @@
 #endif
 
 namespace lily {
+
+int bench_prefill_main(int argc, char** argv);   // bench_prefill.cpp
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -93,11 +96,13 @@ std::string fmt(const char* f, double v) {
 }
 
 int bench_main(int argc, char** argv) {
+  if (argc > 0 && std::string(argv[0]) == "prefill") return bench_prefill_main(argc - 1, argv + 1);
   Options o("bench", "lily bench decode: batch-1 decode throughput per context length (BENCHMARK.md).",
             {{"model", "", "checkpoint directory (default: full-size synthetic model)", "LILY_MODEL"},
              {"synthetic", "false", "use the synthetic full-size model", "", true},
              {"layers", "40", "synthetic model layers"},
              {"backend", "cuda", "cuda | cpu", "LILY_BACKEND"},
+             {"threads", "0", "CPU threads (0 = all cores)", "LILY_THREADS"},
              {"contexts", "256,512,1024,2048,4096,8192,16384,32768,65536,131072", "context lengths"},
              {"tokens", "128", "generated tokens per measurement"},
              {"rounds", "3", "rounds (variants alternate order in each round)"},
@@ -108,7 +113,7 @@ int bench_main(int argc, char** argv) {
              {"commit", "", "commit recorded in the results", "LILY_COMMIT"}});
   if (!o.parse(argc, argv)) return 0;
   const auto& pos = o.positional();
-  if (pos.empty() || pos[0] != "decode") throw Error("usage: lily bench decode [options] (only 'decode' exists)");
+  if (pos.empty() || pos[0] != "decode") throw Error("usage: lily bench decode|prefill [options]");
   std::string cmdline = "lily bench";
   for (int i = 0; i < argc; ++i) cmdline += std::string(" ") + argv[i];
 
@@ -128,6 +133,7 @@ int bench_main(int argc, char** argv) {
   std::fprintf(stderr, "bench: weights ready in %.1f s\n", now_s() - t_load);
   BackendOptions bo;
   bo.name = o.str("backend");
+  bo.threads = o.num("threads");
   auto be = make_backend(bo);
   ModelOptions mo;
   mo.max_chunk = 16;
@@ -309,7 +315,7 @@ int bench_main(int argc, char** argv) {
   return 0;
 }
 
-RegisterCommand reg{{"bench", "decode throughput benchmark (BENCHMARK.md)", bench_main}};
+RegisterCommand reg{{"bench", "decode / prefill throughput benchmark (BENCHMARK.md)", bench_main}};
 
 }  // namespace
 }  // namespace lily
