@@ -78,9 +78,9 @@ def mlx_decode(model, cache, first, n):
 def run_mlx(model, ids, lengths, n_dec, warm):
     res = {}
     for L in lengths:
-        if warm:
-            cache, first, _, _ = mlx_prefill(model, ids[:L])
-            mlx_decode(model, cache, first, min(n_dec, 8))
+        if warm:   # short warm-up: mlx-lm on mlx[cpu] runs ~10 tok/s here, a full one would double the run
+            cache, first, _, _ = mlx_prefill(model, ids[:min(L, 64)])
+            mlx_decode(model, cache, first, min(n_dec, 4))
         cache, first, tp, cp = mlx_prefill(model, ids[:L])
         td, cd = mlx_decode(model, cache, first, n_dec)
         res[L] = {"prefill": (L / tp, cp), "decode": (n_dec / td, cd)}
