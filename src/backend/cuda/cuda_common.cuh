@@ -1,6 +1,7 @@
 // Shared device helpers of the CUDA backend: error checks, plain-old-data weight views, bf16
 // conversion, warp reductions and the 4-bit dequantisation trick used by every decode kernel.
 #pragma once
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -214,6 +215,151 @@ __device__ __forceinline__ void q4_dot_rows(const uint4* const* rp, const uint16
   Q4Rows<CPL, R> q;
   q.load(rp, sp, bp);
   q.dot(sm4, xsum, out);
+}
+
+// ---- 4-bit tensor-core path (D1m) ----------------------------------------------------------
+// Process-wide switch: the mma.sync kernels below (default) or the f44444c FFMA kernels (ablation D1m).
+bool& mma_q4_enabled();
+
+// A warp computes a 16-row tile with mma.sync m16n8k16 (f16 in, f32 accumulate): lane 4g+t holds
+// words 2t, 2t+1 of each 64-column group of rows g and g+8 (one 8-byte load per row and group, one
+// 32-byte sector per row per quarter-warp). A word's 8 nibbles become 4 exact f16 pairs with two
+// LOP3s to 0x6400|q (1024 + q or 1024 + 16q) and one HSUB2 each, so a word costs 9 instructions +
+// half an mma instead of ~25 FFMA-path instructions. The k order inside an mma is a permutation of
+// the columns; x is staged in exactly that order as the B operand. B column 0 carries fp16(x·f)
+// and column 1 the rounding remainder, so c0 + c1 keeps ~22 bits of x; f = 2^k per group keeps
+// the group's largest |x| in [2^14, 2^15) (no f16 overflow, no flush of small values), undone in
+// fp32. Scales/biases are applied per group in fp32 with the group-sum identity
+// Σ(s·q + b)·x = s·Σq·x + b·Σx.
+__device__ __forceinline__ uint32_t pack_f16_split(float a, float b, bool remainder) {
+  __half ha = __float2half_rn(a), hb = __float2half_rn(b);
+  if (remainder) {
+    ha = __float2half_rn(a - __half2float(ha));
+    hb = __float2half_rn(b - __half2float(hb));
+  }
+  return uint32_t(__half_as_ushort(ha)) | (uint32_t(__half_as_ushort(hb)) << 16);
+}
+
+// Stages x (cols % 64 == 0) as B fragments: per group G, 64 words at smB[G*64 + p*32 + l*4 + q]
+// for B-holding lane l < 8 (column l>>2: 0 value, 1 remainder; t = l&3), word pair j = p and
+// q = (h << 1 | odd) with h the nibble shift (0 or 8 bits), odd the 16-scaled nibble of the pair.
+// gsum[G] = Σx of the group, ginv[G] = 1/f. Every warp takes whole groups.
+__device__ __forceinline__ void stage_x_mma(const float* x, int cols, uint32_t* smB, float* gsum, float* ginv) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int G = warp; G < cols / 64; G += nw) {
+    const float* xg = x + int64_t(G) * 64;
+    const float2 v = reinterpret_cast<const float2*>(xg)[lane];
+    float s = v.x + v.y, m = fmaxf(fabsf(v.x), fabsf(v.y));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      s += __shfl_xor_sync(0xffffffffu, s, o);
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    }
+    const int e = int((__float_as_uint(m) >> 23) & 255u) - 127;   // floor(log2 m) for normal m
+    const int k = m > 0.f ? min(max(14 - e, -126), 126) : 0;
+    const float f = __uint_as_float(uint32_t(k + 127) << 23);
+    if (lane == 0) {
+      gsum[G] = s;
+      ginv[G] = __uint_as_float(uint32_t(127 - k) << 23);
+    }
+#pragma unroll
+    for (int u = 2 * lane; u < 2 * lane + 2; ++u) {
+      const int p = u >> 5, l = (u >> 2) & 7, q = u & 3;
+      const int h = q >> 1, odd = q & 1, t = l & 3;
+      const int c = (2 * t + p) * 8 + 2 * h + odd;
+      const float sc = odd ? f * (1.f / 16) : f;
+      smB[G * 64 + u] = pack_f16_split(xg[c] * sc, xg[c + 4] * sc, (l >> 2) != 0);
+    }
+  }
+}
+
+__device__ __forceinline__ uint32_t f16x2_minus_1024(uint32_t v) {
+  uint32_t r;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(v), "r"(0x64006400u));
+  return r;
+}
+
+__device__ __forceinline__ void mma_16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two rows (g and g+8 of the tile) over groups [G0, G0 + ng) in batches of 4 groups (ng % 4 == 0),
+// the next batch's loads in flight while one is computed. w: the row's codes as uint2 (4 per
+// group), s/b: the row's bf16 scales/biases (8-byte aligned at every 4th group). On return lanes
+// with t == 0 hold the partial dot products of rows g (acc0) and g+8 (acc1).
+struct MmaQ4Batch {
+  uint2 w[2][4];
+  uint2 s[2], b[2];
+};
+
+__device__ __forceinline__ void mma_q4_load(MmaQ4Batch& q, const uint2* w0, const uint2* w1, const uint16_t* s0,
+                                            const uint16_t* s1, const uint16_t* b0, const uint16_t* b1, int G) {
+  const int t = threadIdx.x & 3;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    q.w[0][i] = __ldcs(w0 + (G + i) * 4 + t);
+    q.w[1][i] = __ldcs(w1 + (G + i) * 4 + t);
+  }
+  q.s[0] = *reinterpret_cast<const uint2*>(s0 + G);
+  q.s[1] = *reinterpret_cast<const uint2*>(s1 + G);
+  q.b[0] = *reinterpret_cast<const uint2*>(b0 + G);
+  q.b[1] = *reinterpret_cast<const uint2*>(b1 + G);
+}
+
+__device__ __forceinline__ float bf16_of(uint2 v, int i) {
+  const uint32_t u = i < 2 ? v.x : v.y;
+  return __uint_as_float(i & 1 ? (u & 0xFFFF0000u) : (u << 16));
+}
+
+__device__ __forceinline__ void mma_q4_compute(const MmaQ4Batch& q, int G, const uint4* smB4, const float* gsum,
+                                               const float* ginv, float& acc0, float& acc1) {
+  const int l8 = threadIdx.x & 7;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint4 B[2] = {smB4[(G + i) * 16 + l8], smB4[(G + i) * 16 + 8 + l8]};
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const uint32_t wa = j ? q.w[0][i].y : q.w[0][i].x, wb = j ? q.w[1][i].y : q.w[1][i].x;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t xa = h ? wa >> 8 : wa, xb = h ? wb >> 8 : wb;
+        mma_16816(c, f16x2_minus_1024((xa & 0x000F000Fu) | 0x64006400u),
+                  f16x2_minus_1024((xb & 0x000F000Fu) | 0x64006400u),
+                  f16x2_minus_1024((xa & 0x00F000F0u) | 0x64006400u),
+                  f16x2_minus_1024((xb & 0x00F000F0u) | 0x64006400u), h ? B[j].z : B[j].x, h ? B[j].w : B[j].y);
+      }
+    }
+    const float gi = ginv[G + i], gs = gsum[G + i];
+    acc0 = fmaf(bf16_of(q.s[0], i), (c[0] + c[1]) * gi, fmaf(bf16_of(q.b[0], i), gs, acc0));
+    acc1 = fmaf(bf16_of(q.s[1], i), (c[2] + c[3]) * gi, fmaf(bf16_of(q.b[1], i), gs, acc1));
+  }
+}
+
+__device__ __forceinline__ void mma_q4_rows(const uint2* w0, const uint2* w1, const uint16_t* s0, const uint16_t* s1,
+                                            const uint16_t* b0, const uint16_t* b1, int G0, int ng,
+                                            const uint32_t* smB, const float* gsum, const float* ginv,
+                                            float& acc0, float& acc1) {
+  const uint4* smB4 = reinterpret_cast<const uint4*>(smB);
+  MmaQ4Batch cur;
+  mma_q4_load(cur, w0, w1, s0, s1, b0, b1, G0);
+  for (int G = G0; G < G0 + ng; G += 4) {
+    MmaQ4Batch nxt;
+    if (G + 4 < G0 + ng) mma_q4_load(nxt, w0, w1, s0, s1, b0, b1, G + 4);
+    mma_q4_compute(cur, G, smB4, gsum, ginv, acc0, acc1);
+    cur = nxt;
+  }
+}
+
+// Smallest power-of-two K split (warps of a CTA sharing one tile, <= 8) that gives `want` CTAs
+// for `tiles` 16-row tiles, with every warp getting whole 4-group batches of every job.
+inline int mma_k_split(int64_t tiles, int ng_gcd4, int want) {
+  int ks = 1;
+  while (ks < 8 && ng_gcd4 % (2 * ks) == 0 && (tiles * ks + 7) / 8 < want) ks *= 2;
+  return ks;
 }
 
 }  // namespace lily::cuda

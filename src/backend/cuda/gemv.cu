@@ -2,6 +2,7 @@
 // per warp, group-sum trick), a generic kernel for every weight type and any T, plus the small
 // row ops (embedding lookup, RMSNorm with optional fused residual add, add).
 #include <algorithm>
+#include <numeric>
 #include <vector>
 
 #include "backend/cuda/cuda_ops.h"
@@ -70,6 +71,66 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
 #pragma unroll
       for (int r = 0; r < R; ++r)
         if (r0 + r < rows) jb.y[r0 + r] = acc[r];
+  }
+}
+
+// 4-bit rows of any cols % 256 == 0 on tensor cores (D1m): a CTA of 8 warps takes 8/KS 16-row
+// tiles per step, the KS warps of a tile splitting its groups (more CTAs for the small per-layer
+// GEMVs), partial sums reduced in shared memory. x is staged once per CTA.
+__global__ void __launch_bounds__(256, 2) gemv_q4_mma_kernel(const __grid_constant__ GemvLaunch L, int KS) {
+  extern __shared__ uint4 smx[];
+  __shared__ float red[8][16];
+  const int j = find_job(L);
+  const GemvJob& jb = L.job[j];
+  const int cols = jb.w.cols, ng = cols / 64, rows = jb.w.rows;
+  uint32_t* smB = reinterpret_cast<uint32_t*>(smx);
+  float* gsum = reinterpret_cast<float*>(smB + ng * 64);
+  float* ginv = gsum + ng;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int nb = L.block_begin[j + 1] - L.block_begin[j], bj = blockIdx.x - L.block_begin[j];
+  const int tiles = (rows + 15) / 16, TPC = 8 / KS, sets = (tiles + TPC - 1) / TPC, gpw = ng / KS;
+  const uint2* data = static_cast<const uint2*>(jb.w.data);
+  const uint16_t* sc = static_cast<const uint16_t*>(jb.w.scales);
+  const uint16_t* bi = static_cast<const uint16_t*>(jb.w.biases);
+  pdl_trigger();
+  {  // weights never change: warm L2 with this warp's first batch before waiting on x
+    const int tile = bj * TPC + warp / KS, G = (warp % KS) * gpw;
+    if (tile < tiles) {
+      const int64_t r = min(tile * 16 + g + (t & 1) * 8, rows - 1);
+      const uint2* p = data + r * (cols / 16) + G * 4 + (t >> 1) * 8;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+    }
+  }
+  pdl_wait();
+  stage_x_mma(jb.x, cols, smB, gsum, ginv);
+  __syncthreads();
+  for (int set = bj; set < sets; set += nb) {
+    const int tile = set * TPC + warp / KS, ks = warp % KS;
+    float a0 = 0.f, a1 = 0.f;
+    if (tile < tiles) {
+      const int64_t r0 = min(tile * 16 + g, rows - 1), r1 = min(tile * 16 + g + 8, rows - 1);
+      mma_q4_rows(data + r0 * (cols / 16), data + r1 * (cols / 16), sc + r0 * ng, sc + r1 * ng, bi + r0 * ng,
+                  bi + r1 * ng, ks * gpw, gpw, smB, gsum, ginv, a0, a1);
+    }
+    if (KS == 1) {
+      if (t == 0 && tile < tiles) {
+        if (tile * 16 + g < rows) jb.y[tile * 16 + g] = a0;
+        if (tile * 16 + g + 8 < rows) jb.y[tile * 16 + g + 8] = a1;
+      }
+      continue;
+    }
+    if (t == 0) {
+      red[warp][g] = a0;
+      red[warp][g + 8] = a1;
+    }
+    __syncthreads();
+    if (int(threadIdx.x) < TPC * 16) {
+      const int tis = threadIdx.x >> 4, i = threadIdx.x & 15, row = (set * TPC + tis) * 16 + i;
+      float v = 0.f;
+      for (int k = 0; k < KS; ++k) v += red[tis * KS + k][i];
+      if (row < rows) jb.y[row] = v;
+    }
+    __syncthreads();
   }
 }
 
@@ -224,6 +285,35 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s) {
   CUDA_LAUNCH_CHECK();
 }
 
+bool mma_ok(const QMat& w) {
+  return w.type == kQ4 && !w.sb_f32 && w.gs == 64 && w.cols % 256 == 0 && w.cols <= 8192;
+}
+
+void launch_mma(const std::vector<GemvJob>& jobs, cudaStream_t s) {
+  GemvLaunch L{};
+  L.n = int(jobs.size());
+  L.T = 1;
+  int64_t tiles = 0;
+  int gcd4 = 0, cmax = 0;
+  for (const GemvJob& j : jobs) {
+    tiles += (j.w.rows + 15) / 16;
+    gcd4 = std::gcd(gcd4, j.w.cols / 256);
+    cmax = std::max(cmax, j.w.cols);
+  }
+  const int ks = mma_k_split(tiles, gcd4, 2 * num_sms());
+  int nb = 0;
+  for (int j = 0; j < L.n; ++j) {
+    L.job[j] = jobs[j];
+    L.block_begin[j] = nb;
+    const int sets = ((jobs[j].w.rows + 15) / 16 * ks + 7) / 8;
+    nb += std::min(sets, 2 * num_sms());
+  }
+  L.block_begin[L.n] = nb;
+  const int smem = cmax * 4 + cmax / 64 * 8;
+  launch(gemv_q4_mma_kernel, dim3(nb), dim3(256), smem, s, L, ks);
+  CUDA_LAUNCH_CHECK();
+}
+
 void launch_generic(const std::vector<GemvJob>& jobs, int T, cudaStream_t s) {
   GemvLaunch L{};
   L.n = int(jobs.size());
@@ -298,6 +388,11 @@ __global__ void add_kernel(float* h, const float* r, int64_t n) {
 
 }  // namespace
 
+bool& mma_q4_enabled() {
+  static bool on = true;
+  return on;
+}
+
 bool gemv_fast_ok(const QMat& w) {
   if (w.sb_f32 || w.gs != 64) return false;
   if (w.type == kQ8) return w.cols == 2048;
@@ -305,10 +400,13 @@ bool gemv_fast_ok(const QMat& w) {
 }
 
 void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s) {
-  std::vector<GemvJob> f2, f4, q8, gen;
+  std::vector<GemvJob> f2, f4, q8, mm, gen;
+  const bool use_mma = mma_q4_enabled();
   for (int i = 0; i < n; ++i) {
     const GemvJob& j = jobs[i];
-    if (fast && T == 1 && gemv_fast_ok(j.w))
+    if (fast && T == 1 && use_mma && mma_ok(j.w))
+      mm.push_back(j);
+    else if (fast && T == 1 && gemv_fast_ok(j.w))
       (j.w.type == kQ8 ? q8 : j.w.cols == 2048 ? f2 : f4).push_back(j);
     else
       gen.push_back(j);
@@ -316,6 +414,7 @@ void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s) {
   if (!f2.empty()) launch_fast<2, 2>(f2, s);
   if (!f4.empty()) launch_fast<4, 1>(f4, s);
   if (!q8.empty()) launch_fast<4, 2, true>(q8, s);
+  if (!mm.empty()) launch_mma(mm, s);
   if (!gen.empty()) launch_generic(gen, T, s);
 }
 

@@ -151,6 +151,82 @@ __global__ void __launch_bounds__(256, 2) moe_gate_up_kernel(const __grid_consta
   }
 }
 
+// D4a on tensor cores (D1m): a 16-row mma tile is 8 gate rows (tile rows g) and the matching 8 up
+// rows (rows g+8), so lane 4g holds both halves of output row g. KS warps split the H groups of a
+// tile; partial sums meet in shared memory.
+__global__ void __launch_bounds__(256, 2) moe_gate_up_mma_kernel(const __grid_constant__ MoeArgs a, int KS) {
+  extern __shared__ uint4 smx[];
+  __shared__ float sel[1024];
+  __shared__ int sid[32];
+  __shared__ float sw[33];
+  __shared__ float red[8][16];
+  const MoeDev& m = a.m;
+  const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+  const int ng = m.H / 64;
+  uint32_t* smB = reinterpret_cast<uint32_t*>(smx);
+  float* gsum = reinterpret_cast<float*>(smB + ng * 64);
+  float* ginv = gsum + ng;
+  pdl_trigger();
+  pdl_wait();
+  if (warp == 0) {
+    topk_warp(a.logits + int64_t(t) * m.E, m.E, m.K, sel, sid, sw);
+    if (lane == 0) sw[m.K] = sigmoidf_(a.sg[t]);
+    if (blockIdx.x == 0 && lane < m.K) {
+      a.ids[int64_t(t) * m.K + lane] = sid[lane];
+      if (m.hist) atomicAdd(&m.hist[sid[lane]], 1);
+    }
+  }
+  stage_x_mma(a.x + int64_t(t) * m.H, m.H, smB, gsum, ginv);
+  __syncthreads();
+  float* act = a.act + int64_t(t) * (m.K + 1) * a.imax;
+  const int tiles = (m.K * m.I + m.Is) / 8, TPC = 8 / KS, sets = (tiles + TPC - 1) / TPC, gpw = ng / KS;
+  auto slot_row = [&](int it, int& sl, int& row) {
+    sl = it < m.K * m.I ? it / m.I : m.K;
+    row = it < m.K * m.I ? it % m.I : it - m.K * m.I;
+  };
+  auto emit = [&](int it, float gate, float up) {
+    int sl, row;
+    slot_row(it, sl, row);
+    act[sl * a.imax + row] = sw[sl] * siluf_(gate) * up;
+  };
+  for (int set = blockIdx.x; set < sets; set += gridDim.x) {
+    const int tile = set * TPC + warp / KS, ks = warp % KS;
+    float a0 = 0.f, a1 = 0.f;
+    if (tile < tiles) {
+      int sl, row;
+      slot_row(tile * 8 + g, sl, row);
+      const QMat gm = slot_mat(m, m.gate0, m.sh_gate, m.gate_stride, m.gate_sb_stride, sl, sid, m.K);
+      const QMat um = slot_mat(m, m.up0, m.sh_up, m.up_stride, m.up_sb_stride, sl, sid, m.K);
+      mma_q4_rows(static_cast<const uint2*>(gm.data) + int64_t(row) * (m.H / 16),
+                  static_cast<const uint2*>(um.data) + int64_t(row) * (m.H / 16),
+                  static_cast<const uint16_t*>(gm.scales) + int64_t(row) * ng,
+                  static_cast<const uint16_t*>(um.scales) + int64_t(row) * ng,
+                  static_cast<const uint16_t*>(gm.biases) + int64_t(row) * ng,
+                  static_cast<const uint16_t*>(um.biases) + int64_t(row) * ng, ks * gpw, gpw, smB, gsum, ginv, a0,
+                  a1);
+    }
+    if (KS == 1) {
+      if (tq == 0 && tile < tiles) emit(tile * 8 + g, a0, a1);
+      continue;
+    }
+    if (tq == 0) {
+      red[warp][g] = a0;
+      red[warp][g + 8] = a1;
+    }
+    __syncthreads();
+    if (int(threadIdx.x) < TPC * 8) {
+      const int tis = threadIdx.x >> 3, i = threadIdx.x & 7, tl = set * TPC + tis;
+      float gv = 0.f, uv = 0.f;
+      for (int k = 0; k < KS; ++k) {
+        gv += red[tis * KS + k][i];
+        uv += red[tis * KS + k][i + 8];
+      }
+      if (tl < tiles) emit(tl * 8 + i, gv, uv);
+    }
+    __syncthreads();
+  }
+}
+
 // grid (blocks, T), 8 warps, 2 output rows per warp. FAST (I = Is = 512, K <= 9): a half-warp reads
 // one 256-byte expert row, so a warp covers two experts per step; all K+1 rows are loaded before
 // the activations are staged.
@@ -270,7 +346,14 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   if (!sms) CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int nb_up = std::min((items + 7) / 8, 2 * sms);
   const size_t smem_up = fast_up ? m.H * 4 + m.H / 32 * 4 : 16;
+  const bool mma_up = fast && mma_q4_enabled() && m.H % 256 == 0 && m.H <= 8192 && m.I % 8 == 0 &&
+                      m.Is % 8 == 0 && q4ok(m.gate0) && q4ok(m.up0) && q4ok(m.sh_gate) && q4ok(m.sh_up);
   if (!(stages & 2)) {
+  } else if (mma_up) {
+    const int ks = mma_k_split(items / 8, m.H / 256, 2 * sms);
+    const int sets = (items / 8 * ks + 7) / 8;
+    launch(moe_gate_up_mma_kernel, dim3(std::min(sets, 2 * sms), T), dim3(256), size_t(m.H) * 4 + m.H / 64 * 8, s,
+           a, ks);
   } else if (fast_up && m.H == 2048) {
     launch(moe_gate_up_kernel<true, 2>, dim3(nb_up, T), dim3(256), smem_up, s, a);
   } else if (fast_up) {
