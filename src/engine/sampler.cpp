@@ -25,6 +25,9 @@ void SamplingParams::validate() const {
     bad("frequency_penalty", "must be in [-2, 2]");
   if (!std::isfinite(repetition_penalty) || repetition_penalty <= 0.0f || repetition_penalty > 10.0f)
     bad("repetition_penalty", "must be in (0, 10]");
+  for (const auto& [id, b] : logit_bias)
+    if (id < 0 || !std::isfinite(b) || std::fabs(b) > 100.0f)
+      bad("logit_bias", "maps token ids (>= 0) to values in [-100, 100]");
 }
 
 namespace {
@@ -98,6 +101,8 @@ void Sampler::accept(int32_t id) {
 }
 
 void Sampler::apply_penalties(float* logits, int n) const {
+  for (const auto& [id, b] : p_.logit_bias)
+    if (id < n) logits[id] += b;
   for (int32_t t : touched_) {
     if (t >= n) continue;
     float& l = logits[t];

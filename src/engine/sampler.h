@@ -20,6 +20,7 @@ struct SamplingParams {
   float repetition_penalty = 1.0f;   // CTRL / HF: on prompt + generated tokens, > 0
   bool has_seed = false;
   uint64_t seed = 0;
+  std::vector<std::pair<int32_t, float>> logit_bias;   // OpenAI: added to the logits, [-100, 100]
 
   // Throws lily::Error naming the field when a value is out of range.
   void validate() const;

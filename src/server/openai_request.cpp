@@ -1,6 +1,7 @@
 // OpenAI request parsing and validation (see openai_request.h).
 #include "server/openai_request.h"
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -82,6 +83,17 @@ void parse_common(const OJ& body, const ApiContext& c, SamplingParams base, ApiR
   if (opt(body, "seed")) {
     s.has_seed = true;
     s.seed = uint64_t(get_int(body, "seed", 0, INT64_MIN, INT64_MAX));
+  }
+  if (const OJ* lb = opt(body, "logit_bias")) {
+    if (!lb->is_object()) throw bad_request("logit_bias", "'logit_bias' must map token ids to numbers");
+    for (const auto& [key, v] : lb->items()) {
+      char* end = nullptr;
+      const long id = std::strtol(key.c_str(), &end, 10);
+      if (key.empty() || *end || !v.is_number() || id < 0 || id >= c.tok.vocab_size())
+        throw bad_request("logit_bias", "'logit_bias' keys must be token ids in [0, " +
+                                            std::to_string(c.tok.vocab_size()) + ") with numeric values");
+      s.logit_bias.push_back({int32_t(id), v.get<float>()});
+    }
   }
   try {
     s.validate();

@@ -482,3 +482,19 @@ def test_reasoning_accepted_under_both_names(server):
     assert a == b
     assert "<think>\nI should call ls.\n</think>" in a
     assert "<parameter=dir>\n.\n</parameter>" in a   # string arguments were JSON-parsed
+
+
+def test_logit_bias(client):
+    base = client.completions.create(model="demo", prompt="The", max_tokens=3, temperature=0,
+                                     extra_body={"return_token_ids": True, "ignore_eos": True})
+    first = base.choices[0].token_ids[0]
+    banned = client.completions.create(model="demo", prompt="The", max_tokens=3, temperature=0,
+                                       logit_bias={str(first): -100},
+                                       extra_body={"return_token_ids": True, "ignore_eos": True})
+    assert banned.choices[0].token_ids[0] != first
+    forced = client.completions.create(model="demo", prompt="The", max_tokens=4, temperature=0.8,
+                                       logit_bias={"65": 100},
+                                       extra_body={"return_token_ids": True, "ignore_eos": True})
+    assert forced.choices[0].token_ids == [65] * 4
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="demo", prompt="The", max_tokens=2, logit_bias={"65": 500})
