@@ -240,37 +240,40 @@ __device__ __forceinline__ uint32_t pack_f16_split(float a, float b, bool remain
   return uint32_t(__half_as_ushort(ha)) | (uint32_t(__half_as_ushort(hb)) << 16);
 }
 
-// Stages x (cols % 64 == 0) as B fragments: per group G, 64 words at smB[G*64 + p*32 + l*4 + q]
-// for B-holding lane l < 8 (column l>>2: 0 value, 1 remainder; t = l&3), word pair j = p and
-// q = (h << 1 | odd) with h the nibble shift (0 or 8 bits), odd the 16-scaled nibble of the pair.
-// gsum[G] = Σx of the group, ginv[G] = 1/f. Every warp takes whole groups.
-__device__ __forceinline__ void stage_x_mma(const float* x, int cols, uint32_t* smB, float* gsum, float* ginv) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  for (int G = warp; G < cols / 64; G += nw) {
-    const float* xg = x + int64_t(G) * 64;
-    const float2 v = reinterpret_cast<const float2*>(xg)[lane];
-    float s = v.x + v.y, m = fmaxf(fabsf(v.x), fabsf(v.y));
+// Stages one 64-column group of x (called by a whole warp) as B fragments: 64 words at
+// smB[p*32 + l*4 + q] for B-holding lane l < 8 (column l>>2: 0 value, 1 remainder; t = l&3), word
+// pair j = p and q = (h << 1 | odd) with h the nibble shift (0 or 8 bits), odd the 16-scaled nibble
+// of the pair. *gsum = Σx of the group, *ginv = 1/f.
+__device__ __forceinline__ void stage_group_mma(const float* xg, uint32_t* smB, float* gsum, float* ginv) {
+  const int lane = threadIdx.x & 31;
+  const float2 v = reinterpret_cast<const float2*>(xg)[lane];
+  float s = v.x + v.y, m = fmaxf(fabsf(v.x), fabsf(v.y));
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      s += __shfl_xor_sync(0xffffffffu, s, o);
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    }
-    const int e = int((__float_as_uint(m) >> 23) & 255u) - 127;   // floor(log2 m) for normal m
-    const int k = m > 0.f ? min(max(14 - e, -126), 126) : 0;
-    const float f = __uint_as_float(uint32_t(k + 127) << 23);
-    if (lane == 0) {
-      gsum[G] = s;
-      ginv[G] = __uint_as_float(uint32_t(127 - k) << 23);
-    }
-#pragma unroll
-    for (int u = 2 * lane; u < 2 * lane + 2; ++u) {
-      const int p = u >> 5, l = (u >> 2) & 7, q = u & 3;
-      const int h = q >> 1, odd = q & 1, t = l & 3;
-      const int c = (2 * t + p) * 8 + 2 * h + odd;
-      const float sc = odd ? f * (1.f / 16) : f;
-      smB[G * 64 + u] = pack_f16_split(xg[c] * sc, xg[c + 4] * sc, (l >> 2) != 0);
-    }
+  for (int o = 16; o > 0; o >>= 1) {
+    s += __shfl_xor_sync(0xffffffffu, s, o);
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   }
+  const int e = int((__float_as_uint(m) >> 23) & 255u) - 127;   // floor(log2 m) for normal m
+  const int k = m > 0.f ? min(max(14 - e, -126), 126) : 0;
+  const float f = __uint_as_float(uint32_t(k + 127) << 23);
+  if (lane == 0) {
+    *gsum = s;
+    *ginv = __uint_as_float(uint32_t(127 - k) << 23);
+  }
+#pragma unroll
+  for (int u = 2 * lane; u < 2 * lane + 2; ++u) {
+    const int p = u >> 5, l = (u >> 2) & 7, q = u & 3;
+    const int h = q >> 1, odd = q & 1, t = l & 3;
+    const int c = (2 * t + p) * 8 + 2 * h + odd;
+    const float sc = odd ? f * (1.f / 16) : f;
+    smB[u] = pack_f16_split(xg[c] * sc, xg[c + 4] * sc, (l >> 2) != 0);
+  }
+}
+
+// All of x (cols % 64 == 0), every warp taking whole groups.
+__device__ __forceinline__ void stage_x_mma(const float* x, int cols, uint32_t* smB, float* gsum, float* ginv) {
+  const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int G = warp; G < cols / 64; G += nw) stage_group_mma(x + int64_t(G) * 64, smB + G * 64, gsum + G, ginv + G);
 }
 
 __device__ __forceinline__ uint32_t f16x2_minus_1024(uint32_t v) {

@@ -310,6 +310,40 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const __grid_constant__ M
   }
 }
 
+// D4b on tensor cores (D1m), I = Is = 512: one CTA per 16 output rows, warp s computes slot s's
+// 8 groups (staging only its own slot's activations, so warps never wait on each other before the
+// final reduction).
+__global__ void __launch_bounds__(288) moe_down_mma_kernel(const __grid_constant__ MoeArgs a) {
+  __shared__ __align__(16) uint32_t smB[9 * 8 * 64];
+  __shared__ float gsum[9 * 8], ginv[9 * 8];
+  __shared__ float red[9][16];
+  const MoeDev& m = a.m;
+  const int t = blockIdx.y, lane = threadIdx.x & 31, s = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+  const int S = m.K + 1, h0 = blockIdx.x * 16;
+  pdl_trigger();
+  pdl_wait();
+  const float* act = a.act + (int64_t(t) * S + s) * a.imax;
+  for (int G = 0; G < 8; ++G) stage_group_mma(act + G * 64, smB + (s * 8 + G) * 64, gsum + s * 8 + G, ginv + s * 8 + G);
+  __syncwarp();
+  const QMat w = slot_mat(m, m.down0, m.sh_down, m.down_stride, m.down_sb_stride, s, a.ids + int64_t(t) * m.K, m.K);
+  const int64_t r0 = min(h0 + g, m.H - 1), r1 = min(h0 + g + 8, m.H - 1);
+  float a0 = 0.f, a1 = 0.f;
+  mma_q4_rows(static_cast<const uint2*>(w.data) + r0 * 32, static_cast<const uint2*>(w.data) + r1 * 32,
+              static_cast<const uint16_t*>(w.scales) + r0 * 8, static_cast<const uint16_t*>(w.scales) + r1 * 8,
+              static_cast<const uint16_t*>(w.biases) + r0 * 8, static_cast<const uint16_t*>(w.biases) + r1 * 8, 0, 8,
+              smB + s * 8 * 64, gsum + s * 8, ginv + s * 8, a0, a1);
+  if (tq == 0) {
+    red[s][g] = a0;
+    red[s][g + 8] = a1;
+  }
+  __syncthreads();
+  if (threadIdx.x < 16 && h0 + int(threadIdx.x) < m.H) {
+    float v = 0.f;
+    for (int k = 0; k < S; ++k) v += red[k][threadIdx.x];
+    a.out[int64_t(t) * m.H + h0 + threadIdx.x] = v;
+  }
+}
+
 bool q4ok(const QMat& w) { return w.type == kQ4 && !w.sb_f32 && w.gs == 64; }
 
 }  // namespace
@@ -364,7 +398,9 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   if (!(stages & 4)) return;
   const int nb_down = (m.H + 15) / 16;
   const size_t smem_down = fast_down ? (m.K + 1) * 512 * 4 + (m.K + 1) * 16 * 4 : 16;
-  if (fast_down) {
+  if (fast_down && mma_q4_enabled()) {
+    launch(moe_down_mma_kernel, dim3(nb_down, T), dim3(32 * (m.K + 1)), 0, s, a);
+  } else if (fast_down) {
     static bool attr = false;
     if (!attr) {
       CUDA_CHECK(cudaFuncSetAttribute(moe_down_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
