@@ -13,6 +13,10 @@
 #include "core/options.h"
 #include "model/qwen36.h"
 #include "model/weights.h"
+#ifdef LILY_HAVE_FRONTEND
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+#endif
 
 namespace lily {
 namespace {
@@ -29,6 +33,8 @@ int run_main(int argc, char** argv) {
   Options o("run", "Greedy generation from prompt token ids; prints the ids and tokens/s.",
             {{"model", "", "checkpoint directory (MLX 4-bit or HF bf16)", "LILY_MODEL"},
              {"prompt-ids", "", "comma-separated prompt token ids"},
+             {"prompt", "", "prompt text, encoded with the model's tokenizer.json (instead of --prompt-ids)"},
+             {"chat", "false", "with --prompt: wrap it as one user turn with the chat template", "", true},
              {"n", "16", "number of tokens to generate", "", false, 'n'},
              {"backend", "cpu", "cpu | cuda", "LILY_BACKEND"},
              {"threads", "0", "CPU threads (0 = all cores)", "LILY_THREADS"},
@@ -39,11 +45,30 @@ int run_main(int argc, char** argv) {
              {"quiet", "false", "no progress or timing on stderr", "", true}});
   if (!o.parse(argc, argv)) return 0;
   if (o.str("model").empty()) throw Error("--model DIR is required");
-  const std::vector<int> prompt_int = parse_int_list(o.str("prompt-ids"), "--prompt-ids");
-  if (prompt_int.empty()) throw Error("--prompt-ids must list at least one token id");
   const int n_gen = o.num("n");
   if (n_gen < 1) throw Error("-n must be at least 1");
-  std::vector<int32_t> prompt(prompt_int.begin(), prompt_int.end());
+  std::vector<int32_t> prompt;
+#ifdef LILY_HAVE_FRONTEND
+  std::shared_ptr<Tokenizer> tokenizer;
+  if (!o.str("prompt").empty()) {
+    if (o.given("prompt-ids")) throw Error("give either --prompt or --prompt-ids, not both");
+    tokenizer = Tokenizer::load(o.str("model"));
+    std::string text = o.str("prompt");
+    if (o.flag("chat")) {
+      nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
+      msgs.push_back({{"role", "user"}, {"content", text}});
+      text = render_chat(msgs, nullptr, ChatTemplateOptions{});
+    }
+    prompt = tokenizer->encode(text);
+  }
+#else
+  if (!o.str("prompt").empty()) throw Error("--prompt needs a build with the tokenizer (front-end)");
+#endif
+  if (prompt.empty()) {
+    const std::vector<int> ids = parse_int_list(o.str("prompt-ids"), "--prompt-ids");
+    prompt.assign(ids.begin(), ids.end());
+  }
+  if (prompt.empty()) throw Error("give the prompt with --prompt-ids 1,2,3 (or --prompt TEXT)");
 
   LoadOptions lo;
   lo.progress = !o.flag("quiet");
@@ -89,6 +114,9 @@ int run_main(int argc, char** argv) {
   std::printf("generated:");
   for (size_t i = 0; i < gen.size(); ++i) std::printf("%s%d", i ? "," : " ", gen[i]);
   std::printf("\n");
+#ifdef LILY_HAVE_FRONTEND
+  if (tokenizer) std::printf("text: %s\n", tokenizer->decode(gen).c_str());
+#endif
   if (!o.flag("quiet")) {
     std::fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tok/s)\n", P, t_prefill, P / t_prefill);
     if (n_gen > 1)
