@@ -305,7 +305,7 @@ class CudaBackend final : public Backend {
     flush();
     abl_ = a;
     fast_ = !abl_.has("D1");
-    mma_q4_enabled() = !abl_.has("D1m");   // D1m: FFMA 4-bit kernels of f44444c instead of mma.sync
+    mma_q4_enabled() = !abl_.has("D1m");   // D1m: no mma.sync 4-bit kernels (f44444c FFMA ones)
     batch_ = !abl_.has("D3b");
     pdl_enabled() = !abl_.has("D3");
     fuse_add_ = !abl_.has("D8");

@@ -218,8 +218,13 @@ __device__ __forceinline__ void q4_dot_rows(const uint4* const* rp, const uint16
 }
 
 // ---- 4-bit tensor-core path (D1m) ----------------------------------------------------------
-// Process-wide switch: the mma.sync kernels below (default) or the f44444c FFMA kernels (ablation D1m).
+// Process-wide switch: the mma.sync kernels below or the f44444c FFMA kernels (ablation D1m).
+// Measured on the H200 (docs/CUDA.md): mma wins only for the large lm_head GEMV, so by default it
+// is used there alone; LILY_MMA_Q4=all in the environment routes every 4-bit decode GEMV and both
+// MoE expert kernels through it (validated by cuda-check, 5% slower per step as tuned today).
 bool& mma_q4_enabled();
+bool mma_q4_all();
+constexpr int kMmaMinRows = 32768;   // default scope: GEMVs with at least this many rows
 
 // A warp computes a 16-row tile with mma.sync m16n8k16 (f16 in, f32 accumulate): lane 4g+t holds
 // words 2t, 2t+1 of each 64-column group of rows g and g+8 (one 8-byte load per row and group, one

@@ -2,7 +2,9 @@
 // per warp, group-sum trick), a generic kernel for every weight type and any T, plus the small
 // row ops (embedding lookup, RMSNorm with optional fused residual add, add).
 #include <algorithm>
+#include <cstdlib>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_ops.h"
@@ -393,6 +395,14 @@ bool& mma_q4_enabled() {
   return on;
 }
 
+bool mma_q4_all() {
+  static const bool all = [] {
+    const char* e = std::getenv("LILY_MMA_Q4");
+    return e && std::string(e) == "all";
+  }();
+  return all;
+}
+
 bool gemv_fast_ok(const QMat& w) {
   if (w.sb_f32 || w.gs != 64) return false;
   if (w.type == kQ8) return w.cols == 2048;
@@ -404,7 +414,7 @@ void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s) {
   const bool use_mma = mma_q4_enabled();
   for (int i = 0; i < n; ++i) {
     const GemvJob& j = jobs[i];
-    if (fast && T == 1 && use_mma && mma_ok(j.w))
+    if (fast && T == 1 && use_mma && mma_ok(j.w) && (mma_q4_all() || j.w.rows >= kMmaMinRows))
       mm.push_back(j);
     else if (fast && T == 1 && gemv_fast_ok(j.w))
       (j.w.type == kQ8 ? q8 : j.w.cols == 2048 ? f2 : f4).push_back(j);

@@ -380,7 +380,7 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   if (!sms) CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int nb_up = std::min((items + 7) / 8, 2 * sms);
   const size_t smem_up = fast_up ? m.H * 4 + m.H / 32 * 4 : 16;
-  const bool mma_up = fast && mma_q4_enabled() && m.H % 256 == 0 && m.H <= 8192 && m.I % 8 == 0 &&
+  const bool mma_up = fast && mma_q4_enabled() && mma_q4_all() && m.H % 256 == 0 && m.H <= 8192 && m.I % 8 == 0 &&
                       m.Is % 8 == 0 && q4ok(m.gate0) && q4ok(m.up0) && q4ok(m.sh_gate) && q4ok(m.sh_up);
   if (!(stages & 2)) {
   } else if (mma_up) {
@@ -398,7 +398,7 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   if (!(stages & 4)) return;
   const int nb_down = (m.H + 15) / 16;
   const size_t smem_down = fast_down ? (m.K + 1) * 512 * 4 + (m.K + 1) * 16 * 4 : 16;
-  if (fast_down && mma_q4_enabled()) {
+  if (fast_down && mma_q4_enabled() && mma_q4_all()) {
     launch(moe_down_mma_kernel, dim3(nb_down, T), dim3(32 * (m.K + 1)), 0, s, a);
   } else if (fast_down) {
     static bool attr = false;
