@@ -216,6 +216,7 @@ def plot(doc, path):
                                   [r["tok_s_max"] - r["tok_s_median"] for r in rs]],
                             fmt=style, label=e, capsize=3)
             ax.set_xscale("log", base=2)
+            ax.set_yscale("log")   # the engines can differ by orders of magnitude
             ax.set_xlabel("prompt length" if p == "prefill" else "context length")
             ax.set_ylabel("tok/s")
             ax.set_title(f"{m['model']}: {p} (CPU)")
@@ -240,7 +241,12 @@ def main():
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"))
     ap.add_argument("--tag", default=None, help="file stem (default cpu-DATE-COMMIT)")
+    ap.add_argument("--replot", default=None, help="only redraw the PNG of this results JSON")
     args = ap.parse_args()
+    if args.replot:
+        path = pathlib.Path(args.replot)
+        plot(json.loads(path.read_text()), path.with_suffix(".png"))
+        return
     if args.rounds < 3:
         print("note: BENCHMARK.md asks for at least 3 rounds", file=sys.stderr)
     mx.set_default_device(mx.cpu)
