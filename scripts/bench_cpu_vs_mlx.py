@@ -139,7 +139,7 @@ def bench_model(args, name, tmp):
                 for p in ("prefill", "decode"):
                     samples[(eng, p, L)].append(res[L][p])
             print(f"{name} round {r} {eng}: {time.time() - t0:.1f} s  " +
-                  "  ".join(f"{L}:{res[L]['prefill'][0]:.0f}/{res[L]['decode'][0]:.1f}" for L in lengths),
+                  "  ".join(f"{L}:{res[L]['prefill'][0]:.4g}/{res[L]['decode'][0]:.4g}" for L in lengths),
                   file=sys.stderr)
         loads.append([load0, os.getloadavg()[0]])
     results, ratios = [], {"prefill": {}, "decode": {}}
