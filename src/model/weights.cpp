@@ -121,6 +121,7 @@ class Loader {
   QMatrix matrix(const std::string& mod, int64_t rows, int64_t cols) { return load_q(mod, 0, rows, cols).first; }
   QStack stack(const std::string& mod, int64_t n, int64_t rows, int64_t cols) { return load_q(mod, n, rows, cols); }
   void hf_experts(const std::string& p, MoeWeights& m);
+  QStack hf_split_experts(const std::string& p, const std::string& proj, int64_t rows, int64_t cols);
   FVec vec(const std::string& canon, int64_t n, float add = 0.f);
   FVec conv(const std::string& canon);
   FVec to_f32(const TensorInfo& t, float add);
@@ -177,7 +178,9 @@ void Loader::detect_layout() {
                  " (mixed HF and MLX layouts)");
     }
   }
-  if (!first) w_.hf_layout = model_prefix_ == "model.language_model." || refs_.count("layers.0.mlp.experts.gate_up_proj");
+  if (!first)
+    w_.hf_layout = model_prefix_ == "model.language_model." || refs_.count("layers.0.mlp.experts.gate_up_proj") ||
+                   refs_.count("layers.0.mlp.experts.0.gate_proj.weight");
   norm_shift_ = w_.hf_layout ? 1.f : 0.f;
 }
 
@@ -261,6 +264,29 @@ void Loader::hf_experts(const std::string& p, MoeWeights& m) {
   m.experts_down = QStack{d, E, H * d.data_bytes_per_row(), 0};
 }
 
+// HF per-expert tensors mlp.experts.E.{gate,up,down}_proj.weight (what transformers 5.x
+// save_pretrained writes by default): stacked once into an owned buffer so that every expert sits at
+// a fixed stride, as the QStack view requires. Costs one copy of the expert weights at load.
+QStack Loader::hf_split_experts(const std::string& p, const std::string& proj, int64_t rows, int64_t cols) {
+  const int64_t E = w_.config.num_experts;
+  const TensorInfo& t0 = get(p + "mlp.experts.0." + proj + ".weight");
+  if (t0.dtype != DType::kBF16 && t0.dtype != DType::kF32)
+    bad(t0, "dtype " + t0.dtype_str + " is not supported for experts (expected BF16 or F32)");
+  const size_t slab = t0.nbytes;
+  auto buf = std::make_shared<std::vector<float>>((slab * size_t(E) + 3) / 4);
+  uint8_t* dst = reinterpret_cast<uint8_t*>(buf->data());
+  for (int64_t e = 0; e < E; ++e) {
+    const TensorInfo& t = get(p + "mlp.experts." + std::to_string(e) + "." + proj + ".weight");
+    if (t.dtype != t0.dtype) bad(t, "dtype " + t.dtype_str + " differs from expert 0 (" + t0.dtype_str + ")");
+    expect_shape(t, {rows, cols}, "");
+    std::memcpy(dst + size_t(e) * slab, t.data, slab);
+  }
+  w_.f32_arena.push_back(buf);
+  QMatrix m{t0.dtype == DType::kBF16 ? WType::kBF16 : WType::kF32, rows, cols};
+  m.data = dst;
+  return QStack{m, E, int64_t(slab), 0};
+}
+
 FVec Loader::to_f32(const TensorInfo& t, float add) {
   auto buf = std::make_shared<std::vector<float>>(size_t(t.numel()));
   float* out = buf->data();
@@ -332,7 +358,11 @@ void Loader::load_layer(int l, LayerWeights& L) {
   m.gate = matrix(p + "mlp.gate", E, H);
   const bool fused = refs_.count(p + "mlp.experts.gate_up_proj") ||
                      (w_.hf_layout && !refs_.count(p + "mlp.switch_mlp.gate_proj.weight"));
-  if (fused) {
+  if (refs_.count(p + "mlp.experts.0.gate_proj.weight")) {   // transformers' per-expert save
+    m.experts_gate = hf_split_experts(p, "gate_proj", I, H);
+    m.experts_up = hf_split_experts(p, "up_proj", I, H);
+    m.experts_down = hf_split_experts(p, "down_proj", H, I);
+  } else if (fused) {
     hf_experts(p, m);
   } else {
     m.experts_gate = stack(p + "mlp.switch_mlp.gate_proj", E, I, H);
