@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "bench_common.h"
 #include "core/common.h"
 #include "core/options.h"
 #include "model/qwen36.h"
@@ -128,17 +129,10 @@ int bench_prefill_main(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) cmdline += std::string(" ") + argv[i];
 
   const double t_load = wall_s();
-  std::shared_ptr<ModelWeights> host;
-  std::string model_name;
-  if (!o.str("model").empty() && !o.flag("synthetic")) {
-    host = std::make_shared<ModelWeights>(load_weights(o.str("model")));
-    model_name = o.str("model");
-  } else {
-    SyntheticOptions so;
-    so.layers = o.num("layers");
-    host = std::make_shared<ModelWeights>(make_synthetic_weights(so));
-    model_name = "synthetic qwen3.6-35b-a3b 4-bit (" + std::to_string(so.layers) + " layers, random weights)";
-  }
+  const BenchWeights bw =
+      load_bench_weights(!o.str("model").empty() && !o.flag("synthetic"), o.str("model"), o.num("layers"));
+  const std::shared_ptr<ModelWeights>& host = bw.host;
+  const std::string& model_name = bw.name;
   const ModelConfig& c = host->config;
   std::vector<int> lengths = parse_int_list(o.str("lengths"), "--lengths");
   if (lengths.empty()) throw Error("--lengths must list at least one prompt length");

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "bench_common.h"
 #include "command.h"
 #include "core/common.h"
 #include "core/options.h"
@@ -27,7 +28,6 @@
 
 namespace lily {
 
-int bench_prefill_main(int argc, char** argv);   // bench_prefill.cpp
 
 namespace {
 
@@ -95,6 +95,18 @@ std::string fmt(const char* f, double v) {
   return b;
 }
 
+}  // namespace
+
+BenchWeights load_bench_weights(bool use_model, const std::string& model_dir, int layers) {
+  if (use_model) return {std::make_shared<ModelWeights>(load_weights(model_dir)), model_dir};
+  SyntheticOptions so;
+  so.layers = layers;
+  return {std::make_shared<ModelWeights>(make_synthetic_weights(so)),
+          "synthetic qwen3.6-35b-a3b 4-bit (" + std::to_string(layers) + " layers, random weights)"};
+}
+
+namespace {
+
 int bench_main(int argc, char** argv) {
   if (argc > 0 && std::string(argv[0]) == "prefill") return bench_prefill_main(argc - 1, argv + 1);
   Options o("bench", "lily bench decode: batch-1 decode throughput per context length (BENCHMARK.md).",
@@ -118,17 +130,9 @@ int bench_main(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) cmdline += std::string(" ") + argv[i];
 
   const double t_load = now_s();
-  std::shared_ptr<ModelWeights> host;
-  std::string model_name;
-  if (!o.str("model").empty()) {
-    host = std::make_shared<ModelWeights>(load_weights(o.str("model")));
-    model_name = o.str("model");
-  } else {
-    SyntheticOptions so;
-    so.layers = o.num("layers");
-    host = std::make_shared<ModelWeights>(make_synthetic_weights(so));
-    model_name = "synthetic qwen3.6-35b-a3b 4-bit (" + std::to_string(so.layers) + " layers, random weights)";
-  }
+  const BenchWeights bw = load_bench_weights(!o.str("model").empty(), o.str("model"), o.num("layers"));
+  const std::shared_ptr<ModelWeights>& host = bw.host;
+  const std::string& model_name = bw.name;
   const ModelConfig& c = host->config;
   std::fprintf(stderr, "bench: weights ready in %.1f s\n", now_s() - t_load);
   BackendOptions bo;
