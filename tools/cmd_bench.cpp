@@ -290,18 +290,23 @@ int bench_main(int argc, char** argv) {
       const double med = median(s.tok_s), ms = median(s.ms_steady);
       const double mn = *std::min_element(s.tok_s.begin(), s.tok_s.end());
       const double mx = *std::max_element(s.tok_s.begin(), s.tok_s.end());
-      const double gbs = (wbytes + state_bytes_per_token(c, L)) / (ms * 1e-3) / 1e9;
+      // The steady time is a difference of two timed runs; on tiny models it can drown in timing noise
+      // (capture time varies by more than a whole run): then it is reported as unmeasured, not negative.
+      const bool ms_ok = ms > 0;
+      const double gbs = ms_ok ? (wbytes + state_bytes_per_token(c, L)) / (ms * 1e-3) / 1e9 : 0;
       std::string ab = "[";
       for (size_t i = 0; i < variants[v].size(); ++i) ab += (i ? ",\"" : "\"") + variants[v][i] + "\"";
       ab += "]";
       js << (first ? "" : ",\n") << "    {\"engine\": \"lily\", \"phase\": \"decode\", \"length\": " << L
          << ", \"tok_s_median\": " << med << ", \"tok_s_min\": " << mn << ", \"tok_s_max\": " << mx
-         << ", \"ms_per_token_steady\": " << ms << ", \"achieved_gbs\": " << gbs << ", \"rounds\": " << rounds
+         << ", \"ms_per_token_steady\": " << (ms_ok ? fmt("%.6g", ms) : "null")
+         << ", \"achieved_gbs\": " << (ms_ok ? fmt("%.6g", gbs) : "null") << ", \"rounds\": " << rounds
          << ", \"ablate\": " << ab << "}";
       first = false;
       md << "| " << L << " | " << (variants[v].empty() ? "all on" : "-" + variants[v][0]) << " | " << fmt("%.1f", med)
-         << " | " << fmt("%.1f", mn) << " | " << fmt("%.1f", mx) << " | " << fmt("%.3f", ms) << " | "
-         << fmt("%.0f", gbs) << " | " << (copy_gbs > 0 ? fmt("%.0f%%", 100 * gbs / copy_gbs) : "") << " |\n";
+         << " | " << fmt("%.1f", mn) << " | " << fmt("%.1f", mx) << " | " << (ms_ok ? fmt("%.3f", ms) : "n/a") << " | "
+         << (ms_ok ? fmt("%.0f", gbs) : "n/a") << " | "
+         << (copy_gbs > 0 && ms_ok ? fmt("%.0f%%", 100 * gbs / copy_gbs) : "") << " |\n";
     }
   js << "\n  ]";
   if (!balance.empty()) js << ",\n  \"expert_balance\": \"" << balance << "\"";

@@ -127,6 +127,18 @@ int cudacheck_main(int argc, char** argv) {
     cpu.generate_greedy(*sa, seq[P - 1], N, ga);
     gpu.generate_greedy(*sb, seq[P - 1], N, gb);
   }
+  // 4. Chunk boundary on the cuda side alone: prefill(P) then one decode step must give the logits of
+  //    prefill(P+1) at its last position (the matrix path and the vector path agree).
+  Cmp pd;
+  {
+    auto sa = gpu.new_state(cap), sb = gpu.new_state(cap);
+    std::vector<float> a(V), b(V);
+    gpu.forward(*sa, std::span<const int32_t>(seq.data(), P), nullptr);
+    gpu.forward(*sa, std::span<const int32_t>(&seq[P], 1), a.data());
+    gpu.forward(*sb, std::span<const int32_t>(seq.data(), P + 1), b.data());
+    compare_rows(a.data(), b.data(), 1, V, pd, "prefill(P)+decode vs prefill(P+1)", verbose, P);
+  }
+
   int first_diff = -1;
   for (int i = 0; i < N; ++i)
     if (ga[i] != gb[i]) {
@@ -143,8 +155,11 @@ int cudacheck_main(int argc, char** argv) {
   std::printf("  greedy:       %s", first_diff < 0 ? "identical" : "DIVERGED");
   if (first_diff >= 0) std::printf(" at step %d (cpu %d, cuda %d)", first_diff, ga[first_diff], gb[first_diff]);
   std::printf(" over %d tokens\n", N);
+  std::printf("  prefill(P)+decode vs prefill(P+1), cuda: cosine %.6f  max|diff| %.4g  top-1 %s\n", pd.min_cos,
+              pd.max_abs, pd.top1_same == pd.n ? "same" : "DIFF");
   const double top1 = double(pre.top1_same + dec.top1_same) / double(pre.n + dec.n);
-  const bool ok = pre.min_cos >= 0.999 && dec.min_cos >= 0.999 && first_diff < 0 && top1 >= 0.99;
+  const bool ok = pre.min_cos >= 0.999 && dec.min_cos >= 0.999 && first_diff < 0 && top1 >= 0.99 &&
+                  pd.min_cos >= 0.999 && pd.top1_same == pd.n;
   std::printf("cuda-check: %s (bounds: cosine >= 0.999 every position, identical greedy tokens, top-1 >= 99%%; "
               "top-1 %.2f%%)\n", ok ? "PASS" : "FAIL", 100 * top1);
   return ok ? 0 : 1;
