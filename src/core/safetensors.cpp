@@ -202,17 +202,17 @@ std::string TensorSet::describe() const {
 
 // ---- writer -----------------------------------------------------------------------------------
 
-void write_safetensors(const std::string& path, const std::vector<TensorOut>& tensors,
+void write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t off = 0;
-  for (const TensorOut& t : tensors) {
+  for (const TensorView& t : tensors) {
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
-    LILY_CHECK(uint64_t(n) * dtype_size(t.dtype) == t.data.size(), "tensor " + t.name + ": payload size");
-    header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + t.data.size()}}};
-    off += t.data.size();
+    LILY_CHECK(uint64_t(n) * dtype_size(t.dtype) == t.nbytes, "tensor " + t.name + ": payload size");
+    header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + t.nbytes}}};
+    off += t.nbytes;
   }
   std::string h = header.dump();
   while (h.size() % 8) h += ' ';  // keeps the data section 8-byte aligned, as the format recommends
@@ -222,8 +222,16 @@ void write_safetensors(const std::string& path, const std::vector<TensorOut>& te
   for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(h.size()) >> (8 * i));
   out.write(reinterpret_cast<const char*>(len), 8);
   out.write(h.data(), std::streamsize(h.size()));
-  for (const TensorOut& t : tensors) out.write(reinterpret_cast<const char*>(t.data.data()), std::streamsize(t.data.size()));
-  if (!out) throw Error(path + ": write failed");
+  for (const TensorView& t : tensors) out.write(static_cast<const char*>(t.data), std::streamsize(t.nbytes));
+  if (!out) throw Error(path + ": write failed (disk full?)");
+}
+
+void write_safetensors(const std::string& path, const std::vector<TensorOut>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorView> views;
+  views.reserve(tensors.size());
+  for (const TensorOut& t : tensors) views.push_back({t.name, t.dtype, t.shape, t.data.data(), t.data.size()});
+  write_safetensors(path, views, metadata);
 }
 
 TensorOut tensor_f32(std::string name, std::vector<int64_t> shape, const std::vector<float>& v) {

@@ -75,6 +75,18 @@ struct TensorOut {
 void write_safetensors(const std::string& path, const std::vector<TensorOut>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
+// A tensor to write from memory owned elsewhere (no copy): `data` holds numel * dtype_size bytes.
+struct TensorView {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  size_t nbytes = 0;
+};
+// Same format as write_safetensors, streamed straight from the views.
+void write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
 // Helpers to build TensorOut payloads.
 TensorOut tensor_f32(std::string name, std::vector<int64_t> shape, const std::vector<float>& v);
 TensorOut tensor_bf16(std::string name, std::vector<int64_t> shape, const std::vector<float>& v);
