@@ -203,12 +203,14 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
     }
     lrow[0] = lrow[0] * corr[0] + ls[0];
     lrow[1] = lrow[1] * corr[1] + ls[1];
+    if (!__all_sync(0xffffffffu, corr[0] == 1.f && corr[1] == 1.f)) {   // maxima mostly settle early
 #pragma unroll
-    for (int n = 0; n < kHD / 8; ++n) {
-      oacc[n][0] *= corr[0];
-      oacc[n][1] *= corr[0];
-      oacc[n][2] *= corr[1];
-      oacc[n][3] *= corr[1];
+      for (int n = 0; n < kHD / 8; ++n) {
+        oacc[n][0] *= corr[0];
+        oacc[n][1] *= corr[0];
+        oacc[n][2] *= corr[1];
+        oacc[n][3] *= corr[1];
+      }
     }
     // O += P V: P's accumulator layout is the A fragment layout of the next MMA (keys 16kk..16kk+15).
 #pragma unroll

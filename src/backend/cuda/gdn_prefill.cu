@@ -19,6 +19,7 @@ namespace {
 constexpr int kHD = 128;       // dk == dv of the shapes these kernels take
 constexpr int kTB = 32;        // tokens per shared-memory stage of the scan
 constexpr int kScanWarps = 4;  // warps per scan CTA
+constexpr int kPrepTok = 8;    // tokens per prep CTA (amortises the CTA start over several tokens)
 
 struct PrepArgs {
   GdnDims d;
@@ -27,36 +28,39 @@ struct PrepArgs {
   float *u, *beta, *g;
 };
 
-// grid (T, conv_dim / 128), block 128: one thread per channel of one token. The q and k channel
-// blocks are exactly one head each, so their l2norm is one block reduction.
+// grid (ceil(T / 8), conv_dim / 128), block 128: one thread per channel, 8 consecutive tokens. The
+// q and k channel blocks are exactly one head each, so their l2norm is one block reduction.
 __global__ void __launch_bounds__(kHD) gdn_prep_kernel(const __grid_constant__ PrepArgs p) {
   __shared__ float red[32];
   pdl_trigger();
   pdl_wait();
   const GdnDims& d = p.d;
-  const int t = blockIdx.x, K = d.kconv;
+  const int K = d.kconv;
   const int64_t CD = d.conv_dim;
   const int blk0 = blockIdx.y * kHD, ch = blk0 + threadIdx.x;
   const int key_dim = d.nk * d.dk;
-  float acc = 0.f;
-  for (int tap = 0; tap < K; ++tap) {
-    const int tt = t - (K - 1) + tap;   // raw input of token tt (< 0: the carried conv state)
-    const float x = tt >= 0 ? p.qkv[int64_t(tt) * CD + ch] : p.conv_state[int64_t(tt + K - 1) * CD + ch];
-    acc = fmaf(p.conv_w[int64_t(ch) * K + tap], x, acc);
+  const int t_end = min(p.T, int(blockIdx.x + 1) * kPrepTok);
+  for (int t = blockIdx.x * kPrepTok; t < t_end; ++t) {   // uniform over the block
+    float acc = 0.f;
+    for (int tap = 0; tap < K; ++tap) {
+      const int tt = t - (K - 1) + tap;   // raw input of token tt (< 0: the carried conv state)
+      const float x = tt >= 0 ? p.qkv[int64_t(tt) * CD + ch] : p.conv_state[int64_t(tt + K - 1) * CD + ch];
+      acc = fmaf(p.conv_w[int64_t(ch) * K + tap], x, acc);
+    }
+    float u = siluf_(acc);
+    if (blk0 < 2 * key_dim) {   // q or k head (uniform over the block)
+      const float ss = block_sum(u * u, red);
+      u *= rsqrtf(ss + 1e-6f) * (blk0 < key_dim ? rsqrtf(float(d.dk)) : 1.f);
+    } else if (threadIdx.x == 0) {
+      const int j = (blk0 - 2 * key_dim) / d.dv;
+      const int64_t tj = int64_t(t) * d.nv + j;
+      const float av = p.a[tj] + p.dt_bias[j];
+      const float sp = av > 20.f ? av : log1pf(expf(av));
+      p.g[tj] = -expf(p.A_log[j]) * sp;
+      p.beta[tj] = 1.f / (1.f + expf(-p.b[tj]));
+    }
+    p.u[int64_t(t) * CD + ch] = u;
   }
-  float u = siluf_(acc);
-  if (blk0 < 2 * key_dim) {   // q or k head (uniform over the block)
-    const float ss = block_sum(u * u, red);
-    u *= rsqrtf(ss + 1e-6f) * (blk0 < key_dim ? rsqrtf(float(d.dk)) : 1.f);
-  } else if (threadIdx.x == 0) {
-    const int j = (blk0 - 2 * key_dim) / d.dv;
-    const int64_t tj = int64_t(t) * d.nv + j;
-    const float av = p.a[tj] + p.dt_bias[j];
-    const float sp = av > 20.f ? av : log1pf(expf(av));
-    p.g[tj] = -expf(p.A_log[j]) * sp;
-    p.beta[tj] = 1.f / (1.f + expf(-p.b[tj]));
-  }
-  p.u[int64_t(t) * CD + ch] = u;
 }
 
 struct ScanArgs {
@@ -256,7 +260,7 @@ void gdn_prefill_prep(const GdnDims& d, const float* conv_w, const float* A_log,
   float* beta = u + int64_t(T) * d.conv_dim;
   float* g = beta + int64_t(T) * d.nv;
   PrepArgs p{d, conv_w, A_log, dt_bias, conv_state, qkv, a, b, T, u, beta, g};
-  launch(gdn_prep_kernel, dim3(T, d.conv_dim / kHD), dim3(kHD), 0, s, p);
+  launch(gdn_prep_kernel, dim3((T + kPrepTok - 1) / kPrepTok, d.conv_dim / kHD), dim3(kHD), 0, s, p);
   CUDA_LAUNCH_CHECK();
 }
 
