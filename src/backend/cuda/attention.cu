@@ -5,6 +5,7 @@
 #include <cfloat>
 
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/prefill_attn.h"
 
 namespace lily::cuda {
 
@@ -273,6 +274,14 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, floa
   else launch_split_h<2>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
   launch(attn_merge_kernel, dim3(d.heads, T), dim3(hd), (splits + 32) * sizeof(float), s, d, splits, pos0, pos_dev,
          (const float*)part, q, o);
+  CUDA_LAUNCH_CHECK();
+}
+
+void attention_prep(const AttnDims& d, const float* q_norm, const float* k_norm, float* kc, float* vc, int pos0,
+                    const int32_t* pos_dev, const float* q, const float* k, const float* v, int T, float* qbuf,
+                    cudaStream_t s) {
+  launch(attn_prep_kernel, dim3(d.heads + d.kv_heads, T), dim3(d.head_dim), (d.head_dim + 32) * sizeof(float), s, d,
+         q_norm, k_norm, kc, vc, pos0, pos_dev, q, k, v, qbuf);
   CUDA_LAUNCH_CHECK();
 }
 

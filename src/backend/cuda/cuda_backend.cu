@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/prefill_attn.h"
 
 namespace lily {
 
@@ -182,6 +184,17 @@ class CudaBackend final : public Backend {
     GdnDims d{c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
               c.conv_dim(), c.linear_conv_kernel_dim, c.rms_norm_eps};
     const double bytes = 2.0 * d.nv * d.dk * d.dv * 4;
+    // Prefill (P4): parallel pre-pass + column-split register scan; T = 1 stays on the decode kernel.
+    if (prefill_gdn_ && T >= gdn_min_t_ && gdn_prefill_ok(d)) {
+      float* ws = workspace(gdn_prefill_workspace_floats(d, T));
+      timed("gdn_prefill.prep", double(T) * d.conv_dim * 12, [&] {
+        gdn_prefill_prep(d, w.conv1d.data, w.A_log.data, w.dt_bias.data, st.conv, qkv, a, b, T, ws, s_);
+      });
+      timed("gdn_prefill.scan", bytes + double(T) * d.nv * d.dv * 16, [&] {
+        gdn_prefill_scan(d, w.norm.data, st.conv, st.S, qkv, z, T, ws, y, gdn_nc_, s_);
+      });
+      return;
+    }
     timed("gdn", bytes, [&] {
       cuda::gdn(d, w.conv1d.data, w.A_log.data, w.dt_bias.data, w.norm.data, st.conv, st.S, qkv, z, a, b, T, y, s_);
     });
@@ -191,8 +204,16 @@ class CudaBackend final : public Backend {
     flush();
     AttnDims d{c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rotary_dim(), c.rope_theta,
                c.rms_norm_eps, kv.capacity};
-    float* ws = workspace(attention_workspace_floats(d, T));
     const double bytes = 2.0 * (pos0 + T) * d.kv_heads * d.head_dim * 4;
+    // Prefill (P6): causal flash attention on tensor cores instead of one split-KV pass per token.
+    if (prefill_attn_ && T >= attn_min_t_ && attention_prefill_ok(d)) {
+      float* ws = workspace(attention_prefill_workspace_floats(d, T));
+      timed("attn_prefill", bytes, [&] {
+        attention_prefill(d, w.q_norm.data, w.k_norm.data, kv.k, kv.v, pos0, q, k, v, T, o, ws, s_);
+      });
+      return;
+    }
+    float* ws = workspace(attention_workspace_floats(d, T));
     timed("attention", bytes, [&] {
       cuda::attention(d, w.q_norm.data, w.k_norm.data, kv.k, kv.v, pos0, pos_dev, q, k, v, T, o, ws, splits_,
                       pack_gqa_, s_);
@@ -311,6 +332,14 @@ class CudaBackend final : public Backend {
     fuse_add_ = !abl_.has("D8");
     pack_gqa_ = !abl_.has("D6");
     splits_ = abl_.has("D7") ? 1 : 0;   // 0: sized from the SM count
+    // Prefill mixers: P4 off = the decode GDN kernel for every T, P6 off = per-token split-KV
+    // attention for every T. Thresholds and the scan's columns per lane come from the environment.
+    auto env_int = [](const char* n, int def) { const char* e = std::getenv(n); return e && *e ? std::atoi(e) : def; };
+    prefill_gdn_ = !abl_.has("P4");
+    prefill_attn_ = !abl_.has("P6");
+    gdn_min_t_ = std::max(2, env_int("LILY_GDN_PREFILL_MIN_T", 2));
+    gdn_nc_ = env_int("LILY_GDN_SCAN_NC", 0);
+    attn_min_t_ = std::max(1, env_int("LILY_ATTN_PREFILL_MIN_T", 16));
   }
   // Counting starts at the next MoE call of layer 0; counts are per layer.
   void set_expert_histogram(bool on) {
@@ -438,6 +467,8 @@ class CudaBackend final : public Backend {
   cudaStream_t s_ = nullptr;
   bool fast_ = true, batch_ = true, fuse_add_ = true, pack_gqa_ = true;
   int splits_ = 0;
+  bool prefill_gdn_ = true, prefill_attn_ = true;
+  int gdn_min_t_ = 2, gdn_nc_ = 0, attn_min_t_ = 16;
   std::vector<void*> allocs_;
   std::map<void*, int64_t> alloc_size_;
   std::map<const void*, std::pair<const void*, int64_t>> uploaded_;

@@ -1,0 +1,15 @@
+#!/bin/bash
+# One device call for the prefill mixers (P4 GDN prefill, P6 flash attention): build, the kernel
+# test against the CPU backend, the whole-model parity check through the prefill paths, then the
+# kernel bench. Logs go to $OUT. Usage: prefill_attn.sh [build-dir]
+set -o pipefail
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+B=${1:-/root/work/build}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+bash "$SRC/scripts/device/build.sh" "$B" 2>&1 | tail -5 || exit 1
+L="$B/lily"
+timeout 120 "$L" cuda-test-attn 2>&1 | tee "$OUT/cuda_test_attn.txt" | grep -E "FAIL|summary|^  |cuda-test-attn:"
+# chunk 32: the 96-token prompt goes through both prefill paths (T = 32 >= the flash threshold).
+timeout 240 "$L" cuda-check --layers 4 --tokens 64 --prompt 96 --chunk 32 2>&1 | tail -6 | tee "$OUT/check_prefill.txt"
+timeout 180 "$L" cuda-test-attn --bench 2>&1 | tee "$OUT/bench_attn.txt"

@@ -1,0 +1,340 @@
+// Causal flash attention for prefill (P6): T query tokens at positions pos0..pos0+T-1 over the f32
+// KV cache [0, pos0 + T), head_dim 256, 8 query heads per KV head.
+//
+// A CTA takes 16 consecutive tokens × the 8 query heads of one KV head (a 128-row query tile, warp w
+// = head w of the group, 16 token rows), so each K/V tile it loads serves all 8 heads (GQA). Keys go
+// by in tiles of 32: cp.async copies the f32 rows into a staging buffer one tile ahead, the CTA
+// converts them to bf16 tiles, and each warp computes S = Q·Kᵀ (16×32) and O += P·V (16×256) with
+// mma.sync m16n8k16 (bf16 in, fp32 accumulate; fragments through ldmatrix, V transposed on the fly).
+// The softmax is online in fp32 in the log2 domain (log2 e folded into Q); the causal mask only
+// touches tiles that reach past the block's first token. When the query tiles alone cannot fill the
+// GPU (short chunks after a long prefix), the KV range is split over CTAs and a merge kernel
+// combines their partial softmaxes; otherwise the kernel writes o × σ(gate) directly.
+#include <cuda_bf16.h>
+
+#include <cfloat>
+
+#include "backend/cuda/prefill_attn.h"
+
+namespace lily::cuda {
+
+namespace {
+
+constexpr int kHD = 256;              // head dim
+constexpr int kGQ = 8;                // query heads per KV head = warps per CTA
+constexpr int kBQ = 16;               // tokens per CTA
+constexpr int kBK = 32;               // keys per tile
+constexpr int kRS = kHD + 8;          // bf16 row stride in shared memory (528 B: ldmatrix rows hit distinct banks)
+constexpr int kMaxSplits = 32;
+constexpr int kPart = kHD + 2;        // partial row: Σ p·v [256], m, l
+constexpr size_t kSmem = sizeof(float) * 2 * kBK * kHD                 // f32 staging K, V
+                         + sizeof(__nv_bfloat16) * (2 * kBK + kGQ * kBQ) * kRS;   // bf16 K, V, Q
+
+struct FlashArgs {
+  const float *kc, *vc, *qbuf, *q;
+  float *o, *part;
+  int pos0, T, kv_heads, splits;
+};
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const void* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const void* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(a));
+}
+__device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// grid (ceil(T/16), kv_heads, splits), 256 threads. Fragment naming as in the PTX ISA: lane =
+// 4·gq + tq; accumulator c0,c1 = row gq, columns 2tq, 2tq+1; c2,c3 = row gq+8.
+__global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_constant__ FlashArgs a) {
+  extern __shared__ __align__(16) unsigned char smraw[];
+  float* stK = reinterpret_cast<float*>(smraw);                   // [kBK][kHD] f32
+  float* stV = stK + kBK * kHD;                                   // [kBK][kHD] f32
+  __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(stV + kBK * kHD);   // [kBK][kRS]
+  __nv_bfloat16* Vb = Kb + kBK * kRS;                             // [kBK][kRS]
+  __nv_bfloat16* Qb = Vb + kBK * kRS;                             // [kGQ*kBQ][kRS], row = warp*16 + token
+  pdl_trigger();
+  pdl_wait();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int nqb = gridDim.x;
+  const int t0 = (nqb - 1 - int(blockIdx.x)) * kBQ;               // longest rows first
+  const int kvh = blockIdx.y, split = blockIdx.z, heads = a.kv_heads * kGQ;
+  const int h = kvh * kGQ + warp;
+  const int kv_len = a.pos0 + a.T;                                // valid cache rows
+  const int kv_end = a.pos0 + min(t0 + kBQ, a.T);                 // keys this block can see
+  const int ntiles = (kv_end + kBK - 1) / kBK;
+  const int tps = (ntiles + a.splits - 1) / a.splits;
+  const int tile_lo = split * tps, tile_hi = min(ntiles, tile_lo + tps);
+  const int64_t rs = int64_t(a.kv_heads) * kHD;                   // cache row stride (floats)
+
+  if (tile_lo >= tile_hi) {   // empty slice of a split range: l = 0 marks it for the merge
+    if (tid < kGQ * kBQ) {
+      const int t = t0 + (tid & (kBQ - 1)), hh = kvh * kGQ + tid / kBQ;
+      if (t < a.T) {
+        float* pb = a.part + ((int64_t(t) * heads + hh) * a.splits + split) * kPart;
+        pb[kHD] = -FLT_MAX;
+        pb[kHD + 1] = 0.f;
+      }
+    }
+    return;
+  }
+
+  auto issue_tile = [&](int it) {
+    for (int idx = tid; idx < kBK * (kHD / 4); idx += blockDim.x) {
+      const int r = idx / (kHD / 4), c4 = idx % (kHD / 4), key = it * kBK + r;
+      if (key < kv_len) {
+        cp_async16(stK + r * kHD + 4 * c4, a.kc + key * rs + kvh * kHD + 4 * c4);
+        cp_async16(stV + r * kHD + 4 * c4, a.vc + key * rs + kvh * kHD + 4 * c4);
+      }
+    }
+    cp_async_commit();
+  };
+  issue_tile(tile_lo);
+
+  // Q tile to bf16, scaled by log2 e (qbuf already carries hd^-1/2); rows past T are zero.
+  const float kLog2e = 1.4426950408889634f;
+  for (int idx = tid; idx < kGQ * kBQ * (kHD / 4); idx += blockDim.x) {
+    const int row = idx / (kHD / 4), c4 = idx % (kHD / 4);
+    const int t = t0 + (row & (kBQ - 1)), hh = kvh * kGQ + row / kBQ;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (t < a.T) v = reinterpret_cast<const float4*>(a.qbuf + (int64_t(t) * heads + hh) * kHD)[c4];
+    uint2 pk;
+    pk.x = pack_bf16(v.x * kLog2e, v.y * kLog2e);
+    pk.y = pack_bf16(v.z * kLog2e, v.w * kLog2e);
+    *reinterpret_cast<uint2*>(Qb + row * kRS + 4 * c4) = pk;
+  }
+
+  float oacc[kHD / 8][4];
+#pragma unroll
+  for (int n = 0; n < kHD / 8; ++n) oacc[n][0] = oacc[n][1] = oacc[n][2] = oacc[n][3] = 0.f;
+  float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
+  // Last key each of the lane's two rows may see (rows past T act as row T-1 and are not stored).
+  const int lim[2] = {a.pos0 + min(t0 + gq, a.T - 1), a.pos0 + min(t0 + gq + 8, a.T - 1)};
+  const __nv_bfloat16* qw = Qb + warp * kBQ * kRS;
+  // ldmatrix row addresses: A (Q) matrices {rows 0-7 | 8-15} × {cols 0-7 | 8-15}; B (K) matrices
+  // {keys n..n+7 | n+8..n+15} × {dims k..k+7 | k+8..k+15}; V (trans) {keys | keys+8} × {dims | dims+8}.
+  const int lr = lane & 7, lh = (lane >> 3) & 1, lq = lane >> 4;
+  const __nv_bfloat16* qa = qw + (lr + 8 * lh) * kRS + 8 * lq;
+  const __nv_bfloat16* ka = Kb + (lr + 8 * lq) * kRS + 8 * lh;
+  const __nv_bfloat16* va = Vb + (lr + 8 * lh) * kRS + 8 * lq;
+
+  for (int it = tile_lo; it < tile_hi; ++it) {
+    cp_async_wait<0>();
+    __syncthreads();   // staging holds tile it; every warp is done with the previous bf16 tiles
+    for (int idx = tid; idx < kBK * (kHD / 4); idx += blockDim.x) {
+      const int r = idx / (kHD / 4), c4 = idx % (kHD / 4);
+      const bool ok = it * kBK + r < kv_len;   // rows past the cache are zero (never NaN garbage)
+      const float4 kx = ok ? reinterpret_cast<const float4*>(stK + r * kHD)[c4] : make_float4(0.f, 0.f, 0.f, 0.f);
+      const float4 vx = ok ? reinterpret_cast<const float4*>(stV + r * kHD)[c4] : make_float4(0.f, 0.f, 0.f, 0.f);
+      *reinterpret_cast<uint2*>(Kb + r * kRS + 4 * c4) = make_uint2(pack_bf16(kx.x, kx.y), pack_bf16(kx.z, kx.w));
+      *reinterpret_cast<uint2*>(Vb + r * kRS + 4 * c4) = make_uint2(pack_bf16(vx.x, vx.y), pack_bf16(vx.z, vx.w));
+    }
+    __syncthreads();   // bf16 tiles ready, staging free
+    if (it + 1 < tile_hi) issue_tile(it + 1);
+
+    // S = Q Kᵀ: 16 rows × 32 keys (4 n-tiles of 8), 16 k-steps over the head dim.
+    float s[kBK / 8][4];
+#pragma unroll
+    for (int n = 0; n < kBK / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kHD / 16; ++kk) {
+      uint32_t a0, a1, a2, a3;
+      ldsm_x4(a0, a1, a2, a3, qa + kk * 16);
+#pragma unroll
+      for (int np = 0; np < kBK / 16; ++np) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4(b0, b1, b2, b3, ka + np * 16 * kRS + kk * 16);
+        mma_bf16(s[2 * np], a0, a1, a2, a3, b0, b1);
+        mma_bf16(s[2 * np + 1], a0, a1, a2, a3, b2, b3);
+      }
+    }
+    // Causal mask where the tile reaches past the block's first token.
+    const int kbase = it * kBK;
+    if (kbase + kBK - 1 > a.pos0 + t0) {
+#pragma unroll
+      for (int n = 0; n < kBK / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (kbase + 8 * n + 2 * tq + (e & 1) > lim[e >> 1]) s[n][e] = -INFINITY;
+    }
+    // Online softmax (rows gq and gq+8; a row's 32 scores live in the 4 lanes of a quad).
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kBK / 8; ++n) {
+      mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
+    }
+    float corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mn = fmaxf(mrow[r], mx[r]);
+      const float ref = mn == -INFINITY ? 0.f : mn;   // a row with nothing visible yet stays empty
+      corr[r] = exp2f(mrow[r] - ref);
+      mrow[r] = mn;
+      mx[r] = ref;
+    }
+    float ls[2] = {0.f, 0.f};
+#pragma unroll
+    for (int n = 0; n < kBK / 8; ++n) {
+      s[n][0] = exp2f(s[n][0] - mx[0]);
+      s[n][1] = exp2f(s[n][1] - mx[0]);
+      s[n][2] = exp2f(s[n][2] - mx[1]);
+      s[n][3] = exp2f(s[n][3] - mx[1]);
+      ls[0] += s[n][0] + s[n][1];
+      ls[1] += s[n][2] + s[n][3];
+    }
+    lrow[0] = lrow[0] * corr[0] + ls[0];
+    lrow[1] = lrow[1] * corr[1] + ls[1];
+    if (!__all_sync(0xffffffffu, corr[0] == 1.f && corr[1] == 1.f)) {   // maxima mostly settle early
+#pragma unroll
+      for (int n = 0; n < kHD / 8; ++n) {
+        oacc[n][0] *= corr[0];
+        oacc[n][1] *= corr[0];
+        oacc[n][2] *= corr[1];
+        oacc[n][3] *= corr[1];
+      }
+    }
+    // O += P V: P's accumulator layout is the A fragment layout of the next MMA (keys 16kk..16kk+15).
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      const uint32_t p0 = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+      const uint32_t p1 = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+      const uint32_t p2 = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      const uint32_t p3 = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int np = 0; np < kHD / 16; ++np) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4_t(b0, b1, b2, b3, va + kk * 16 * kRS + np * 16);
+        mma_bf16(oacc[2 * np], p0, p1, p2, p3, b0, b1);
+        mma_bf16(oacc[2 * np + 1], p0, p1, p2, p3, b2, b3);
+      }
+    }
+  }
+
+  // Row sums over the quad, then either the final output or this slice's partial.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int t = t0 + gq + 8 * r;
+    if (t >= a.T) continue;
+    if (a.splits == 1) {
+      const float inv = 1.f / lrow[r];
+      const float* gate = a.q + (int64_t(t) * heads + h) * 2 * kHD + kHD;
+      float* out = a.o + (int64_t(t) * heads + h) * kHD;
+#pragma unroll
+      for (int n = 0; n < kHD / 8; ++n) {
+        const int e = 8 * n + 2 * tq;
+        const float2 gv = *reinterpret_cast<const float2*>(gate + e);
+        *reinterpret_cast<float2*>(out + e) =
+            make_float2(oacc[n][2 * r] * inv * sigmoidf_(gv.x), oacc[n][2 * r + 1] * inv * sigmoidf_(gv.y));
+      }
+    } else {
+      float* pb = a.part + ((int64_t(t) * heads + h) * a.splits + split) * kPart;
+#pragma unroll
+      for (int n = 0; n < kHD / 8; ++n)
+        *reinterpret_cast<float2*>(pb + 8 * n + 2 * tq) = make_float2(oacc[n][2 * r], oacc[n][2 * r + 1]);
+      if (tq == 0) {
+        pb[kHD] = lrow[r] > 0.f ? mrow[r] : -FLT_MAX;
+        pb[kHD + 1] = lrow[r];
+      }
+    }
+  }
+}
+
+// grid (heads, T), block 256: o = Σ_s acc_s 2^(m_s−M) / Σ_s l_s 2^(m_s−M) × σ(gate).
+__global__ void __launch_bounds__(kHD) attn_flash_merge_kernel(const float* part, const float* q, int heads, int splits,
+                                                               float* o) {
+  pdl_trigger();
+  pdl_wait();
+  const int h = blockIdx.x, t = blockIdx.y, e = threadIdx.x;
+  const float* pb = part + (int64_t(t) * heads + h) * splits * kPart;
+  float M = -FLT_MAX;
+  for (int s = 0; s < splits; ++s)
+    if (pb[s * kPart + kHD + 1] > 0.f) M = fmaxf(M, pb[s * kPart + kHD]);
+  float L = 0.f, A = 0.f;
+  for (int s = 0; s < splits; ++s) {
+    const float l = pb[s * kPart + kHD + 1];
+    if (l > 0.f) {
+      const float f = exp2f(pb[s * kPart + kHD] - M);
+      L = fmaf(l, f, L);
+      A = fmaf(pb[s * kPart + e], f, A);
+    }
+  }
+  const float gate = q[(int64_t(t) * heads + h) * 2 * kHD + kHD + e];
+  o[(int64_t(t) * heads + h) * kHD + e] = A / L * sigmoidf_(gate);
+}
+
+int sm_count() {
+  static int sms = 0;
+  if (!sms) CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  return sms;
+}
+
+// KV splits per query tile: enough CTAs for about two waves' worth of SMs (one CTA fits an SM),
+// at most kMaxSplits. Depends on T only (the workspace is sized by T); the kernel clamps the
+// slices to the tiles a block really has.
+int flash_splits(const AttnDims& d, int T) {
+  const int base = ((T + kBQ - 1) / kBQ) * d.kv_heads;
+  const int want = 2 * sm_count();
+  if (base >= want / 2) return 1;
+  return std::min(kMaxSplits, (want + base - 1) / base);
+}
+
+}  // namespace
+
+bool attention_prefill_ok(const AttnDims& d) {
+  return d.head_dim == kHD && d.kv_heads > 0 && d.heads == d.kv_heads * kGQ && d.rot_dim <= kHD;
+}
+
+int64_t attention_prefill_workspace_floats(const AttnDims& d, int T) {
+  const int splits = flash_splits(d, T);
+  return int64_t(T) * d.heads * kHD + (splits > 1 ? int64_t(T) * d.heads * splits * kPart : 0) + 64;
+}
+
+void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_norm, float* kc, float* vc, int pos0,
+                       const float* q, const float* k, const float* v, int T, float* o, float* work, cudaStream_t s) {
+  LILY_CHECK(attention_prefill_ok(d), "attention prefill: unsupported shapes");
+  LILY_CHECK(pos0 >= 0 && pos0 + T <= d.capacity, "attention prefill: KV cache overflow");
+  float* qbuf = work;
+  float* part = work + int64_t(T) * d.heads * kHD;
+  attention_prep(d, q_norm, k_norm, kc, vc, pos0, nullptr, q, k, v, T, qbuf, s);
+  // Fewer splits when the longest block has few tiles (each slice keeps >= 4 tiles).
+  const int max_tiles = (pos0 + T + kBK - 1) / kBK;
+  const int splits = std::max(1, std::min(flash_splits(d, T), max_tiles / 4));
+  static bool attr_set = false;
+  if (!attr_set) {
+    CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    attr_set = true;
+  }
+  FlashArgs fa{kc, vc, qbuf, q, o, part, pos0, T, d.kv_heads, splits};
+  launch(attn_flash_kernel, dim3((T + kBQ - 1) / kBQ, d.kv_heads, splits), dim3(kGQ * 32), kSmem, s, fa);
+  CUDA_LAUNCH_CHECK();
+  if (splits > 1) {
+    launch(attn_flash_merge_kernel, dim3(d.heads, T), dim3(kHD), 0, s, (const float*)part, q, d.heads, splits, o);
+    CUDA_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace lily::cuda

@@ -1,0 +1,61 @@
+// Host-side launchers of the prefill kernels of the two token mixers (T > 1 tokens per call):
+// Gated DeltaNet prefill (gdn_prefill.cu: parallel pre-pass, then a register-resident scan with the
+// state columns spread over many CTAs, then the gated RMSNorm) and causal flash attention with
+// bf16 tensor-core MMA (attention_prefill.cu). Decode (T = 1) keeps the kernels of gdn.cu and
+// attention.cu. Like cuda_ops.h: every launcher only enqueues on `s`.
+#pragma once
+#include "backend/cuda/cuda_ops.h"
+
+namespace lily::cuda {
+
+// ---- asynchronous global -> shared copies (sm_80+), used to stage tiles of the prefill kernels --
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(sa), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// ---- gdn_prefill.cu ------------------------------------------------------------------------
+// Shapes the prefill kernels handle (dk == dv == 128, conv kernel <= 8); others use gdn().
+bool gdn_prefill_ok(const GdnDims& d);
+// Workspace floats for T tokens: u [T, conv_dim] (post conv+SiLU, q/k normalised), β and g [T, nv].
+int64_t gdn_prefill_workspace_floats(const GdnDims& d, int T);
+// Pre-pass: causal conv with the carried conv state + SiLU, l2norm of q and k (q also × dk^-1/2),
+// β = σ(b), g = −exp(A_log)·softplus(a + dt_bias). Reads conv_state, does not change it.
+void gdn_prefill_prep(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
+                      const float* conv_state, const float* qkv, const float* a, const float* b, int T,
+                      float* work, cudaStream_t s);
+// The delta rule over the T tokens with S in registers (read and written once), then the gated
+// RMSNorm with silu(z) into y; also shifts the carried conv state (last K-1 raw rows of qkv).
+// `nc`: state columns per lane of the scan (1, 2 or 4; 0 = default).
+void gdn_prefill_scan(const GdnDims& d, const float* norm_w, float* conv_state, float* S, const float* qkv,
+                      const float* z, int T, const float* work, float* y, int nc, cudaStream_t s);
+
+// ---- attention_prefill.cu --------------------------------------------------------------------
+// Shapes the flash kernel handles (head_dim 256, 8 query heads per KV head); others use attention().
+bool attention_prefill_ok(const AttnDims& d);
+// Workspace floats for T tokens (prepared queries + partial softmaxes of a split KV range).
+int64_t attention_prefill_workspace_floats(const AttnDims& d, int T);
+// Causal attention of T tokens at positions pos0.. over the cache [0, pos0 + T): prep (norms, RoPE,
+// KV append; attention.cu) then the flash kernel (and a merge when the KV range is split over CTAs
+// to fill the GPU), output × σ(gate). Requires pos0 + T <= capacity.
+void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_norm, float* kc, float* vc, int pos0,
+                       const float* q, const float* k, const float* v, int T, float* o, float* work, cudaStream_t s);
+
+// ---- attention.cu (shared with the decode path) ----------------------------------------------
+// The decode path's prep kernel alone: queries (normalised, rotated, × hd^-1/2) to qbuf [T, heads, hd],
+// keys and values appended to the cache rows pos0..pos0+T-1.
+void attention_prep(const AttnDims& d, const float* q_norm, const float* k_norm, float* kc, float* vc, int pos0,
+                    const int32_t* pos_dev, const float* q, const float* k, const float* v, int T, float* qbuf,
+                    cudaStream_t s);
+
+}  // namespace lily::cuda
