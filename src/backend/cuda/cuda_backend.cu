@@ -475,27 +475,32 @@ class CudaBackend final : public Backend {
     std::vector<GemvJob> jobs;
     jobs.swap(pend_);
     const int T = pend_T_;
+    // xoff[i]: bf16 copy of job i's input (+ its remainders right after, for 8-bit matrices).
     std::vector<int64_t> xoff(jobs.size());
-    std::vector<bool> first(jobs.size(), true);
+    std::vector<int> first(jobs.size(), -1);   // job that converts this input
     int64_t bytes = 0, wb_bytes = 0;
     for (size_t i = 0; i < jobs.size(); ++i) {
-      for (size_t k = 0; k < i && first[i]; ++k)
-        if (jobs[k].x == jobs[i].x && jobs[k].w.cols == jobs[i].w.cols) first[i] = false, xoff[i] = xoff[k];
-      if (first[i]) xoff[i] = bytes, bytes += (int64_t(T) * jobs[i].w.cols * 2 + 255) / 256 * 256;
-      if (p1_off_) wb_bytes = std::max(wb_bytes, gemm_dequant_bytes(jobs[i].w));
+      for (size_t k = 0; k < i && first[i] < 0; ++k)
+        if (jobs[k].x == jobs[i].x && jobs[k].w.cols == jobs[i].w.cols) first[i] = first[k], xoff[i] = xoff[k];
+      if (first[i] < 0) first[i] = int(i), xoff[i] = bytes, bytes += 2 * ((int64_t(T) * jobs[i].w.cols * 2 + 255) / 256 * 256);
+      if (p1_off_ && jobs[i].w.type == kQ4) wb_bytes = std::max(wb_bytes, gemm_dequant_bytes(jobs[i].w));
     }
     char* ws = reinterpret_cast<char*>(workspace((bytes + wb_bytes) / 4 + 1));
-    uint16_t* wb = p1_off_ ? reinterpret_cast<uint16_t*>(ws + bytes) : nullptr;
     for (size_t i = 0; i < jobs.size(); ++i) {
       const GemvJob& j = jobs[i];
-      const auto* xb = reinterpret_cast<uint16_t*>(ws + xoff[i]);
-      if (first[i])
-        timed("gemm.convert", 6.0 * T * j.w.cols,
-              [&] { gemm_convert_a(j.x, T, j.w.cols, const_cast<uint16_t*>(xb), s_); });
+      const int64_t half = (int64_t(T) * j.w.cols * 2 + 255) / 256 * 256;
+      auto* xb = reinterpret_cast<uint16_t*>(ws + xoff[i]);
+      auto* xl = reinterpret_cast<uint16_t*>(ws + xoff[i] + half);
+      if (first[i] == int(i)) {
+        bool split = false;   // remainders only when an 8-bit matrix reads this input
+        for (size_t k = i; k < jobs.size(); ++k) split = split || (first[k] == int(i) && jobs[k].w.type == kQ8);
+        timed("gemm.convert", 6.0 * T * j.w.cols, [&] { gemm_convert_a(j.x, T, j.w.cols, xb, split ? xl : nullptr, s_); });
+      }
       const std::string shape = std::to_string(j.w.rows) + "x" + std::to_string(j.w.cols);
+      uint16_t* wb = p1_off_ && j.w.type == kQ4 ? reinterpret_cast<uint16_t*>(ws + bytes) : nullptr;
       if (wb) timed("gemm.dequant " + shape, 2.5 * j.w.rows * j.w.cols, [&] { gemm_dequant(j.w, wb, s_); });
       const double wbytes = double(j.w.rows) * j.w.cols * (j.w.type == kQ4 ? 0.5 : 1) + j.w.rows * (j.w.cols / 16.0);
-      timed("gemm " + shape, wbytes, [&] { gemm(j.w, xb, T, j.y, j.w.rows, false, wb, 0, s_); });
+      timed("gemm " + shape, wbytes, [&] { gemm(j.w, xb, xl, T, j.y, j.w.rows, false, wb, 0, s_); });
     }
   }
   // Prefill MoE (P2, P3) when the weights suit it; false: use the decode kernels.

@@ -7,6 +7,9 @@
 // with the group's scale/bias give the weight pair. The activations are staged in a permuted
 // k-order (gemm.h) so that the 16 codes a thread owns per group are exactly its fragment elements.
 // No dequantised matrix is ever written to global memory except by the P1-off ablation.
+// 8-bit matrices (the router and the shared-expert gate) run in split precision: x = x_hi + x_lo
+// and w = w_hi + w_lo as bf16 pairs, three MMAs per fragment (hi·hi + lo·hi + hi·lo), ~16-bit
+// mantissas, so that top-k routing agrees with the f32 reference except at exact near-ties.
 #include <cuda_bf16.h>
 
 #include <cstdlib>
@@ -33,6 +36,7 @@ enum : int { kStore = 0, kAccum = 1, kSwiGLU = 2, kScatter = 3 };
 
 struct GemmArgs {
   const uint16_t* a;            // bf16 [rows, K] in mma k-order
+  const uint16_t* a_lo;         // 8-bit B only: the bf16 remainders x - x_hi, same layout
   const int* a_rows;            // optional gather: position p reads A row a_rows[p]
   int K;
   int M;                        // plain mode: rows of A / y
@@ -85,10 +89,13 @@ __device__ __forceinline__ uint32_t dq4_pair(uint32_t w, int p, __nv_bfloat162 s
   return bf2_bits(__hfma2(q, s2, b2));
 }
 
-// Byte `bt` of words lo/hi, dequantised in f32 and rounded once to bf16.
-__device__ __forceinline__ uint32_t dq8_pair(uint32_t wl, uint32_t wh, int bt, float s, float b) {
-  const float ql = float((wl >> (8 * bt)) & 255u), qh = float((wh >> (8 * bt)) & 255u);
-  return pack_bf16(fmaf(ql, s, b), fmaf(qh, s, b));
+// Byte `bt` of words wl/wh dequantised in f32, returned as bf16 pair `hi` and remainder pair `lo`.
+__device__ __forceinline__ void dq8_pair(uint32_t wl, uint32_t wh, int bt, float s, float b, uint32_t& hi,
+                                         uint32_t& lo) {
+  const float v0 = fmaf(float((wl >> (8 * bt)) & 255u), s, b), v1 = fmaf(float((wh >> (8 * bt)) & 255u), s, b);
+  const __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
+  hi = bf2_bits(h);
+  lo = pack_bf16(v0 - __low2float(h), v1 - __high2float(h));
 }
 
 template <int BM>
@@ -105,9 +112,13 @@ template <int BT>
 constexpr int brow_bytes() {
   return BT == kQ4 ? 32 : BT == kQ8 ? 64 : 128;
 }
+template <int BT>
+constexpr int a_tiles() {
+  return BT == kQ8 ? 2 : 1;   // split precision: hi and lo activations
+}
 template <int BM, int BT>
 constexpr int stage_bytes() {
-  return BM * 128 + kBN * brow_bytes<BT>();
+  return a_tiles<BT>() * BM * 128 + kBN * brow_bytes<BT>();
 }
 template <int BM, int BT>
 constexpr int smem_bytes() {
@@ -188,6 +199,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     sbsrc = static_cast<const uint8_t*>(base) + gsoff + int64_t(sbval ? col : 0) * (K / 64) * 2;
     sbdst = smem_addr(((tid & 1) ? sbb : sbs) + r * 8);
   }
+  constexpr int AT = a_tiles<BT>();
   const uint16_t* asrc[ACH];
   bool aval[ACH];
   int adst[ACH];
@@ -204,9 +216,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   auto load_stage = [&](int kg) {
     const uint32_t st = sm0 + (kg % kStages) * SB;
 #pragma unroll
-    for (int j = 0; j < ACH; ++j) cp_async16(st + adst[j], asrc[j] + kg * kBK, aval[j]);
+    for (int j = 0; j < ACH; ++j) {
+      cp_async16(st + adst[j], asrc[j] + kg * kBK, aval[j]);
+      if (AT == 2) cp_async16(st + BM * 128 + adst[j], asrc[j] + (a.a_lo - a.a) + kg * kBK, aval[j]);
+    }
 #pragma unroll
-    for (int j = 0; j < BCH; ++j) cp_async16(st + BM * 128 + bdst[j], bsrc[j] + int64_t(kg) * RB, bval[j]);
+    for (int j = 0; j < BCH; ++j) cp_async16(st + AT * BM * 128 + bdst[j], bsrc[j] + int64_t(kg) * RB, bval[j]);
     if (BT != kBF && (kg & 7) == 0 && sbsrc)
       cp_async16(sbdst + ((kg >> 3) & 1) * kBN * 16, sbsrc + (kg >> 3) * 16, sbval);
   };
@@ -236,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
 
     const uint8_t* st = smem + (kg % kStages) * SB;
     const uint32_t a_base = smem_addr(st);
-    const uint8_t* bst = st + BM * 128;
+    const uint8_t* bst = st + AT * BM * 128;
     // This group's codes and scales for the warp's NT n8-tiles (row wn0 + 8j + g).
     uint32_t cw[C::NT][BT == kQ8 ? 4 : 2];
     __nv_bfloat162 s2[C::NT], b2[C::NT];
@@ -266,13 +281,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {   // k16 steps of the group
-      uint32_t af[C::MT][4];
+      uint32_t af[C::MT][4], afl[AT == 2 ? C::MT : 1][4];
 #pragma unroll
       for (int mt = 0; mt < C::MT; ++mt) {
         const int r = wm0 + mt * 16 + (lane & 15), c = 2 * i + (lane >> 4);
         ldsm_x4(a_base + swz(r, c), af[mt]);
+        if constexpr (AT == 2) ldsm_x4(a_base + BM * 128 + swz(r, c), afl[mt]);
       }
-      uint32_t bfr[C::NT][2];
+      uint32_t bfr[C::NT][2], bfl[AT == 2 ? C::NT : 1][2];
       if constexpr (BT == kBF) {
 #pragma unroll
         for (int p = 0; p < C::NT / 2; ++p) {
@@ -296,14 +312,20 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
 #pragma unroll
         for (int j = 0; j < C::NT; ++j) {
           const uint32_t wl = cw[j][2 * (i >> 1)], wh = cw[j][2 * (i >> 1) + 1];
-          bfr[j][0] = dq8_pair(wl, wh, 2 * (i & 1), sf[j], bf[j]);
-          bfr[j][1] = dq8_pair(wl, wh, 2 * (i & 1) + 1, sf[j], bf[j]);
+          dq8_pair(wl, wh, 2 * (i & 1), sf[j], bf[j], bfr[j][0], bfl[j][0]);
+          dq8_pair(wl, wh, 2 * (i & 1) + 1, sf[j], bf[j], bfr[j][1], bfl[j][1]);
         }
       }
 #pragma unroll
       for (int mt = 0; mt < C::MT; ++mt)
 #pragma unroll
-        for (int j = 0; j < C::NT; ++j) mma_bf16(acc[mt][j], af[mt], bfr[j][0], bfr[j][1]);
+        for (int j = 0; j < C::NT; ++j) {
+          mma_bf16(acc[mt][j], af[mt], bfr[j][0], bfr[j][1]);
+          if constexpr (AT == 2) {
+            mma_bf16(acc[mt][j], afl[mt], bfr[j][0], bfr[j][1]);
+            mma_bf16(acc[mt][j], af[mt], bfl[j][0], bfl[j][1]);
+          }
+        }
     }
   }
   cp_wait<0>();
@@ -358,8 +380,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     }
 }
 
-// x f32 -> bf16 in mma k-order; one thread writes 8 consecutive staged columns (16 bytes).
-__global__ void convert_a_kernel(const float* __restrict__ x, int T, int K, uint16_t* __restrict__ xb) {
+// x f32 -> bf16 in mma k-order; one thread writes 8 consecutive staged columns (16 bytes), and
+// with xl the bf16 remainders x - bf16(x) in the same order.
+__global__ void convert_a_kernel(const float* __restrict__ x, int T, int K, uint16_t* __restrict__ xb,
+                                 uint16_t* __restrict__ xl) {
   pdl_trigger();
   pdl_wait();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;   // chunk of 8
@@ -367,10 +391,16 @@ __global__ void convert_a_kernel(const float* __restrict__ x, int T, int K, uint
   const int64_t row = i / (K / 8);
   const int c8 = int(i % (K / 8)), G = c8 >> 3, L0 = (c8 & 7) * 8;
   const float* src = x + row * K + G * 64;
-  uint32_t o[4];
+  uint32_t o[4], r[4];
 #pragma unroll
-  for (int u = 0; u < 4; ++u) o[u] = pack_bf16(src[gemm_kperm(L0 + 2 * u)], src[gemm_kperm(L0 + 2 * u + 1)]);
+  for (int u = 0; u < 4; ++u) {
+    const float v0 = src[gemm_kperm(L0 + 2 * u)], v1 = src[gemm_kperm(L0 + 2 * u + 1)];
+    const __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
+    o[u] = bf2_bits(h);
+    r[u] = pack_bf16(v0 - __low2float(h), v1 - __high2float(h));
+  }
   reinterpret_cast<uint4*>(xb)[i] = make_uint4(o[0], o[1], o[2], o[3]);
+  if (xl) reinterpret_cast<uint4*>(xl)[i] = make_uint4(r[0], r[1], r[2], r[3]);
 }
 
 // P1 off: W -> bf16 [rows, cols] in mma k-order (same rounding as the fused path: s·q + b once).
@@ -430,9 +460,9 @@ bool gemm_ok(const QMat& w) {
   return (w.type == kQ4 || w.type == kQ8) && w.gs == 64 && !w.sb_f32 && w.cols % 512 == 0 && w.rows > 0;
 }
 
-void gemm_convert_a(const float* x, int T, int K, uint16_t* xb, cudaStream_t s) {
+void gemm_convert_a(const float* x, int T, int K, uint16_t* xb, uint16_t* xl, cudaStream_t s) {
   const int64_t n = int64_t(T) * (K / 8);
-  launch(convert_a_kernel, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s, x, T, K, xb);
+  launch(convert_a_kernel, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s, x, T, K, xb, xl);
   CUDA_LAUNCH_CHECK();
 }
 
@@ -444,9 +474,10 @@ void gemm_dequant(const QMat& w, uint16_t* wb, cudaStream_t s) {
   CUDA_LAUNCH_CHECK();
 }
 
-void gemm(const QMat& w, const uint16_t* xb, int T, float* y, int64_t ldy, bool accumulate, const uint16_t* wb,
-          int bm, cudaStream_t s) {
+void gemm(const QMat& w, const uint16_t* xb, const uint16_t* xl, int T, float* y, int64_t ldy, bool accumulate,
+          const uint16_t* wb, int bm, cudaStream_t s) {
   LILY_CHECK(gemm_ok(w), "gemm: unsupported weight matrix");
+  LILY_CHECK(w.type != kQ8 || (xl && !wb), "gemm: 8-bit weights need the split activations, no P1-off copy");
   const int gn = (w.rows + kBN - 1) / kBN;
   if (!bm) bm = env_int("LILY_GEMM_BM", 0);
   if (bm != 32 && bm != 64 && bm != 128) {
@@ -458,6 +489,7 @@ void gemm(const QMat& w, const uint16_t* xb, int T, float* y, int64_t ldy, bool 
   }
   GemmArgs a{};
   a.a = xb;
+  a.a_lo = xl;
   a.K = w.cols;
   a.M = T;
   a.N = w.rows;

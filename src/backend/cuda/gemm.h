@@ -25,17 +25,18 @@ __host__ __device__ constexpr int gemm_kperm_inv(int P) {
 
 // True when the GEMM handles W: 4/8-bit affine with group 64 and bf16 scales, cols % 512 == 0.
 bool gemm_ok(const QMat& w);
-// x f32 [T, K] (K % 64 == 0) -> xb bf16 [T, K] in the mma k-order.
-void gemm_convert_a(const float* x, int T, int K, uint16_t* xb, cudaStream_t s);
-// Ablation P1 off: W dequantised once into bf16 [rows, cols] in the mma k-order.
+// x f32 [T, K] (K % 64 == 0) -> xb bf16 [T, K] in the mma k-order; xl (optional) the remainders
+// x - xb as bf16, which 8-bit matrices need (split precision, see gemm.cu).
+void gemm_convert_a(const float* x, int T, int K, uint16_t* xb, uint16_t* xl, cudaStream_t s);
+// Ablation P1 off (4-bit only): W dequantised once into bf16 [rows, cols] in the mma k-order.
 int64_t gemm_dequant_bytes(const QMat& w);
 void gemm_dequant(const QMat& w, uint16_t* wb, cudaStream_t s);
 
-// y[T, w.rows] (row stride ldy) = xb · Wᵀ, or += when `accumulate`. wb: the P1-off bf16 copy of W
-// (nullptr: fused dequantisation). bm: M-tile 32/64/128, 0 = chosen from T and the grid size
-// (LILY_GEMM_BM overrides).
-void gemm(const QMat& w, const uint16_t* xb, int T, float* y, int64_t ldy, bool accumulate, const uint16_t* wb,
-          int bm, cudaStream_t s);
+// y[T, w.rows] (row stride ldy) = xb · Wᵀ, or += when `accumulate`. xl: remainders (required for
+// 8-bit W, ignored otherwise). wb: the P1-off bf16 copy of a 4-bit W (nullptr: fused
+// dequantisation). bm: M-tile 32/64/128, 0 = chosen from T and the grid size (LILY_GEMM_BM overrides).
+void gemm(const QMat& w, const uint16_t* xb, const uint16_t* xl, int T, float* y, int64_t ldy, bool accumulate,
+          const uint16_t* wb, int bm, cudaStream_t s);
 
 // ---- grouped GEMM (used by moe_prefill.cu) -------------------------------------------------
 // Rows are processed in M-tiles listed by a device tile map {group, first row, rows, 0}; the grid

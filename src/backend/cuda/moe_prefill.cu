@@ -22,7 +22,7 @@ namespace {
 
 // Workspace sections (byte offsets, 256-aligned); tile list sized for the smallest M-tile.
 struct Layout {
-  int64_t xb, logits, sg, ids, wts, ctl, tiles, row_tok, row_dst, row_w, act, slot, total;
+  int64_t xb, xl, logits, sg, ids, wts, ctl, tiles, row_tok, row_dst, row_w, act, slot, total;
   int max_tiles32;
 };
 
@@ -42,6 +42,7 @@ Layout layout(const MoeDev& m, int T) {
   const int64_t R = int64_t(T) * m.K + T;   // routed rows + shared-expert rows
   l.max_tiles32 = max_tiles(m, T, 32);
   l.xb = take(int64_t(T) * m.H * 2);
+  l.xl = take(int64_t(T) * m.H * 2);
   l.logits = take(int64_t(T) * m.E * 4);
   l.sg = take(int64_t(T) * 4);
   l.ids = take(int64_t(T) * m.K * 4);
@@ -266,6 +267,7 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
   const Layout l = layout(m, T);
   char* w = static_cast<char*>(work);
   uint16_t* xb = reinterpret_cast<uint16_t*>(w + l.xb);
+  uint16_t* xl = reinterpret_cast<uint16_t*>(w + l.xl);
   float* logits = reinterpret_cast<float*>(w + l.logits);
   float* sg = reinterpret_cast<float*>(w + l.sg);
   int32_t* ids = reinterpret_cast<int32_t*>(w + l.ids);
@@ -285,9 +287,9 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
   const int64_t routed = int64_t(T) * m.K;
 
   if (o.stages & 1) {
-    gemm_convert_a(x, T, m.H, xb, s);
-    gemm(m.router, xb, T, logits, m.E, false, nullptr, 0, s);
-    gemm(m.shared_gate, xb, T, sg, 1, false, nullptr, 0, s);
+    gemm_convert_a(x, T, m.H, xb, xl, s);
+    gemm(m.router, xb, xl, T, logits, m.E, false, nullptr, 0, s);
+    gemm(m.shared_gate, xb, xl, T, sg, 1, false, nullptr, 0, s);
   }
   if (o.stages & 2) {
     CUDA_CHECK(cudaMemsetAsync(counts, 0, 4 * (m.E + 1), s));
