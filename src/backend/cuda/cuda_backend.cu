@@ -10,6 +10,7 @@
 
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/prefill_attn.h"
+#include "backend/cuda/gemm.h"
 
 namespace lily {
 
@@ -68,6 +69,7 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaSetDevice(0));
     CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
     set_ablations(abl_);
+    if (const char* v = std::getenv("LILY_GEMM_MIN_T"); v && *v) gemm_min_t_ = std::atoi(v);
     argmax_ws_ = alloc_bytes(argmax_scratch_bytes(4096));
   }
   ~CudaBackend() override {
@@ -248,6 +250,7 @@ class CudaBackend final : public Backend {
       m.hist = hist_ + int64_t(moe_calls_ % c.num_hidden_layers) * m.E;
     }
     ++moe_calls_;
+    if (T >= gemm_min_t_ && moe_prefill(m, x, T, out)) return;
     float* ws = workspace(moe_workspace_floats(m, T));
     auto expert_bytes = [](const QStack& s) { return double(type_bytes(s.first) + 2 * sb_bytes(s.first)); };
     auto mat_bytes = [](const QMatrix& q) { return double(type_bytes(q) + 2 * sb_bytes(q)); };
@@ -340,6 +343,8 @@ class CudaBackend final : public Backend {
     gdn_min_t_ = std::max(2, env_int("LILY_GDN_PREFILL_MIN_T", 2));
     gdn_nc_ = env_int("LILY_GDN_SCAN_NC", 0);
     attn_min_t_ = std::max(1, env_int("LILY_ATTN_PREFILL_MIN_T", 16));
+    p1_off_ = abl_.has("P1");   // P1: separate dequantisation pass into bf16 before the GEMM
+    p2_off_ = abl_.has("P2");   // P2: MoE prefill groups built on the host
   }
   // Counting starts at the next MoE call of layer 0; counts are per layer.
   void set_expert_histogram(bool on) {
@@ -357,6 +362,34 @@ class CudaBackend final : public Backend {
     return out;
   }
   cudaStream_t stream() const { return s_; }
+  std::vector<double> time_ops(const std::function<void()>& op, int warmup, int reps) {
+    for (int i = 0; i < warmup; ++i) op();
+    synchronize();
+    std::vector<cudaEvent_t> ev(2 * reps);
+    for (auto& e : ev) CUDA_CHECK(cudaEventCreate(&e));
+    for (int i = 0; i < reps; ++i) {
+      CUDA_CHECK(cudaEventRecord(ev[2 * i], s_));
+      op();
+      flush();
+      CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], s_));
+    }
+    synchronize();
+    std::vector<double> ms(reps);
+    for (int i = 0; i < reps; ++i) {
+      float f = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&f, ev[2 * i], ev[2 * i + 1]));
+      ms[i] = f;
+    }
+    for (auto& e : ev) cudaEventDestroy(e);
+    return ms;
+  }
+  std::vector<int32_t> last_moe_ids() {
+    std::vector<int32_t> ids;
+    if (!last_moe_.ws) return ids;
+    ids.resize(size_t(last_moe_.T) * last_moe_.m.K);
+    copy_to_host(ids.data(), moe_prefill_ids(last_moe_.m, last_moe_.T, last_moe_.ws), 4LL * ids.size());
+    return ids;
+  }
 
  private:
   struct Mark {
@@ -446,6 +479,9 @@ class CudaBackend final : public Backend {
   }
   void flush_mm() {
     if (pend_.empty()) return;
+    if (pend_T_ >= gemm_min_t_ &&
+        std::all_of(pend_.begin(), pend_.end(), [](const GemvJob& j) { return gemm_ok(j.w); }))
+      return flush_gemm();
     std::string name = "gemv ";
     double bytes = 0;
     for (size_t i = 0; i < pend_.size(); ++i) {
@@ -462,6 +498,58 @@ class CudaBackend final : public Backend {
     flush_add();
     flush_mm();
   }
+  // Prefill matmuls (P1): each distinct input converted to bf16 once, one tensor-core GEMM per matrix.
+  void flush_gemm() {
+    std::vector<GemvJob> jobs;
+    jobs.swap(pend_);
+    const int T = pend_T_;
+    // xoff[i]: bf16 copy of job i's input (+ its remainders right after, for 8-bit matrices).
+    std::vector<int64_t> xoff(jobs.size());
+    std::vector<int> first(jobs.size(), -1);   // job that converts this input
+    int64_t bytes = 0, wb_bytes = 0;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      for (size_t k = 0; k < i && first[i] < 0; ++k)
+        if (jobs[k].x == jobs[i].x && jobs[k].w.cols == jobs[i].w.cols) first[i] = first[k], xoff[i] = xoff[k];
+      if (first[i] < 0) first[i] = int(i), xoff[i] = bytes, bytes += 2 * ((int64_t(T) * jobs[i].w.cols * 2 + 255) / 256 * 256);
+      if (p1_off_ && jobs[i].w.type == kQ4) wb_bytes = std::max(wb_bytes, gemm_dequant_bytes(jobs[i].w));
+    }
+    char* ws = reinterpret_cast<char*>(workspace((bytes + wb_bytes) / 4 + 1));
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const GemvJob& j = jobs[i];
+      const int64_t half = (int64_t(T) * j.w.cols * 2 + 255) / 256 * 256;
+      auto* xb = reinterpret_cast<uint16_t*>(ws + xoff[i]);
+      auto* xl = reinterpret_cast<uint16_t*>(ws + xoff[i] + half);
+      if (first[i] == int(i)) {
+        bool split = false;   // remainders only when an 8-bit matrix reads this input
+        for (size_t k = i; k < jobs.size(); ++k) split = split || (first[k] == int(i) && jobs[k].w.type == kQ8);
+        timed("gemm.convert", 6.0 * T * j.w.cols, [&] { gemm_convert_a(j.x, T, j.w.cols, xb, split ? xl : nullptr, s_); });
+      }
+      const std::string shape = std::to_string(j.w.rows) + "x" + std::to_string(j.w.cols);
+      uint16_t* wb = p1_off_ && j.w.type == kQ4 ? reinterpret_cast<uint16_t*>(ws + bytes) : nullptr;
+      if (wb) timed("gemm.dequant " + shape, 2.5 * j.w.rows * j.w.cols, [&] { gemm_dequant(j.w, wb, s_); });
+      const double wbytes = double(j.w.rows) * j.w.cols * (j.w.type == kQ4 ? 0.5 : 1) + j.w.rows * (j.w.cols / 16.0);
+      timed("gemm " + shape, wbytes, [&] { gemm(j.w, xb, xl, T, j.y, j.w.rows, false, wb, 0, s_); });
+    }
+  }
+  // Prefill MoE (P2, P3) when the weights suit it; false: use the decode kernels.
+  bool moe_prefill(const MoeDev& m, const float* x, int T, float* out) {
+    if (!moe_prefill_ok(m)) return false;
+    void* ws = workspace(moe_prefill_workspace_bytes(m, T) / 4 + 1);
+    last_moe_ = {m, T, ws};
+    MoePrefillOpts o;
+    o.host_routing = p2_off_;
+    if (!profiling_ || capturing_) {
+      cuda::moe_prefill(m, x, T, out, ws, o, s_);
+      return true;
+    }
+    const char* names[5] = {"moe_prefill.router", "moe_prefill.route", "moe_prefill.gate_up", "moe_prefill.down",
+                            "moe_prefill.combine"};
+    for (int i = 0; i < 5; ++i) {
+      o.stages = 1 << i;
+      timed(names[i], 0, [&] { cuda::moe_prefill(m, x, T, out, ws, o, s_); });
+    }
+    return true;
+  }
 
   Ablations abl_;
   cudaStream_t s_ = nullptr;
@@ -469,6 +557,13 @@ class CudaBackend final : public Backend {
   int splits_ = 0;
   bool prefill_gdn_ = true, prefill_attn_ = true;
   int gdn_min_t_ = 2, gdn_nc_ = 0, attn_min_t_ = 16;
+  int gemm_min_t_ = 16;             // prefill path from this many tokens (LILY_GEMM_MIN_T)
+  bool p1_off_ = false, p2_off_ = false;
+  struct {
+    MoeDev m;
+    int T;
+    void* ws;
+  } last_moe_{{}, 0, nullptr};
   std::vector<void*> allocs_;
   std::map<void*, int64_t> alloc_size_;
   std::map<const void*, std::pair<const void*, int64_t>> uploaded_;
@@ -510,6 +605,10 @@ void set_ablations(Backend& be, const Ablations& a) { as_cuda(be).set_ablations(
 void set_expert_histogram(Backend& be, bool on) { as_cuda(be).set_expert_histogram(on); }
 std::vector<std::vector<int64_t>> expert_histogram(Backend& be) { return as_cuda(be).expert_histogram(); }
 std::vector<OpTime> take_profile(Backend& be) { return as_cuda(be).take_profile(); }
+std::vector<double> time_ops(Backend& be, const std::function<void()>& op, int warmup, int reps) {
+  return as_cuda(be).time_ops(op, warmup, reps);
+}
+std::vector<int32_t> last_moe_ids(Backend& be) { return as_cuda(be).last_moe_ids(); }
 int64_t device_bytes(Backend& be) { return as_cuda(be).device_bytes(); }
 
 double copy_bandwidth_gbs(Backend& be, int64_t bytes) {

@@ -3,6 +3,7 @@
 // header is needed to include this file.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,11 @@ void set_ablations(Backend& be, const Ablations& a);
 // steps captured from now on); the counts restart at zero.
 void set_expert_histogram(Backend& be, bool on);
 std::vector<std::vector<int64_t>> expert_histogram(Backend& be);
+// Device times (ms) of `reps` calls of `op` (ops on `be`, each flushed and bracketed by CUDA events)
+// after `warmup` untimed calls.
+std::vector<double> time_ops(Backend& be, const std::function<void()>& op, int warmup, int reps);
+// Expert ids [T, top-k] chosen by the last prefill-path MoE call (empty if none).
+std::vector<int32_t> last_moe_ids(Backend& be);
 
 }  // namespace cuda_tools
 }  // namespace lily

@@ -1,0 +1,77 @@
+// Prefill matrix path of the CUDA backend (P1–P3): a bf16 tensor-core GEMM (mma.sync m16n8k16,
+// f32 accumulation, cp.async multi-stage pipeline) that dequantises MLX 4/8-bit weights inside its
+// mainloop, and the MoE block for T tokens built on it with routing on the device (gemm.cu,
+// moe_prefill.cu). Every launcher is asynchronous on the given stream, except the host-routing
+// ablation (P2 off), which synchronises by design.
+#pragma once
+#include <cstdint>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+namespace lily::cuda {
+
+// ---- gemm.cu -----------------------------------------------------------------------------
+// Activations enter the GEMM as bf16 in the "mma k-order": inside every 64-column group, column
+// L of the staged row holds input column gemm_kperm(L). The order matches how a thread's packed
+// 4-bit (or 8-bit) codes map onto its mma B fragment, so codes are dequantised straight from the
+// shared-memory copy of the MLX layout into fragments; A is permuted instead of the weights.
+__host__ __device__ constexpr int gemm_kperm(int L) {
+  return 16 * ((L >> 1) & 3) + 8 * (L >> 5) + 2 * ((L >> 4) & 1) + ((L >> 3) & 1) + 4 * (L & 1);
+}
+__host__ __device__ constexpr int gemm_kperm_inv(int P) {
+  return 16 * (2 * ((P >> 3) & 1) + ((P >> 1) & 1)) + 8 * (P & 1) + 2 * (P >> 4) + ((P >> 2) & 1);
+}
+
+// True when the GEMM handles W: 4/8-bit affine with group 64 and bf16 scales, cols % 512 == 0.
+bool gemm_ok(const QMat& w);
+// x f32 [T, K] (K % 64 == 0) -> xb bf16 [T, K] in the mma k-order; xl (optional) the remainders
+// x - xb as bf16, which 8-bit matrices need (split precision, see gemm.cu).
+void gemm_convert_a(const float* x, int T, int K, uint16_t* xb, uint16_t* xl, cudaStream_t s);
+// Ablation P1 off (4-bit only): W dequantised once into bf16 [rows, cols] in the mma k-order.
+int64_t gemm_dequant_bytes(const QMat& w);
+void gemm_dequant(const QMat& w, uint16_t* wb, cudaStream_t s);
+
+// y[T, w.rows] (row stride ldy) = xb · Wᵀ, or += when `accumulate`. xl: remainders (required for
+// 8-bit W, ignored otherwise). wb: the P1-off bf16 copy of a 4-bit W (nullptr: fused
+// dequantisation). bm: M-tile 32/64/128, 0 = chosen from T and the grid size (LILY_GEMM_BM overrides).
+void gemm(const QMat& w, const uint16_t* xb, const uint16_t* xl, int T, float* y, int64_t ldy, bool accumulate,
+          const uint16_t* wb, int bm, cudaStream_t s);
+
+// ---- grouped GEMM (used by moe_prefill.cu) -------------------------------------------------
+// Rows are processed in M-tiles listed by a device tile map {group, first row, rows, 0}; the grid
+// is launched for the worst-case tile count and CTAs past *n_tiles exit. Group g < n_groups takes
+// B from the stacked matrices (base + g·stride); group n_groups from the `extra` matrices (the
+// shared expert).
+struct GroupedB {
+  QMat w[2];                    // group 0 of each matrix (SwiGLU: gate, up; else w[0] only)
+  QMat extra[2];                // group n_groups
+  int64_t stride = 0, sb_stride = 0;   // bytes between groups in data / scales+biases
+  int n_groups = 0;
+};
+// act[r, 0:I) (bf16, mma k-order, row stride ld_act) = silu(x_r·Gᵀ)·(x_r·Uᵀ), x_r = xb row a_rows[r].
+void gemm_grouped_swiglu(const GroupedB& b, const uint16_t* xb, const int* a_rows, const int4* tiles,
+                         const int* n_tiles, int max_tiles, int bm, uint16_t* act, int ld_act, cudaStream_t s);
+// y[dst[r], :] = scale[r] · (act_r · Dᵀ), act_r = row r of act (bf16, mma k-order).
+void gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int4* tiles, const int* n_tiles,
+                          int max_tiles, int bm, const int* dst, const float* scale, float* y, int64_t ldy,
+                          cudaStream_t s);
+
+// ---- moe_prefill.cu ------------------------------------------------------------------------
+struct MoePrefillOpts {
+  int bm = 0;                   // expert M-tile 32/64/128; 0 = moe_prefill_tile()
+  bool host_routing = false;    // ablation P2 off: groups built on the host (synchronises)
+  int stages = 31;              // bits: 1 router, 2 routing, 4 gate/up, 8 down, 16 combine
+};
+// True when moe_prefill handles these weights (4-bit experts, H and I multiples of 512, I == Is).
+bool moe_prefill_ok(const MoeDev& m);
+// P3: the expert M-tile for T tokens (expected rows per expert T·K/E); LILY_MOE_TILE overrides.
+int moe_prefill_tile(const MoeDev& m, int T);
+int64_t moe_prefill_workspace_bytes(const MoeDev& m, int T);
+// out [T, H] = MoE(x) (MODEL.md §2.4). `work` of moe_prefill_workspace_bytes.
+void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work, const MoePrefillOpts& o,
+                 cudaStream_t s);
+// Device pointer to the [T, K] expert ids of the last call that used `work` (tests).
+const int32_t* moe_prefill_ids(const MoeDev& m, int T, const void* work);
+
+}  // namespace lily::cuda

@@ -1,0 +1,339 @@
+// MoE block for a prefill chunk of T tokens (MODEL.md §2.4) on the grouped tensor-core GEMM:
+// x -> bf16 once; router logits and the shared-expert gate logit by the GEMM (8-bit weights);
+// per token softmax over all experts in f32, top-k, renormalised (warp per token, ties to the lower
+// id as on the CPU); then, without any host synchronisation (P2): per-expert counts, one block that
+// scans them into row offsets and a list of fixed-size M-tiles (the shared expert is group E,
+// visited by every token), a scatter of the T·K (token, slot) rows into expert order; grouped
+// gate+up GEMM with SwiGLU in the epilogue writing bf16 activations in the next GEMM's k-order,
+// grouped down GEMM writing w_k·down_k (shared: σ(gate)·down) to one f32 row per (token, slot), and
+// a gather-reduce per token in a fixed order, so results do not depend on scheduling.
+// The grouped GEMMs are launched for the worst-case tile count; surplus CTAs exit at once.
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdlib>
+#include <vector>
+
+#include "backend/cuda/gemm.h"
+
+namespace lily::cuda {
+
+namespace {
+
+// Workspace sections (byte offsets, 256-aligned); tile list sized for the smallest M-tile.
+struct Layout {
+  int64_t xb, xl, logits, sg, ids, wts, ctl, tiles, row_tok, row_dst, row_w, act, slot, total;
+  int max_tiles32;
+};
+
+int max_tiles(const MoeDev& m, int T, int bm) {
+  const int64_t routed = int64_t(T) * m.K, busy = std::min<int64_t>(m.E, routed);
+  return int((routed + busy * (bm - 1)) / bm + (T + bm - 1) / bm);
+}
+
+Layout layout(const MoeDev& m, int T) {
+  Layout l{};
+  int64_t o = 0;
+  auto take = [&](int64_t bytes) {
+    const int64_t at = o;
+    o += (bytes + 255) / 256 * 256;
+    return at;
+  };
+  const int64_t R = int64_t(T) * m.K + T;   // routed rows + shared-expert rows
+  l.max_tiles32 = max_tiles(m, T, 32);
+  l.xb = take(int64_t(T) * m.H * 2);
+  l.xl = take(int64_t(T) * m.H * 2);
+  l.logits = take(int64_t(T) * m.E * 4);
+  l.sg = take(int64_t(T) * 4);
+  l.ids = take(int64_t(T) * m.K * 4);
+  l.wts = take(int64_t(T) * m.K * 4);
+  l.ctl = take(4 * (3 * int64_t(m.E + 1) + 1));   // counts, offsets, fill [E+1], n_tiles
+  l.tiles = take(int64_t(l.max_tiles32) * 16);
+  l.row_tok = take(R * 4);
+  l.row_dst = take(R * 4);
+  l.row_w = take(R * 4);
+  l.act = take(R * m.I * 2);
+  l.slot = take(R * m.H * 4);
+  l.total = o;
+  return l;
+}
+
+// Warp per token: softmax over E logits (f32), top-K by probability (lowest id on ties),
+// renormalised weights; per-expert counts for the grouping.
+template <int NJ>
+__global__ void moe_topk_kernel(const float* __restrict__ logits, int T, int E, int K, int32_t* __restrict__ ids,
+                                float* __restrict__ wts, int* counts, int* hist) {
+  pdl_trigger();
+  pdl_wait();
+  const int lane = threadIdx.x & 31, t = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+  if (t >= T) return;
+  const float* l = logits + int64_t(t) * E;
+  float p[NJ];
+  float mx = -FLT_MAX;
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    const int e = j * 32 + lane;
+    p[j] = e < E ? l[e] : -FLT_MAX;
+    mx = fmaxf(mx, p[j]);
+  }
+  mx = warp_max(mx);
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    p[j] = j * 32 + lane < E ? expf(p[j] - mx) : 0.f;
+    sum += p[j];
+  }
+  sum = warp_sum(sum);
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) p[j] = j * 32 + lane < E ? p[j] / sum : -1.f;
+  float top = 0.f, myv = 0.f;
+  int myi = 0;
+  for (int k = 0; k < K; ++k) {
+    float bv = -2.f;
+    int bi = 0x7fffffff;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+      if (p[j] > bv) {
+        bv = p[j];
+        bi = j * 32 + lane;
+      }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    top += bv;
+    if (lane == k) {
+      myv = bv;
+      myi = bi;
+    }
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+      if (j * 32 + lane == bi) p[j] = -1.f;
+  }
+  if (lane < K) {
+    ids[int64_t(t) * K + lane] = myi;
+    wts[int64_t(t) * K + lane] = myv / top;
+    atomicAdd(&counts[myi], 1);
+    if (hist) atomicAdd(&hist[myi], 1);
+  }
+}
+
+// One block of 512 threads: exclusive scans of the group sizes (E experts + the shared expert
+// with T rows) and of their tile counts; writes row offsets, resets the fill counters, writes the
+// tile list and its length.
+__global__ void __launch_bounds__(512) moe_plan_kernel(const int* counts, int E, int T, int bm, int* offsets,
+                                                       int* fill, int4* tiles, int* n_tiles) {
+  __shared__ int sc[512], st[512];
+  pdl_trigger();
+  pdl_wait();
+  const int tid = threadIdx.x;
+  const int c = tid < E ? counts[tid] : tid == E ? T : 0;
+  const int nt = (c + bm - 1) / bm;
+  sc[tid] = c;
+  st[tid] = nt;
+  for (int off = 1; off < 512; off <<= 1) {
+    __syncthreads();
+    const int x = tid >= off ? sc[tid - off] : 0, y = tid >= off ? st[tid - off] : 0;
+    __syncthreads();
+    sc[tid] += x;
+    st[tid] += y;
+  }
+  __syncthreads();
+  if (tid <= E) {
+    const int off = sc[tid] - c, toff = st[tid] - nt;
+    offsets[tid] = off;
+    fill[tid] = 0;
+    for (int i = 0; i < nt; ++i) tiles[toff + i] = make_int4(tid, off + i * bm, min(bm, c - i * bm), 0);
+  }
+  if (tid == 0) *n_tiles = st[511];
+}
+
+// Rows in group order: routed (t, k) at offsets[e] + arrival, shared-expert rows at T·K + t.
+__global__ void moe_scatter_kernel(const int32_t* __restrict__ ids, const float* __restrict__ wts,
+                                   const float* __restrict__ sg, int T, int K, const int* offsets, int* fill,
+                                   int* __restrict__ row_tok, int* __restrict__ row_dst, float* __restrict__ row_w) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t routed = int64_t(T) * K;
+  if (i < routed) {
+    const int e = ids[i];
+    const int pos = offsets[e] + atomicAdd(&fill[e], 1);
+    row_tok[pos] = int(i / K);
+    row_dst[pos] = int(i);
+    row_w[pos] = wts[i];
+  } else if (i < routed + T) {
+    const int t = int(i - routed);
+    row_tok[i] = t;
+    row_dst[i] = int(i);
+    row_w[i] = sigmoidf_(sg[t]);
+  }
+}
+
+// out[t] = shared row + Σ_k routed rows, in this fixed order.
+__global__ void moe_combine_kernel(const float4* __restrict__ slot, int T, int K, int H4, float4* __restrict__ out) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(T) * H4) return;
+  const int64_t t = i / H4, h = i % H4;
+  float4 v = slot[(int64_t(T) * K + t) * H4 + h];
+  for (int k = 0; k < K; ++k) {
+    const float4 r = slot[(t * K + k) * H4 + h];
+    v.x += r.x;
+    v.y += r.y;
+    v.z += r.z;
+    v.w += r.w;
+  }
+  out[i] = v;
+}
+
+// Ablation P2 off: the same plan built on the host from the device's top-k.
+void host_plan(const MoeDev& m, int T, int bm, char* w, const Layout& l, cudaStream_t s) {
+  const int64_t routed = int64_t(T) * m.K, R = routed + T;
+  std::vector<int32_t> ids(routed);
+  std::vector<float> wts(routed), sg(T);
+  CUDA_CHECK(cudaMemcpyAsync(ids.data(), w + l.ids, routed * 4, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaMemcpyAsync(wts.data(), w + l.wts, routed * 4, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaMemcpyAsync(sg.data(), w + l.sg, T * 4, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<int> start(m.E + 2, 0);
+  for (int64_t i = 0; i < routed; ++i) ++start[ids[i] + 1];
+  for (int e = 0; e < m.E; ++e) start[e + 1] += start[e];
+  std::vector<int4> tiles;
+  for (int e = 0; e <= m.E; ++e) {
+    const int c = e < m.E ? start[e + 1] - start[e] : T, off = e < m.E ? start[e] : int(routed);
+    for (int i = 0; i * bm < c; ++i) tiles.push_back(make_int4(e, off + i * bm, std::min(bm, c - i * bm), 0));
+  }
+  std::vector<int> row_tok(R), row_dst(R);
+  std::vector<float> row_w(R);
+  std::vector<int> fill(start.begin(), start.end() - 1);
+  for (int64_t i = 0; i < routed; ++i) {
+    const int pos = fill[ids[i]]++;
+    row_tok[pos] = int(i / m.K);
+    row_dst[pos] = int(i);
+    row_w[pos] = wts[i];
+  }
+  for (int t = 0; t < T; ++t) {
+    row_tok[routed + t] = t;
+    row_dst[routed + t] = int(routed + t);
+    row_w[routed + t] = 1.f / (1.f + std::exp(-sg[t]));
+  }
+  const int n = int(tiles.size());
+  int* ctl = reinterpret_cast<int*>(w + l.ctl);
+  CUDA_CHECK(cudaMemcpyAsync(w + l.tiles, tiles.data(), int64_t(n) * 16, cudaMemcpyHostToDevice, s));
+  CUDA_CHECK(cudaMemcpyAsync(ctl + 3 * (m.E + 1), &n, 4, cudaMemcpyHostToDevice, s));
+  CUDA_CHECK(cudaMemcpyAsync(w + l.row_tok, row_tok.data(), R * 4, cudaMemcpyHostToDevice, s));
+  CUDA_CHECK(cudaMemcpyAsync(w + l.row_dst, row_dst.data(), R * 4, cudaMemcpyHostToDevice, s));
+  CUDA_CHECK(cudaMemcpyAsync(w + l.row_w, row_w.data(), R * 4, cudaMemcpyHostToDevice, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));   // host vectors die here
+}
+
+bool q4g(const QMat& w) { return w.type == kQ4 && gemm_ok(w); }
+
+}  // namespace
+
+bool moe_prefill_ok(const MoeDev& m) {
+  return gemm_ok(m.router) && gemm_ok(m.shared_gate) && q4g(m.gate0) && q4g(m.up0) && q4g(m.down0) &&
+         q4g(m.sh_gate) && q4g(m.sh_up) && q4g(m.sh_down) && m.I == m.Is && m.E % 32 == 0 && m.E + 1 <= 512 &&
+         m.K <= 32 && m.K <= m.E && m.gate_stride == m.up_stride && m.gate_sb_stride == m.up_sb_stride &&
+         m.gate0.rows == m.I && m.down0.cols == m.I && m.down0.rows == m.H && m.gate0.cols == m.H;
+}
+
+int moe_prefill_tile(const MoeDev& m, int T) {
+  const char* v = std::getenv("LILY_MOE_TILE");
+  const int forced = v && *v ? std::atoi(v) : 0;
+  if (forced == 32 || forced == 64 || forced == 128) return forced;
+  // Expected rows per expert; a tile much larger than that is mostly padding, a much smaller one
+  // re-reads the expert's weights once per tile.
+  const double rows = double(T) * m.K / m.E;
+  return rows >= 160 ? 128 : rows >= 24 ? 64 : 32;
+}
+
+int64_t moe_prefill_workspace_bytes(const MoeDev& m, int T) { return layout(m, T).total; }
+
+const int32_t* moe_prefill_ids(const MoeDev& m, int T, const void* work) {
+  return reinterpret_cast<const int32_t*>(static_cast<const char*>(work) + layout(m, T).ids);
+}
+
+void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work, const MoePrefillOpts& o,
+                 cudaStream_t s) {
+  LILY_CHECK(moe_prefill_ok(m), "moe_prefill: unsupported weights");
+  const Layout l = layout(m, T);
+  char* w = static_cast<char*>(work);
+  uint16_t* xb = reinterpret_cast<uint16_t*>(w + l.xb);
+  uint16_t* xl = reinterpret_cast<uint16_t*>(w + l.xl);
+  float* logits = reinterpret_cast<float*>(w + l.logits);
+  float* sg = reinterpret_cast<float*>(w + l.sg);
+  int32_t* ids = reinterpret_cast<int32_t*>(w + l.ids);
+  float* wts = reinterpret_cast<float*>(w + l.wts);
+  int* counts = reinterpret_cast<int*>(w + l.ctl);
+  int* offsets = counts + (m.E + 1);
+  int* fill = offsets + (m.E + 1);
+  int* n_tiles = fill + (m.E + 1);
+  int4* tiles = reinterpret_cast<int4*>(w + l.tiles);
+  int* row_tok = reinterpret_cast<int*>(w + l.row_tok);
+  int* row_dst = reinterpret_cast<int*>(w + l.row_dst);
+  float* row_w = reinterpret_cast<float*>(w + l.row_w);
+  uint16_t* act = reinterpret_cast<uint16_t*>(w + l.act);
+  float* slot = reinterpret_cast<float*>(w + l.slot);
+  const int bm = o.bm ? o.bm : moe_prefill_tile(m, T);
+  const int mt = max_tiles(m, T, bm);
+  const int64_t routed = int64_t(T) * m.K;
+
+  if (o.stages & 1) {
+    gemm_convert_a(x, T, m.H, xb, xl, s);
+    gemm(m.router, xb, xl, T, logits, m.E, false, nullptr, 0, s);
+    gemm(m.shared_gate, xb, xl, T, sg, 1, false, nullptr, 0, s);
+  }
+  if (o.stages & 2) {
+    CUDA_CHECK(cudaMemsetAsync(counts, 0, 4 * (m.E + 1), s));
+    const dim3 gt((T + 7) / 8), bt(256);
+    if (m.E <= 256) launch(moe_topk_kernel<8>, gt, bt, 0, s, logits, T, m.E, m.K, ids, wts, counts, m.hist);
+    else launch(moe_topk_kernel<16>, gt, bt, 0, s, logits, T, m.E, m.K, ids, wts, counts, m.hist);
+    CUDA_LAUNCH_CHECK();
+    if (o.host_routing) {
+      host_plan(m, T, bm, w, l, s);
+    } else {
+      launch(moe_plan_kernel, dim3(1), dim3(512), 0, s, counts, m.E, T, bm, offsets, fill, tiles, n_tiles);
+      CUDA_LAUNCH_CHECK();
+      const int64_t R = routed + T;
+      launch(moe_scatter_kernel, dim3(unsigned((R + 255) / 256)), dim3(256), 0, s, ids, wts, sg, T, m.K, offsets,
+             fill, row_tok, row_dst, row_w);
+      CUDA_LAUNCH_CHECK();
+    }
+  }
+  if (o.stages & 4) {
+    GroupedB b;
+    b.w[0] = m.gate0;
+    b.w[1] = m.up0;
+    b.extra[0] = m.sh_gate;
+    b.extra[1] = m.sh_up;
+    b.stride = m.gate_stride;
+    b.sb_stride = m.gate_sb_stride;
+    b.n_groups = m.E;
+    gemm_grouped_swiglu(b, xb, row_tok, tiles, n_tiles, mt, bm, act, m.I, s);
+  }
+  if (o.stages & 8) {
+    GroupedB b;
+    b.w[0] = m.down0;
+    b.extra[0] = m.sh_down;
+    b.stride = m.down_stride;
+    b.sb_stride = m.down_sb_stride;
+    b.n_groups = m.E;
+    gemm_grouped_scatter(b, act, tiles, n_tiles, mt, bm, row_dst, row_w, slot, m.H, s);
+  }
+  if (o.stages & 16) {
+    const int64_t n = int64_t(T) * (m.H / 4);
+    launch(moe_combine_kernel, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s,
+           reinterpret_cast<const float4*>(slot), T, m.K, m.H / 4, reinterpret_cast<float4*>(out));
+    CUDA_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace lily::cuda
