@@ -1,6 +1,7 @@
 // The CUDA backend: device memory and weight upload, op dispatch onto one stream, small op fusions
 // done behind the interface (independent projections batched into one launch, the residual add
-// folded into the next RMSNorm), CUDA-graph capture of a decode step (D2) and per-op timing.
+// folded into the next RMSNorm; for decode steps the add folded into the producer's epilogue and
+// the RMSNorm into its consumers, D9), CUDA-graph capture of a decode step (D2) and per-op timing.
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -57,6 +58,29 @@ struct PendingAdd {
   int64_t n = 0;
 };
 
+// D9 (decode, T == 1): an rmsnorm not launched yet; the next matmul batch or MoE reading `out`
+// absorbs it (their kernels stage rmsnorm(x) themselves and one CTA writes `out`).
+struct PendingNorm {
+  const float* x = nullptr;
+  const float* w = nullptr;
+  int n = 0;
+  float eps = 0.f;
+  float* out = nullptr;
+};
+
+// D9/D10 (decode): an MoE block held back until the next op, so that a following add(h, out)
+// becomes the down kernel's epilogue.
+struct PendingMoe {
+  bool on = false;
+  MoeDev m{};
+  const float* x = nullptr;
+  float* out = nullptr;
+  float* ws = nullptr;
+  MoeDecode dec{};
+  int T = 1;
+  double bytes[3] = {0, 0, 0};   // profiler: router, gate/up, down
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const BackendOptions& opt) : abl_(opt.ablations) {
@@ -67,6 +91,7 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
     set_ablations(abl_);
     argmax_ws_ = alloc_bytes(argmax_scratch_bytes(4096));
+    router_ticket_ = static_cast<int*>(alloc_bytes(64));
   }
   ~CudaBackend() override {
     if (exec_) cudaGraphExecDestroy(exec_);
@@ -148,7 +173,13 @@ class CudaBackend final : public Backend {
     timed("embed", 0, [&] { cuda::embed(to_qmat(E), tokens, T, out, s_); });
   }
   void rmsnorm(const float* x, const FVec& w, int T, float eps, float* out) override {
+    flush_moe();
+    flush_norm();
     flush_mm();
+    if (fold_norm_ && T == 1 && !pend_add_.h && w.n % 4 == 0 && x != out) {   // D9: left to the consumer
+      pend_norm_ = {x, w.data, int(w.n), eps, out};
+      return;
+    }
     if (pend_add_.h && pend_add_.h == x && pend_add_.n == int64_t(T) * w.n) {
       PendingAdd p = pend_add_;
       pend_add_ = {};
@@ -159,16 +190,49 @@ class CudaBackend final : public Backend {
     timed("rmsnorm", 0, [&] { cuda::rmsnorm(const_cast<float*>(x), nullptr, w.data, int(w.n), T, eps, out, s_); });
   }
   void matmul(const QMatrix& W, const float* x, int T, float* y) override {
+    flush_moe();
     flush_add();
+    const QMat q = to_qmat(W);
+    // D9: a pending rmsnorm producing x becomes part of this batch when its kernel can fold it.
+    if (pend_norm_.x) {
+      if (x == pend_norm_.out && gemv_norm_ok(q, T, fast_) && q.cols == pend_norm_.n && y != pend_norm_.x) {
+        flush_mm();
+        mm_norm_ = pend_norm_;
+        pend_norm_ = {};
+      } else {
+        flush_norm();
+      }
+    }
     bool conflict = pend_T_ != T || int(pend_.size()) == kMaxGemvJobs;
     for (const GemvJob& j : pend_)
       conflict = conflict || j.y == x || j.y == y || j.x == y;
+    // A batch with a folded norm reads mm_norm_.x and writes mm_norm_.out (= every job's x).
+    if (mm_norm_.x)
+      conflict = conflict || x != mm_norm_.out || !gemv_norm_ok(q, T, fast_) || q.cols != mm_norm_.n ||
+                 y == mm_norm_.x;
     if (conflict) flush_mm();
     pend_T_ = T;
-    pend_.push_back({to_qmat(W), x, y});
+    pend_.push_back({q, x, y});
     if (!batch_) flush_mm();
   }
   void add(float* h, const float* r, int64_t n) override {
+    // D9: the add becomes the epilogue of the kernel that produces r (it also still writes r).
+    if (fold_norm_ && pend_moe_.on && pend_moe_.out == r && n == pend_moe_.m.H && pend_moe_.x != h &&
+        pend_moe_.dec.norm.h != h) {
+      pend_moe_.dec.res = h;
+      flush_moe();
+      return;
+    }
+    if (fold_norm_ && pend_T_ == 1 && !pend_.empty() && pend_.back().y == r && n == pend_.back().w.rows &&
+        (!mm_norm_.x || mm_norm_.x != h)) {
+      bool reads_h = false;
+      for (const GemvJob& j : pend_) reads_h = reads_h || j.x == h || j.y == h || (j.y == r && &j != &pend_.back());
+      if (!reads_h) {
+        pend_.back().res = h;
+        flush_mm();
+        return;
+      }
+    }
     flush();
     if (fuse_add_) {
       pend_add_ = {h, r, n};
@@ -199,7 +263,8 @@ class CudaBackend final : public Backend {
     });
   }
   void moe(const ModelConfig& c, const MoeWeights& w, const float* x, int T, float* out) override {
-    flush();
+    flush_moe();
+    flush_add();
     MoeDev m{};
     m.E = c.num_experts;
     m.K = c.num_experts_per_tok;
@@ -220,6 +285,18 @@ class CudaBackend final : public Backend {
     m.sh_gate = to_qmat(w.shared_gate_proj);
     m.sh_up = to_qmat(w.shared_up_proj);
     m.sh_down = to_qmat(w.shared_down_proj);
+    // D9: a pending rmsnorm producing x is folded into the router stage when it can be.
+    MoeDecode dec{};
+    if (pend_norm_.x) {
+      if (x == pend_norm_.out && pend_norm_.n == m.H && moe_norm_ok(m, T, fast_) && out != pend_norm_.x) {
+        dec.norm = {pend_norm_.x, pend_norm_.w, pend_norm_.eps};
+        pend_norm_ = {};
+      } else {
+        flush_norm();
+      }
+    }
+    flush_mm();
+    if (fuse_router_ && moe_router_topk_ok(m, T, fast_)) dec.counter = router_ticket_;
     if (hist_on_) {
       if (!hist_) hist_ = alloc_i32(int64_t(c.num_hidden_layers) * m.E);
       hist_layers_ = c.num_hidden_layers;
@@ -230,16 +307,21 @@ class CudaBackend final : public Backend {
     float* ws = workspace(moe_workspace_floats(m, T));
     auto expert_bytes = [](const QStack& s) { return double(type_bytes(s.first) + 2 * sb_bytes(s.first)); };
     auto mat_bytes = [](const QMatrix& q) { return double(type_bytes(q) + 2 * sb_bytes(q)); };
-    if (profiling_ && !capturing_) {
-      const double ebytes = m.K * (expert_bytes(w.experts_gate) + expert_bytes(w.experts_up));
-      timed("moe.router", mat_bytes(w.gate), [&] { cuda::moe(m, x, T, out, ws, fast_, 1, s_); });
-      timed("moe.gate_up", ebytes + mat_bytes(w.shared_gate_proj) + mat_bytes(w.shared_up_proj),
-            [&] { cuda::moe(m, x, T, out, ws, fast_, 2, s_); });
-      timed("moe.down", m.K * expert_bytes(w.experts_down) + mat_bytes(w.shared_down_proj),
-            [&] { cuda::moe(m, x, T, out, ws, fast_, 4, s_); });
-      return;
-    }
-    cuda::moe(m, x, T, out, ws, fast_, 7, s_);
+    PendingMoe p;
+    p.on = true;
+    p.m = m;
+    p.x = x;
+    p.out = out;
+    p.ws = ws;
+    p.dec = dec;
+    p.T = T;
+    p.bytes[0] = mat_bytes(w.gate);
+    p.bytes[1] = m.K * (expert_bytes(w.experts_gate) + expert_bytes(w.experts_up)) + mat_bytes(w.shared_gate_proj) +
+                 mat_bytes(w.shared_up_proj);
+    p.bytes[2] = m.K * expert_bytes(w.experts_down) + mat_bytes(w.shared_down_proj);
+    pend_moe_ = p;
+    // D9: held back for one op so that the residual add can become the down kernel's epilogue.
+    if (!(fold_norm_ && T == 1)) flush_moe();
   }
   void argmax(const float* logits, int T, int n, int32_t* ids) override {
     flush();
@@ -309,6 +391,10 @@ class CudaBackend final : public Backend {
     batch_ = !abl_.has("D3b");
     pdl_enabled() = !abl_.has("D3");
     fuse_add_ = !abl_.has("D8");
+    fold_norm_ = !abl_.has("D9");     // D9: decode add → producer epilogue, rmsnorm → consumer staging
+    fuse_router_ = !abl_.has("D10");  // D10: decode router + top-k in one many-CTA kernel
+    merge_warps_enabled() = !abl_.has("D11");   // D11: split-KV merge with warps across splits
+    gdn_split_enabled() = !abl_.has("D12");     // D12: GDN decode step over 4 CTAs per value head
     pack_gqa_ = !abl_.has("D6");
     splits_ = abl_.has("D7") ? 1 : 0;   // 0: sized from the SM count
   }
@@ -415,6 +501,28 @@ class CudaBackend final : public Backend {
     pend_add_ = {};
     timed("add", 0, [&] { cuda::add(p.h, p.r, p.n, s_); });
   }
+  void flush_norm() {
+    if (!pend_norm_.x) return;
+    PendingNorm p = pend_norm_;
+    pend_norm_ = {};
+    timed("rmsnorm", 0,
+          [&] { cuda::rmsnorm(const_cast<float*>(p.x), nullptr, p.w, p.n, 1, p.eps, p.out, s_); });
+  }
+  void flush_moe() {
+    if (!pend_moe_.on) return;
+    PendingMoe p = pend_moe_;
+    pend_moe_ = {};
+    const MoeDecode* dec = &p.dec;
+    const int T = p.T;
+    if (profiling_ && !capturing_) {
+      const char* names[3] = {p.dec.norm.w ? "moe.router+norm" : "moe.router", "moe.gate_up",
+                              p.dec.res ? "moe.down+add" : "moe.down"};
+      for (int st = 0; st < 3; ++st)
+        timed(names[st], p.bytes[st], [&] { cuda::moe(p.m, p.x, T, p.out, p.ws, fast_, 1 << st, s_, dec); });
+      return;
+    }
+    cuda::moe(p.m, p.x, T, p.out, p.ws, fast_, 7, s_, dec);
+  }
   void flush_mm() {
     if (pend_.empty()) return;
     std::string name = "gemv ";
@@ -427,16 +535,24 @@ class CudaBackend final : public Backend {
     }
     std::vector<GemvJob> jobs;
     jobs.swap(pend_);
-    timed(name, bytes, [&] { gemv_batch(jobs.data(), int(jobs.size()), pend_T_, fast_, s_); });
+    GemvNorm norm{mm_norm_.x, mm_norm_.w, mm_norm_.eps};
+    const bool has_norm = mm_norm_.x != nullptr;
+    mm_norm_ = {};
+    if (has_norm) name = "norm+" + name;
+    if (jobs.back().res) name += "+add";
+    timed(name, bytes,
+          [&] { gemv_batch(jobs.data(), int(jobs.size()), pend_T_, fast_, s_, has_norm ? &norm : nullptr); });
   }
   void flush() {
+    flush_moe();
     flush_add();
+    flush_norm();
     flush_mm();
   }
 
   Ablations abl_;
   cudaStream_t s_ = nullptr;
-  bool fast_ = true, batch_ = true, fuse_add_ = true, pack_gqa_ = true;
+  bool fast_ = true, batch_ = true, fuse_add_ = true, pack_gqa_ = true, fold_norm_ = true, fuse_router_ = true;
   int splits_ = 0;
   std::vector<void*> allocs_;
   std::map<void*, int64_t> alloc_size_;
@@ -448,6 +564,9 @@ class CudaBackend final : public Backend {
   std::vector<GemvJob> pend_;
   int pend_T_ = 1;
   PendingAdd pend_add_;
+  PendingNorm pend_norm_, mm_norm_;   // D9: not launched yet / folded into the pending GEMV batch
+  PendingMoe pend_moe_;               // D9: MoE held back for the residual add
+  int* router_ticket_ = nullptr;      // D10: arrival counter of the fused router kernel (self-resetting)
   bool capturing_ = false;
   cudaGraph_t graph_ = nullptr, graph_next_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;

@@ -110,6 +110,23 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   return warp_sum(s);
 }
 
+// D9: finishes a folded RMSNorm after the staging barrier: `red` holds one Σx² partial per warp
+// (written before that barrier); returns rsqrt(mean x² + eps). When `out` is set the caller's CTA
+// also writes out = x · scale · gain (the rmsnorm output, identical to rmsnorm4_kernel's).
+__device__ __forceinline__ float fold_norm_scale(const float* red, int nwarps, int n, float eps, const float* x,
+                                                 const float* gain, float* out) {
+  float t = 0.f;
+  for (int i = 0; i < nwarps; ++i) t += red[i];
+  const float scale = rsqrtf(t / float(n) + eps);
+  if (out)
+    for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
+      const float4 v = reinterpret_cast<const float4*>(x)[i], g = reinterpret_cast<const float4*>(gain)[i];
+      reinterpret_cast<float4*>(out)[i] =
+          make_float4(v.x * scale * g.x, v.y * scale * g.y, v.z * scale * g.z, v.w * scale * g.w);
+    }
+  return scale;
+}
+
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x / (1.f + __expf(-x)); }
 
@@ -146,10 +163,20 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int f) {
 // Stages x (cols floats, cols % 1024 == 0) into shared memory pre-scaled for dot8_q4 and permuted
 // so that lane l's f-th float4 of chunk ci sits at [(ci/32)*256 + f*32 + ci%32] (conflict-free
 // 16-byte reads), plus the plain sum of each 32-element chunk (bias term of the group-sum trick),
-// reduced over the 8 consecutive threads that load one chunk.
-__device__ __forceinline__ void stage_x_q4(const float* x, int cols, float4* sm4, float* xsum) {
+// reduced over the 8 consecutive threads that load one chunk. With `gain` (D9, folded RMSNorm) x
+// is staged as gain ⊙ x and the thread's share of Σx² is added to *ss.
+__device__ __forceinline__ void stage_x_q4(const float* x, int cols, float4* sm4, float* xsum,
+                                           const float* gain = nullptr, float* ss = nullptr) {
   for (int idx = threadIdx.x; idx < cols / 4; idx += blockDim.x) {
     float4 v = reinterpret_cast<const float4*>(x)[idx];
+    if (gain) {
+      *ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      const float4 g = reinterpret_cast<const float4*>(gain)[idx];
+      v.x *= g.x;
+      v.y *= g.y;
+      v.z *= g.z;
+      v.w *= g.w;
+    }
     const int ci = idx >> 3, f = idx & 7, h = (f & 1) * 4;
     float s = (v.x + v.y) + (v.z + v.w);
     s += __shfl_xor_sync(0xffffffffu, s, 1);

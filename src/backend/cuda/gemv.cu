@@ -18,7 +18,15 @@ struct GemvLaunch {
   int block_begin[kMaxGemvJobs + 1];
   int n;
   int T;
+  GemvNorm norm;        // D9 (norm.w set): stage rmsnorm(norm.h) instead of job.x
+  float* norm_out;      // D9: CTA 0 writes rmsnorm(norm.h) here (the jobs' x), else null
 };
+
+// Epilogue of one output: y, plus the folded residual add (D9).
+__device__ __forceinline__ void gemv_store(const GemvJob& jb, int64_t i, float v) {
+  jb.y[i] = v;
+  if (jb.res) jb.res[i] += v;
+}
 
 __device__ __forceinline__ int find_job(const GemvLaunch& L) {
   int j = 0;
@@ -55,11 +63,20 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     q.load(rp, sp, bp);
   };
   Q4Rows<CPL, R> cur;
+  __shared__ float red[8];
   pdl_trigger();
   load(cur, bj);   // weights never change: safe before the wait
   pdl_wait();
-  stage_x_q4(jb.x, cols, sm4, xsum);
+  float ss = 0.f;
+  stage_x_q4(L.norm.w ? L.norm.h : jb.x, cols, sm4, xsum, L.norm.w, &ss);
+  if (L.norm.w) {
+    ss = warp_sum(ss);
+    if (lane == 0) red[warp] = ss;
+  }
   __syncthreads();
+  const float nscale = L.norm.w ? fold_norm_scale(red, 8, cols, L.norm.eps, L.norm.h, L.norm.w,
+                                                  blockIdx.x == 0 ? L.norm_out : nullptr)
+                                : 1.f;
   // Software pipeline: the next row group's loads are in flight while this one is computed.
   for (int g = bj; g * 8 * R < rows; g += nb) {
     const int r0 = g * 8 * R + warp * R;
@@ -72,7 +89,7 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     if (lane == 0)
 #pragma unroll
       for (int r = 0; r < R; ++r)
-        if (r0 + r < rows) jb.y[r0 + r] = acc[r];
+        if (r0 + r < rows) gemv_store(jb, r0 + r, acc[r] * nscale);
   }
 }
 
@@ -116,8 +133,8 @@ __global__ void __launch_bounds__(256, 2) gemv_q4_mma_kernel(const __grid_consta
     }
     if (KS == 1) {
       if (t == 0 && tile < tiles) {
-        if (tile * 16 + g < rows) jb.y[tile * 16 + g] = a0;
-        if (tile * 16 + g + 8 < rows) jb.y[tile * 16 + g + 8] = a1;
+        if (tile * 16 + g < rows) gemv_store(jb, tile * 16 + g, a0);
+        if (tile * 16 + g + 8 < rows) gemv_store(jb, tile * 16 + g + 8, a1);
       }
       continue;
     }
@@ -130,7 +147,7 @@ __global__ void __launch_bounds__(256, 2) gemv_q4_mma_kernel(const __grid_consta
       const int tis = threadIdx.x >> 4, i = threadIdx.x & 15, row = (set * TPC + tis) * 16 + i;
       float v = 0.f;
       for (int k = 0; k < KS; ++k) v += red[tis * KS + k][i];
-      if (row < rows) jb.y[row] = v;
+      if (row < rows) gemv_store(jb, row, v);
     }
     __syncthreads();
   }
@@ -147,10 +164,21 @@ __global__ void __launch_bounds__(256) gemv_q8_kernel(const __grid_constant__ Ge
   const int j = find_job(L);
   const GemvJob& jb = L.job[j];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ float red[8];
   pdl_trigger();
   pdl_wait();
+  const float* xin = L.norm.w ? L.norm.h : jb.x;
+  float ss = 0.f;
   for (int idx = threadIdx.x; idx < cols / 4; idx += blockDim.x) {
-    float4 v = reinterpret_cast<const float4*>(jb.x)[idx];
+    float4 v = reinterpret_cast<const float4*>(xin)[idx];
+    if (L.norm.w) {   // D9: stage gain ⊙ h, accumulate Σh²
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      const float4 g = reinterpret_cast<const float4*>(L.norm.w)[idx];
+      v.x *= g.x;
+      v.y *= g.y;
+      v.z *= g.z;
+      v.w *= g.w;
+    }
     const int ci = idx >> 2, f = idx & 3;
     float s = (v.x + v.y) + (v.z + v.w);
     s += __shfl_xor_sync(0xffffffffu, s, 1);
@@ -160,7 +188,14 @@ __global__ void __launch_bounds__(256) gemv_q8_kernel(const __grid_constant__ Ge
     v.w *= 1.f / 256;
     sm4[(ci >> 5) * 128 + f * 32 + (ci & 31)] = v;
   }
+  if (L.norm.w) {
+    ss = warp_sum(ss);
+    if (lane == 0) red[warp] = ss;
+  }
   __syncthreads();
+  const float nscale = L.norm.w ? fold_norm_scale(red, 8, cols, L.norm.eps, L.norm.h, L.norm.w,
+                                                  blockIdx.x == 0 ? L.norm_out : nullptr)
+                                : 1.f;
   const int nb = L.block_begin[j + 1] - L.block_begin[j], bj = blockIdx.x - L.block_begin[j];
   const int rows = jb.w.rows;
   const uint4* data = static_cast<const uint4*>(jb.w.data);
@@ -206,7 +241,7 @@ __global__ void __launch_bounds__(256) gemv_q8_kernel(const __grid_constant__ Ge
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const float v = warp_sum(acc[r]);
-      if (lane == 0 && r0 + r < rows) jb.y[r0 + r] = v;
+      if (lane == 0 && r0 + r < rows) gemv_store(jb, r0 + r, v * nscale);
     }
   }
 }
@@ -254,7 +289,7 @@ __global__ void __launch_bounds__(256) gemv_generic_kernel(const __grid_constant
 #pragma unroll
   for (int t = 0; t < kGenTok; ++t) {
     float v = warp_sum(acc[t]);
-    if (lane == 0 && t < nt) jb.y[int64_t(t0 + t) * m.rows + row] = v;
+    if (lane == 0 && t < nt) gemv_store(jb, int64_t(t0 + t) * m.rows + row, v);
   }
 }
 
@@ -265,10 +300,15 @@ int num_sms() {
 }
 
 template <int CPL, int R, bool Q8 = false>
-void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s) {
+void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNorm* norm, bool& norm_written) {
   GemvLaunch L{};
   L.n = int(jobs.size());
   L.T = 1;
+  if (norm) {   // D9: the first launch of the batch writes the normalised x
+    L.norm = *norm;
+    L.norm_out = norm_written ? nullptr : const_cast<float*>(jobs[0].x);
+    norm_written = true;
+  }
   int nb = 0;
   for (int j = 0; j < L.n; ++j) {
     L.job[j] = jobs[j];
@@ -409,21 +449,32 @@ bool gemv_fast_ok(const QMat& w) {
   return w.type == kQ4 && (w.cols == 2048 || w.cols == 4096);
 }
 
-void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s) {
+namespace {
+bool routes_to_mma(const QMat& w, int T, bool fast) {
+  return fast && T == 1 && mma_q4_enabled() && mma_ok(w) && (mma_q4_all() || w.rows >= kMmaMinRows);
+}
+}  // namespace
+
+bool gemv_norm_ok(const QMat& w, int T, bool fast) {
+  return T == 1 && fast && !routes_to_mma(w, T, fast) && gemv_fast_ok(w);
+}
+
+void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s, const GemvNorm* norm) {
   std::vector<GemvJob> f2, f4, q8, mm, gen;
-  const bool use_mma = mma_q4_enabled();
   for (int i = 0; i < n; ++i) {
     const GemvJob& j = jobs[i];
-    if (fast && T == 1 && use_mma && mma_ok(j.w) && (mma_q4_all() || j.w.rows >= kMmaMinRows))
+    if (routes_to_mma(j.w, T, fast))
       mm.push_back(j);
     else if (fast && T == 1 && gemv_fast_ok(j.w))
       (j.w.type == kQ8 ? q8 : j.w.cols == 2048 ? f2 : f4).push_back(j);
     else
       gen.push_back(j);
   }
-  if (!f2.empty()) launch_fast<2, 2>(f2, s);
-  if (!f4.empty()) launch_fast<4, 1>(f4, s);
-  if (!q8.empty()) launch_fast<4, 2, true>(q8, s);
+  LILY_CHECK(!norm || (mm.empty() && gen.empty()), "gemv_batch: folded rmsnorm on a kernel without it");
+  bool written = false;
+  if (!f2.empty()) launch_fast<2, 2>(f2, s, norm, written);
+  if (!f4.empty()) launch_fast<4, 1>(f4, s, norm, written);
+  if (!q8.empty()) launch_fast<4, 2, true>(q8, s, norm, written);
   if (!mm.empty()) launch_mma(mm, s);
   if (!gen.empty()) launch_generic(gen, T, s);
 }
