@@ -17,6 +17,10 @@ echo "build: $(( $(date +%s) - t0 )) s"
 L="$B/lily"
 echo "== cuda-check, all on"
 timeout 200 "$L" cuda-check --layers 4 --tokens 64 --prompt 24 2>&1 | tail -12 | tee "$OUT/check_on.txt"
+echo "== cuda-check, all on, 1,000-token prompt (32 KV splits: several per merge warp), small vocab"
+timeout 200 "$L" cuda-check --layers 4 --vocab 4096 --tokens 16 --prompt 1000 2>&1 | tail -6 | tee "$OUT/check_long.txt"
+echo "== cuda-check, all on, LILY_MMA_Q4=all (mma kernels with the folded residual and D10 routing)"
+LILY_MMA_Q4=all timeout 200 "$L" cuda-check --layers 4 --tokens 32 --prompt 24 2>&1 | tail -6 | tee "$OUT/check_mma.txt"
 if ! grep -q "cuda-check: PASS" "$OUT/check_on.txt"; then   # localise: which id, switched off, passes
   for id in ${IDS//,/ }; do
     echo "== cuda-check, -$id"
