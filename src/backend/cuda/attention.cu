@@ -24,10 +24,11 @@ __device__ __forceinline__ int split_chunk(int len, int splits) {
 // (normalised, rotated, pre-multiplied by 1/sqrt(hd)); keys and values to the cache rows.
 __global__ void attn_prep_kernel(AttnDims d, const float* qn, const float* kn, float* kc, float* vc,
                                  int pos0, const int32_t* pos_dev, const float* q, const float* k,
-                                 const float* v, float* qbuf) {
+                                 const float* v, float* qbuf, const __grid_constant__ L2Prefetch pf) {
   extern __shared__ float sm[];   // [hd] + red[32]
   float* red = sm + d.head_dim;
   pdl_trigger();
+  l2_prefetch(pf);   // D13: the next launch's weights (o_proj)
   pdl_wait();
   const int h = blockIdx.x, t = blockIdx.y, i = threadIdx.x, hd = d.head_dim;
   const int pos = cur_pos(pos0, pos_dev) + t;
@@ -306,7 +307,7 @@ bool& merge_warps_enabled() {
 
 void attention(const AttnDims& d, const float* q_norm, const float* k_norm, float* kc, float* vc,
                int pos0, const int32_t* pos_dev, const float* q, const float* k, const float* v,
-               int T, float* o, float* work, int splits, bool pack_gqa, cudaStream_t s) {
+               int T, float* o, float* work, int splits, bool pack_gqa, cudaStream_t s, const L2Prefetch* pf) {
   const int hd = d.head_dim, G = d.heads / d.kv_heads;
   LILY_CHECK(hd == 64 || hd == 128 || hd == 256, "attention: head_dim must be 64, 128 or 256");
   LILY_CHECK(d.heads % d.kv_heads == 0 && d.rot_dim <= hd && d.rot_dim % 2 == 0,
@@ -326,7 +327,7 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, floa
   float* qbuf = work;
   float* part = work + int64_t(T) * d.heads * hd;
   launch(attn_prep_kernel, dim3(d.heads + d.kv_heads, T), dim3(hd), (hd + 32) * sizeof(float), s, d, q_norm,
-         k_norm, kc, vc, pos0, pos_dev, q, k, v, qbuf);
+         k_norm, kc, vc, pos0, pos_dev, q, k, v, qbuf, pf ? *pf : L2Prefetch{});
   CUDA_LAUNCH_CHECK();
   if (hd == 256) launch_split_h<8>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
   else if (hd == 128) launch_split_h<4>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);

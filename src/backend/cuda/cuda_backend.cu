@@ -170,6 +170,7 @@ class CudaBackend final : public Backend {
   // ---- ops --------------------------------------------------------------------------------
   void embed(const QMatrix& E, const int32_t* tokens, int T, float* out) override {
     flush();
+    unit_ = 0;   // D13: a forward pass starts here
     timed("embed", 0, [&] { cuda::embed(to_qmat(E), tokens, T, out, s_); });
   }
   void rmsnorm(const float* x, const FVec& w, int T, float eps, float* out) override {
@@ -246,8 +247,14 @@ class CudaBackend final : public Backend {
     GdnDims d{c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
               c.conv_dim(), c.linear_conv_kernel_dim, c.rms_norm_eps};
     const double bytes = 2.0 * d.nv * d.dk * d.dv * 4;
+    L2Prefetch mine;   // D13: the recurrent state and conv state are what this launch waits for
+    pf_add(mine, st.S, int64_t(d.nv) * d.dk * d.dv * 4);
+    pf_add(mine, st.conv, int64_t(d.kconv - 1) * d.conv_dim * 4);
+    pf_add(mine, w.conv1d.data, int64_t(d.conv_dim) * d.kconv * 4);
+    const L2Prefetch pf = unit_prefetch(mine, T);
     timed("gdn", bytes, [&] {
-      cuda::gdn(d, w.conv1d.data, w.A_log.data, w.dt_bias.data, w.norm.data, st.conv, st.S, qkv, z, a, b, T, y, s_);
+      cuda::gdn(d, w.conv1d.data, w.A_log.data, w.dt_bias.data, w.norm.data, st.conv, st.S, qkv, z, a, b, T, y, s_,
+                &pf);
     });
   }
   void attention(const ModelConfig& c, const AttnWeights& w, KvCache& kv, int pos0, const int32_t* pos_dev,
@@ -257,9 +264,10 @@ class CudaBackend final : public Backend {
                c.rms_norm_eps, kv.capacity};
     float* ws = workspace(attention_workspace_floats(d, T));
     const double bytes = 2.0 * (pos0 + T) * d.kv_heads * d.head_dim * 4;
+    const L2Prefetch pf = unit_prefetch(L2Prefetch{}, T);
     timed("attention", bytes, [&] {
       cuda::attention(d, w.q_norm.data, w.k_norm.data, kv.k, kv.v, pos0, pos_dev, q, k, v, T, o, ws, splits_,
-                      pack_gqa_, s_);
+                      pack_gqa_, s_, &pf);
     });
   }
   void moe(const ModelConfig& c, const MoeWeights& w, const float* x, int T, float* out) override {
@@ -395,6 +403,7 @@ class CudaBackend final : public Backend {
     fuse_router_ = !abl_.has("D10");  // D10: decode router + top-k in one many-CTA kernel
     merge_warps_enabled() = !abl_.has("D11");   // D11: split-KV merge with warps across splits
     gdn_split_enabled() = !abl_.has("D12");     // D12: GDN decode step over 4 CTAs per value head
+    prefetch_ = !abl_.has("D13");               // D13: L2 prefetch of the next launch's weights
     pack_gqa_ = !abl_.has("D6");
     splits_ = abl_.has("D7") ? 1 : 0;   // 0: sized from the SM count
   }
@@ -512,6 +521,12 @@ class CudaBackend final : public Backend {
     if (!pend_moe_.on) return;
     PendingMoe p = pend_moe_;
     pend_moe_ = {};
+    {  // D13: record this launch's fixed weights, prefetch the next launch's
+      L2Prefetch mine;
+      for (const QMat* q : {&p.m.router, &p.m.sh_gate, &p.m.sh_up, &p.m.sh_down}) pf_add_mat(mine, *q);
+      p.dec.pf = unit_prefetch(mine, p.T);
+      p.dec.pf_down = prefetch_ && p.T == 1;
+    }
     const MoeDecode* dec = &p.dec;
     const int T = p.T;
     if (profiling_ && !capturing_) {
@@ -540,9 +555,57 @@ class CudaBackend final : public Backend {
     mm_norm_ = {};
     if (has_norm) name = "norm+" + name;
     if (jobs.back().res) name += "+add";
-    timed(name, bytes,
-          [&] { gemv_batch(jobs.data(), int(jobs.size()), pend_T_, fast_, s_, has_norm ? &norm : nullptr); });
+    L2Prefetch mine;
+    for (const GemvJob& j : jobs) pf_add_mat(mine, j.w);
+    const L2Prefetch pf = unit_prefetch(mine, pend_T_);
+    timed(name, bytes, [&] {
+      gemv_batch(jobs.data(), int(jobs.size()), pend_T_, fast_, s_, has_norm ? &norm : nullptr, &pf);
+    });
   }
+  // ---- D13: L2 prefetch one launch ahead ----------------------------------------------------
+  // Every weight-reading launch of a forward pass (GEMV batch, GDN, attention, MoE) is a numbered
+  // unit; unit i records the byte ranges it reads and, in decode steps, is handed the ranges that
+  // unit i+1 recorded in the previous pass (the step is the same every token; a stale plan only
+  // wastes bandwidth, since prefetches change no data). Ranges over kPfCap in total are skipped
+  // (the lm_head does not fit in L2).
+  static constexpr int64_t kPfCap = 24LL << 20;
+  static void pf_add(L2Prefetch& pf, const void* p, int64_t bytes) {
+    bytes &= ~int64_t(15);
+    if (!p || bytes <= 0 || bytes > kPfCap) return;
+    int64_t total = bytes;
+    for (int i = 0; i < pf.n; ++i) total += pf.bytes[i];
+    if (total > kPfCap) return;
+    if (pf.n < L2Prefetch::kMax) {
+      pf.p[pf.n] = p;
+      pf.bytes[pf.n++] = uint32_t(bytes);
+      return;
+    }
+    int small = 0;   // full: replace the smallest range if this one is larger
+    for (int i = 1; i < pf.n; ++i)
+      if (pf.bytes[i] < pf.bytes[small]) small = i;
+    if (uint32_t(bytes) > pf.bytes[small]) {
+      pf.p[small] = p;
+      pf.bytes[small] = uint32_t(bytes);
+    }
+  }
+  static void pf_add_mat(L2Prefetch& pf, const QMat& w) {
+    const int64_t n = int64_t(w.rows) * w.cols;
+    const int64_t data = w.type == kQ4 ? n / 2 : w.type == kQ8 ? n : w.type == kBF ? 2 * n : 4 * n;
+    pf_add(pf, w.data, data);
+    if (w.type == kQ4 || w.type == kQ8) {
+      const int64_t sb = int64_t(w.rows) * (w.cols / w.gs) * (w.sb_f32 ? 4 : 2);
+      pf_add(pf, w.scales, sb);
+      pf_add(pf, w.biases, sb);
+    }
+  }
+  L2Prefetch unit_prefetch(const L2Prefetch& mine, int T) {
+    if (int(plan_.size()) <= unit_) plan_.resize(unit_ + 1);
+    plan_[unit_] = mine;
+    ++unit_;
+    if (!prefetch_ || T != 1 || unit_ >= int(plan_.size())) return {};
+    return plan_[unit_];
+  }
+
   void flush() {
     flush_moe();
     flush_add();
@@ -567,6 +630,9 @@ class CudaBackend final : public Backend {
   PendingNorm pend_norm_, mm_norm_;   // D9: not launched yet / folded into the pending GEMV batch
   PendingMoe pend_moe_;               // D9: MoE held back for the residual add
   int* router_ticket_ = nullptr;      // D10: arrival counter of the fused router kernel (self-resetting)
+  bool prefetch_ = true;              // D13
+  std::vector<L2Prefetch> plan_;      // D13: byte ranges per launch unit of the last forward pass
+  int unit_ = 0;
   bool capturing_ = false;
   cudaGraph_t graph_ = nullptr, graph_next_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;

@@ -47,6 +47,33 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
+// ---- D13: L2 prefetch of weights one launch ahead (decode) ---------------------------------
+// Up to kMax byte ranges (16-byte aligned, sizes multiples of 16) that a kernel asks L2 to fetch
+// with bulk prefetches while it runs, cut into 32 KB pieces spread over the grid's CTAs (lanes of
+// warp 0). A hint only: it changes no data (L2 is the point of coherence), so it may be issued
+// before pdl_wait() and for any memory that stays allocated.
+struct L2Prefetch {
+  static constexpr int kMax = 6;
+  const void* p[kMax] = {};
+  uint32_t bytes[kMax] = {};
+  int n = 0;
+};
+
+__device__ __forceinline__ void l2_prefetch(const L2Prefetch& pf) {
+  if (pf.n == 0 || threadIdx.x >= 32) return;
+  constexpr uint32_t kPiece = 32768;
+  const uint32_t cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const uint32_t ncta = gridDim.x * gridDim.y * gridDim.z;
+  for (int i = 0; i < pf.n && i < L2Prefetch::kMax; ++i) {
+    const uint32_t pieces = (pf.bytes[i] + kPiece - 1) / kPiece;
+    for (uint32_t k = cta + ncta * threadIdx.x; k < pieces; k += ncta * 32) {
+      const char* a = static_cast<const char*>(pf.p[i]) + size_t(k) * kPiece;
+      const uint32_t n = min(kPiece, pf.bytes[i] - k * kPiece);
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(n) : "memory");
+    }
+  }
+}
+
 // Weight types as in model/weights.h (kept numerically identical).
 enum : int { kQ4 = 0, kQ8 = 1, kBF = 2, kF32 = 3 };
 

@@ -28,7 +28,9 @@ struct GemvNorm {
 // Runs every job (y = x · Wᵀ for T tokens) in as few launches as possible. `fast` false forces
 // the generic kernel (ablation D1). With `norm`, every job's x is rmsnorm(norm->h) and is written
 // by the launch (all jobs must share x and satisfy gemv_norm_ok).
-void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s, const GemvNorm* norm = nullptr);
+// `pf` (D13): weights of the next launch to prefetch into L2 while this batch runs.
+void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s, const GemvNorm* norm = nullptr,
+                const L2Prefetch* pf = nullptr);
 // True when the specialised 4-bit decode kernel handles this matrix.
 bool gemv_fast_ok(const QMat& w);
 // True when gemv_batch runs this matrix on a kernel that can fold a GemvNorm (T == 1 only).
@@ -60,7 +62,7 @@ struct GdnDims {
 bool& gdn_split_enabled();
 void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
          const float* norm_w, float* conv_state, float* S, const float* qkv, const float* z,
-         const float* a, const float* b, int T, float* y, cudaStream_t s);
+         const float* a, const float* b, int T, float* y, cudaStream_t s, const L2Prefetch* pf = nullptr);
 
 // ---- attention.cu --------------------------------------------------------------------------
 struct AttnDims {
@@ -75,7 +77,8 @@ int64_t attention_workspace_floats(const AttnDims& d, int T);
 // `splits`: KV blocks per (token, kv head) for decode (D7); `pack_gqa`: one KV pass per KV head (D6).
 void attention(const AttnDims& d, const float* q_norm, const float* k_norm, float* kc, float* vc,
                int pos0, const int32_t* pos_dev, const float* q, const float* k, const float* v,
-               int T, float* o, float* work, int splits, bool pack_gqa, cudaStream_t s);
+               int T, float* o, float* work, int splits, bool pack_gqa, cudaStream_t s,
+               const L2Prefetch* pf = nullptr);
 
 // ---- moe.cu --------------------------------------------------------------------------------
 struct MoeDev {
@@ -91,6 +94,8 @@ struct MoeDecode {
   GemvNorm norm;              // D9: x = rmsnorm(norm.h) is computed by the router stage (norm.w set)
   float* res = nullptr;       // D9: the down stage also adds its output into res (residual h)
   int* counter = nullptr;     // D10: router + softmax + top-k in one many-CTA kernel (zeroed int)
+  L2Prefetch pf;              // D13: the next launch's weights, prefetched by the router stage
+  bool pf_down = false;       // D13: the gate/up stage prefetches the chosen experts' down rows
 };
 int64_t moe_workspace_floats(const MoeDev& m, int T);
 // `fast` false uses the generic kernels (ablation D1). `stages` bits: 1 router, 2 gate/up, 4 down

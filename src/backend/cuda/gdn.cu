@@ -19,6 +19,7 @@ struct GdnArgs {
   const float *qkv, *z, *a, *b;
   int T, rq;
   float* y;
+  L2Prefetch pf;   // D13: the next launch's weights
 };
 
 // NR > 0: each thread keeps its NR = dk/rq state values in registers for all T tokens (one read
@@ -39,6 +40,7 @@ __global__ void __launch_bounds__(512) gdn_kernel(const __grid_constant__ GdnArg
   const int tid = threadIdx.x, c = tid % d.dv, rq = tid / d.dv;
   float* S = g.S + int64_t(j) * d.dk * d.dv;
   pdl_trigger();
+  l2_prefetch(g.pf);
   pdl_wait();
   // Channel of the conv input for the block's i-th local channel (q | k | v of this head).
   auto chan = [&](int i) {
@@ -163,6 +165,7 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
   };
   float* S = g.S + int64_t(j) * dk * d.dv;
   pdl_trigger();
+  l2_prefetch(g.pf);
   if (lane < kGdnDecRows) {
     const float* line = S + (warp + 8 * lane) * d.dv + p * 32;   // one 128-byte line per row
     asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
@@ -275,13 +278,13 @@ bool& gdn_split_enabled() {
 
 void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
          const float* norm_w, float* conv_state, float* S, const float* qkv, const float* z,
-         const float* a, const float* b, int T, float* y, cudaStream_t s) {
+         const float* a, const float* b, int T, float* y, cudaStream_t s, const L2Prefetch* pf) {
   const int ratio = d.nv / d.nk;
   LILY_CHECK(d.nv % d.nk == 0 && ratio <= 8, "gdn: value heads must be a multiple (<= 8x) of key heads");
   LILY_CHECK(d.kconv >= 1 && d.dv <= 512, "gdn: unsupported conv kernel or value head size");
   int rq = 1;
   while (rq * 2 * d.dv <= 512 && d.dk % (rq * 2) == 0) rq *= 2;
-  GdnArgs g{d, conv_w, A_log, dt_bias, norm_w, conv_state, S, qkv, z, a, b, T, rq, y};
+  GdnArgs g{d, conv_w, A_log, dt_bias, norm_w, conv_state, S, qkv, z, a, b, T, rq, y, pf ? *pf : L2Prefetch{}};
   const int nch = 2 * d.dk + d.dv;
   const size_t smem = sizeof(float) * (2 * d.dk + d.dv + rq * d.dv + (d.kconv - 1) * nch + 32);
   cudaLaunchConfig_t cfg{};

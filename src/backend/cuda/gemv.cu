@@ -20,6 +20,7 @@ struct GemvLaunch {
   int T;
   GemvNorm norm;        // D9 (norm.w set): stage rmsnorm(norm.h) instead of job.x
   float* norm_out;      // D9: CTA 0 writes rmsnorm(norm.h) here (the jobs' x), else null
+  L2Prefetch pf;        // D13: the next launch's weights
 };
 
 // Epilogue of one output: y, plus the folded residual add (D9).
@@ -65,6 +66,7 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
   Q4Rows<CPL, R> cur;
   __shared__ float red[8];
   pdl_trigger();
+  l2_prefetch(L.pf);
   load(cur, bj);   // weights never change: safe before the wait
   pdl_wait();
   float ss = 0.f;
@@ -112,6 +114,7 @@ __global__ void __launch_bounds__(256, 2) gemv_q4_mma_kernel(const __grid_consta
   const uint16_t* sc = static_cast<const uint16_t*>(jb.w.scales);
   const uint16_t* bi = static_cast<const uint16_t*>(jb.w.biases);
   pdl_trigger();
+  l2_prefetch(L.pf);
   {  // weights never change: warm L2 with this warp's first batch before waiting on x
     const int tile = bj * TPC + warp / KS, G = (warp % KS) * gpw;
     if (tile < tiles) {
@@ -166,6 +169,7 @@ __global__ void __launch_bounds__(256) gemv_q8_kernel(const __grid_constant__ Ge
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __shared__ float red[8];
   pdl_trigger();
+  l2_prefetch(L.pf);
   pdl_wait();
   const float* xin = L.norm.w ? L.norm.h : jb.x;
   float ss = 0.f;
@@ -255,6 +259,7 @@ __global__ void __launch_bounds__(256) gemv_generic_kernel(const __grid_constant
   const QMat& m = jb.w;
   const int lane = threadIdx.x & 31;
   pdl_trigger();
+  l2_prefetch(L.pf);
   pdl_wait();
   const int row = (blockIdx.x - L.block_begin[j]) * 8 + (threadIdx.x >> 5);
   if (row >= m.rows) return;
@@ -300,8 +305,11 @@ int num_sms() {
 }
 
 template <int CPL, int R, bool Q8 = false>
-void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNorm* norm, bool& norm_written) {
+void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNorm* norm, bool& norm_written,
+                 const L2Prefetch*& pf) {
   GemvLaunch L{};
+  if (pf) L.pf = *pf;
+  pf = nullptr;   // D13: once per batch
   L.n = int(jobs.size());
   L.T = 1;
   if (norm) {   // D9: the first launch of the batch writes the normalised x
@@ -331,8 +339,10 @@ bool mma_ok(const QMat& w) {
   return w.type == kQ4 && !w.sb_f32 && w.gs == 64 && w.cols % 256 == 0 && w.cols <= 8192;
 }
 
-void launch_mma(const std::vector<GemvJob>& jobs, cudaStream_t s) {
+void launch_mma(const std::vector<GemvJob>& jobs, cudaStream_t s, const L2Prefetch*& pf) {
   GemvLaunch L{};
+  if (pf) L.pf = *pf;
+  pf = nullptr;
   L.n = int(jobs.size());
   L.T = 1;
   int64_t tiles = 0;
@@ -356,8 +366,10 @@ void launch_mma(const std::vector<GemvJob>& jobs, cudaStream_t s) {
   CUDA_LAUNCH_CHECK();
 }
 
-void launch_generic(const std::vector<GemvJob>& jobs, int T, cudaStream_t s) {
+void launch_generic(const std::vector<GemvJob>& jobs, int T, cudaStream_t s, const L2Prefetch*& pf) {
   GemvLaunch L{};
+  if (pf) L.pf = *pf;
+  pf = nullptr;
   L.n = int(jobs.size());
   L.T = T;
   int nb = 0;
@@ -459,7 +471,8 @@ bool gemv_norm_ok(const QMat& w, int T, bool fast) {
   return T == 1 && fast && !routes_to_mma(w, T, fast) && gemv_fast_ok(w);
 }
 
-void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s, const GemvNorm* norm) {
+void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s, const GemvNorm* norm,
+                const L2Prefetch* pf) {
   std::vector<GemvJob> f2, f4, q8, mm, gen;
   for (int i = 0; i < n; ++i) {
     const GemvJob& j = jobs[i];
@@ -472,11 +485,11 @@ void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s, co
   }
   LILY_CHECK(!norm || (mm.empty() && gen.empty()), "gemv_batch: folded rmsnorm on a kernel without it");
   bool written = false;
-  if (!f2.empty()) launch_fast<2, 2>(f2, s, norm, written);
-  if (!f4.empty()) launch_fast<4, 1>(f4, s, norm, written);
-  if (!q8.empty()) launch_fast<4, 2, true>(q8, s, norm, written);
-  if (!mm.empty()) launch_mma(mm, s);
-  if (!gen.empty()) launch_generic(gen, T, s);
+  if (!f2.empty()) launch_fast<2, 2>(f2, s, norm, written, pf);
+  if (!f4.empty()) launch_fast<4, 1>(f4, s, norm, written, pf);
+  if (!q8.empty()) launch_fast<4, 2, true>(q8, s, norm, written, pf);
+  if (!mm.empty()) launch_mma(mm, s, pf);
+  if (!gen.empty()) launch_generic(gen, T, s, pf);
 }
 
 void embed(const QMat& E, const int32_t* tokens, int T, float* out, cudaStream_t s) {

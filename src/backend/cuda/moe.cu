@@ -22,7 +22,43 @@ struct MoeArgs {
   float* wts;              // [T, K+1] routing weights and σ(shared gate) (D10)
   int topk_ready;          // D10: ids and wts were written by the router kernel
   float* res;              // D9: the down stage also adds out into res
+  L2Prefetch pf;           // D13: the next launch's weights (issued by the router stage)
+  int pf_down;             // D13: gate/up prefetches the chosen experts' down projections
 };
+
+__device__ __forceinline__ const void* stack_ptr(const void* base, int64_t stride, int e, int64_t off);
+
+// D13: once the experts are known, the gate/up CTAs ask L2 for the K+1 down matrices (codes,
+// scales, biases) the next kernel will read, one 32 KB bulk prefetch per CTA and piece, so that the
+// down kernel's loads hit L2 instead of starting from HBM after its PDL wait.
+__device__ __forceinline__ void prefetch_down(const MoeArgs& a, const int* sid) {
+  const MoeDev& m = a.m;
+  if (!a.pf_down || threadIdx.x != 0) return;
+  constexpr int64_t kPiece = 32768;
+  const int64_t cb = int64_t(m.H) * m.I / 2, sb = int64_t(m.H) * (m.I / 64) * 2;   // I == Is (fast path)
+  const int pc = int((cb + kPiece - 1) / kPiece), ps = int((sb + kPiece - 1) / kPiece), per = pc + 2 * ps;
+  for (int k = blockIdx.x; k < (m.K + 1) * per; k += gridDim.x) {
+    const int s = k / per, q = k % per;
+    const bool sh = s == m.K;
+    const QMat& w = sh ? m.sh_down : m.down0;
+    const int e = sh ? 0 : sid[s];
+    const char* base;
+    int64_t off, len;
+    if (q < pc) {
+      base = static_cast<const char*>(sh ? w.data : stack_ptr(w.data, m.down_stride, e, 0));
+      off = int64_t(q) * kPiece;
+      len = cb;
+    } else {
+      const int qq = (q - pc) % ps;
+      const void* p = q < pc + ps ? w.scales : w.biases;
+      base = static_cast<const char*>(sh ? p : stack_ptr(p, m.down_sb_stride, e, 0));
+      off = int64_t(qq) * kPiece;
+      len = sb;
+    }
+    const uint32_t n = uint32_t(min(kPiece, len - off)) & ~15u;
+    if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + off), "r"(n) : "memory");
+  }
+}
 
 // The gate/up kernels' routing: either the router kernel already chose (D10: copy ids/weights),
 // or warp 0 runs the top-k itself. Needs a block barrier before sid/sw are read.
@@ -142,6 +178,7 @@ __global__ void __launch_bounds__(256, 2) moe_gate_up_kernel(const __grid_consta
     if (a.topk_ready && it < items) load(cur, it);
     stage_x_q4(x, m.H, sm4, xsum);
     __syncthreads();
+    prefetch_down(a, sid);
     if (it >= items) return;
     if (!a.topk_ready) load(cur, it);
     for (; it < items; it += nwarps) {
@@ -393,6 +430,7 @@ __global__ void __launch_bounds__(32 * kRouterWarps) moe_router_topk_kernel(cons
   uint4 wv[CPL];
   float sc[CPL], bi[CPL];
   pdl_trigger();
+  l2_prefetch(a.pf);   // D13: the next launch's weights (next layer's projections)
   if (row <= m.E) {   // weights never change: loads issued before the wait
 #pragma unroll
     for (int i = 0; i < CPL; ++i) {
@@ -555,6 +593,10 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   LILY_CHECK(!a.res || T == 1, "moe: folded residual only for decode");
   const bool fused_router = dec && dec->counter && moe_router_topk_ok(m, T, fast);
   a.topk_ready = fused_router ? 1 : 0;
+  if (dec) {
+    a.pf = dec->pf;
+    a.pf_down = dec->pf_down && m.I == m.Is && m.I % 64 == 0 ? 1 : 0;
+  }
   if (stages & 1) {
     if (fused_router) {
       launch(moe_router_topk_kernel, dim3((m.E + 1 + kRouterWarps - 1) / kRouterWarps), dim3(32 * kRouterWarps), 0,
@@ -562,7 +604,7 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
       CUDA_LAUNCH_CHECK();
     } else {
       GemvJob jobs[2] = {{m.router, x, logits}, {m.shared_gate, x, sg}};
-      gemv_batch(jobs, 2, T, fast, s, norm);
+      gemv_batch(jobs, 2, T, fast, s, norm, dec ? &dec->pf : nullptr);
     }
   }
   const bool fast_up = fast && m.H % 1024 == 0 && m.H <= 4096 && q4ok(m.gate0) && q4ok(m.up0) &&
