@@ -250,7 +250,7 @@ class CudaBackend final : public Backend {
     L2Prefetch mine;   // D13: the recurrent state and conv state are what this launch waits for
     pf_add(mine, st.S, int64_t(d.nv) * d.dk * d.dv * 4);
     pf_add(mine, st.conv, int64_t(d.kconv - 1) * d.conv_dim * 4);
-    pf_add(mine, w.conv1d.data, int64_t(d.conv_dim) * d.kconv * 4);
+    pf_add(mine, w.conv1d.data, w.conv1d.n * 4);
     const L2Prefetch pf = unit_prefetch(mine, T);
     timed("gdn", bytes, [&] {
       cuda::gdn(d, w.conv1d.data, w.A_log.data, w.dt_bias.data, w.norm.data, st.conv, st.S, qkv, z, a, b, T, y, s_,
