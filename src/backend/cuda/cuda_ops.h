@@ -31,6 +31,8 @@ struct GemvNorm {
 // `pf` (D13): weights of the next launch to prefetch into L2 while this batch runs.
 void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s, const GemvNorm* norm = nullptr,
                 const L2Prefetch* pf = nullptr);
+// D14: the 4-/8-bit decode GEMV batch fits in one wave of CTAs (process-wide switch, ablation D14).
+bool& gemv_one_wave_enabled();
 // True when the specialised 4-bit decode kernel handles this matrix.
 bool gemv_fast_ok(const QMat& w);
 // True when gemv_batch runs this matrix on a kernel that can fold a GemvNorm (T == 1 only).

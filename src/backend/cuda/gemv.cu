@@ -317,12 +317,20 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
     L.norm_out = norm_written ? nullptr : const_cast<float*>(jobs[0].x);
     norm_written = true;
   }
+  // At most one wave per job (3 CTAs per SM); larger jobs loop with a software pipeline. D14: one
+  // wave for the whole batch (the GDN projections had 656 CTAs, attention's q/k/v 460, for 396
+  // resident: a tail wave that repeats the prologue and delays the next launch); each job gets a
+  // share of the wave in proportion to its row groups.
+  const int wave = 3 * num_sms();
+  int64_t groups = 0;
+  for (const GemvJob& j : jobs) groups += (j.w.rows + 8 * R - 1) / (8 * R);
   int nb = 0;
   for (int j = 0; j < L.n; ++j) {
     L.job[j] = jobs[j];
     L.block_begin[j] = nb;
-    // At most one wave per job (3 CTAs per SM); larger jobs loop with a software pipeline.
-    nb += std::min((jobs[j].w.rows + 8 * R - 1) / (8 * R), 3 * num_sms());
+    const int gj = (jobs[j].w.rows + 8 * R - 1) / (8 * R);
+    nb += gemv_one_wave_enabled() && groups > wave ? std::max(1, int(int64_t(gj) * wave / groups))
+                                                   : std::min(gj, wave);
   }
   L.block_begin[L.n] = nb;
   if constexpr (Q8) {
@@ -441,6 +449,11 @@ __global__ void add_kernel(float* h, const float* r, int64_t n) {
 }
 
 }  // namespace
+
+bool& gemv_one_wave_enabled() {
+  static bool on = true;
+  return on;
+}
 
 bool& mma_q4_enabled() {
   static bool on = true;
