@@ -218,8 +218,9 @@ class CudaBackend final : public Backend {
   }
   void add(float* h, const float* r, int64_t n) override {
     // D9: the add becomes the epilogue of the kernel that produces r (it also still writes r).
-    if (fold_norm_ && pend_moe_.on && pend_moe_.out == r && n == pend_moe_.m.H && pend_moe_.x != h &&
-        pend_moe_.dec.norm.h != h) {
+    // The MoE may read h itself (folded norm, router stage): that is two launches before the down
+    // stage, whose writes come after its PDL wait, so the read has completed.
+    if (fold_norm_ && pend_moe_.on && pend_moe_.out == r && n == pend_moe_.m.H && pend_moe_.x != h) {
       pend_moe_.dec.res = h;
       flush_moe();
       return;
