@@ -403,11 +403,19 @@ __global__ void __launch_bounds__(288) moe_down_mma_kernel(const __grid_constant
 // ---- D10 (decode, T == 1): router + softmax + top-k in one kernel ----------------------------
 // (E+1)/4 CTAs of 4 warps; warp w of CTA b computes router row 4b+w (row E: the shared-expert gate)
 // with gemv_q8_kernel's 8-bit dot product (x staged per CTA; with D9 the RMSNorm is folded in the
-// same way as in the GEMVs). The last CTA to finish (atomic ticket, threadfence pattern) ranks the
-// E logits in parallel (rank = number of larger logits, ties to the lower index: the same order as
-// topk_warp), writes ids, renormalised softmax weights and σ(shared gate), and resets the ticket so
-// that a captured step can be replayed. The gate/up kernel then only copies the result.
+// same way as in the GEMVs). The last CTA to finish (atomic ticket, threadfence pattern) selects
+// the top k of the E logits (E <= 256, k <= 8) with warp reductions, in topk_warp's order (largest
+// first, ties to the lower index), writes ids, renormalised softmax weights and σ(shared gate), and
+// resets the ticket so that a captured step can be replayed. The gate/up kernel then only copies
+// the result.
 constexpr int kRouterWarps = 4;
+
+// Unsigned key with the order of the float (finite values and ±inf; -0 counts as +0, so equal
+// logits tie and go to the lower index).
+__device__ __forceinline__ uint32_t order_key(float f) {
+  const uint32_t u = f == 0.f ? 0u : __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
 constexpr int kRouterCols = 2048;   // H: 128 16-byte chunks of 16 codes per row, 4 per lane
 
 __global__ void __launch_bounds__(32 * kRouterWarps) moe_router_topk_kernel(const __grid_constant__ MoeArgs a,
@@ -417,9 +425,10 @@ __global__ void __launch_bounds__(32 * kRouterWarps) moe_router_topk_kernel(cons
   __shared__ float4 sm4[kRouterCols / 4];
   __shared__ float xsum[kRouterCols / 16];
   __shared__ float red[kRouterWarps];
-  __shared__ float lg[1024];
+  __shared__ float lg[64 * kRouterWarps];
   __shared__ int sid[32];
   __shared__ float sv[32];
+  __shared__ uint32_t ckey[32], cidx[32];
   __shared__ int is_last;
   const MoeDev& m = a.m;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nt = 32 * kRouterWarps;
@@ -501,33 +510,42 @@ __global__ void __launch_bounds__(32 * kRouterWarps) moe_router_topk_kernel(cons
   if (!is_last) return;
   __threadfence();
   for (int e = threadIdx.x; e < m.E; e += nt) lg[e] = __ldcg(a.logits + e);
-  if (threadIdx.x < 32) {
-    sid[threadIdx.x] = 0;   // stays in range even if NaN logits leave a rank unfilled
-    sv[threadIdx.x] = -FLT_MAX;
+  __syncthreads();
+  // Top-k by warp selection on order-preserving integer keys (redux.sync max, then min index among
+  // equal keys: the largest logit, ties to the lower index, as in topk_warp). Round 1: warp w picks
+  // the top k of logits [64w, 64w+64) (2 per lane); round 2: warp 0 picks the top k of those 4k.
+  // A taken or absent element has key 0, below every real logit's key.
+  {
+    const int e0 = 64 * warp + 2 * lane, e1 = e0 + 1;
+    uint32_t k0 = e0 < m.E ? order_key(lg[e0]) : 0u, k1 = e1 < m.E ? order_key(lg[e1]) : 0u;
+    for (int k = 0; k < m.K; ++k) {
+      const bool second = k1 > k0;
+      const uint32_t kb = second ? k1 : k0, ib = second ? e1 : e0;
+      const uint32_t best = __reduce_max_sync(0xffffffffu, kb);
+      const uint32_t win = __reduce_min_sync(0xffffffffu, kb == best ? ib : 0xffffffffu);
+      if (ib == win) {
+        if (second) k1 = 0u;
+        else k0 = 0u;
+      }
+      if (lane == 0) {
+        ckey[warp * m.K + k] = best;
+        cidx[warp * m.K + k] = win;
+      }
+    }
   }
   __syncthreads();
-  constexpr int kMaxPer = 1024 / (32 * kRouterWarps);
-  float v[kMaxPer];
-  int rk[kMaxPer];
-#pragma unroll
-  for (int q = 0; q < kMaxPer; ++q) {
-    const int e = threadIdx.x + q * nt;
-    v[q] = e < m.E ? lg[e] : 0.f;
-    rk[q] = 0;
-  }
-  const int nq = (m.E + nt - 1) / nt;
-  for (int j = 0; j < m.E; ++j) {
-    const float u = lg[j];
-#pragma unroll
-    for (int q = 0; q < kMaxPer; ++q)
-      if (q < nq) rk[q] += (u > v[q] || (u == v[q] && j < int(threadIdx.x) + q * nt)) ? 1 : 0;
-  }
-#pragma unroll
-  for (int q = 0; q < kMaxPer; ++q) {
-    const int e = threadIdx.x + q * nt;
-    if (q < nq && e < m.E && rk[q] < m.K) {
-      sid[rk[q]] = e;
-      sv[rk[q]] = v[q];
+  if (warp == 0) {
+    uint32_t kc = lane < kRouterWarps * m.K ? ckey[lane] : 0u;
+    const uint32_t ic = lane < kRouterWarps * m.K ? cidx[lane] : 0xffffffffu;
+    for (int k = 0; k < m.K; ++k) {
+      const uint32_t best = __reduce_max_sync(0xffffffffu, kc);
+      const uint32_t win = __reduce_min_sync(0xffffffffu, kc == best ? ic : 0xffffffffu);
+      if (ic == win) kc = 0u;
+      if (lane == 0) {
+        const int e = int(min(win, uint32_t(m.E - 1)));   // in range whatever the logits
+        sid[k] = e;
+        sv[k] = lg[e];
+      }
     }
   }
   __syncthreads();
@@ -559,7 +577,8 @@ bool moe_norm_ok(const MoeDev& m, int T, bool fast) {
 }
 
 bool moe_router_topk_ok(const MoeDev& m, int T, bool fast) {
-  return T == 1 && fast && m.H == kRouterCols && m.E <= 1024 && m.K <= 32 && q8router_ok(m.router, m.E, m.H) &&
+  return T == 1 && fast && m.H == kRouterCols && m.E <= 64 * kRouterWarps && m.K <= 8 && m.K <= m.E &&
+         q8router_ok(m.router, m.E, m.H) &&
          q8router_ok(m.shared_gate, 1, m.H);
 }
 
