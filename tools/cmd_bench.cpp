@@ -118,7 +118,7 @@ int bench_main(int argc, char** argv) {
              {"contexts", "256,512,1024,2048,4096,8192,16384,32768,65536,131072", "context lengths"},
              {"tokens", "128", "generated tokens per measurement"},
              {"rounds", "3", "rounds (variants alternate order in each round)"},
-             {"ablate", "", "optimization ids; each is measured as its own variant (e.g. D2,D6,D7)"},
+             {"ablate", "", "optimization ids; each is measured as its own variant (e.g. D2,D6,D7; D9+D10 = both off)"},
              {"profile-context", "4096", "context of the per-op breakdown (0 = none)"},
              {"out", "docs/benchmarks", "directory for the JSON and markdown results"},
              {"tag", "decode", "file name stem of the results"},
@@ -149,7 +149,15 @@ int bench_main(int argc, char** argv) {
   const int max_ctx = *std::max_element(ctxs.begin(), ctxs.end());
   auto st = model.new_state(max_ctx + warm + N + 8);
   std::vector<std::vector<std::string>> variants = {{}};
-  for (const auto& id : split_list(o.str("ablate"))) variants.push_back({id});
+  for (const auto& id : split_list(o.str("ablate"))) {   // "D9+D10": one variant with both off
+    std::vector<std::string> v;
+    for (size_t a = 0, b; a <= id.size(); a = b + 1) {
+      b = id.find('+', a);
+      if (b == std::string::npos) b = id.size();
+      if (b > a) v.push_back(id.substr(a, b - a));
+    }
+    variants.push_back(v);
+  }
   auto set_variant = [&](const std::vector<std::string>& v) {
     Ablations a;
     a.off = v;
@@ -195,6 +203,11 @@ int bench_main(int argc, char** argv) {
     const double t0 = now_s();
     model.generate_greedy(*st, 1, n, out);
     return now_s() - t0;
+  };
+  auto label = [](const std::vector<std::string>& v) {
+    std::string s = v.empty() ? "all on" : "-";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? "+" : "") + v[i];
+    return s;
   };
   std::map<std::pair<int, size_t>, Sample> res;
   for (int L : ctxs) {
@@ -303,7 +316,7 @@ int bench_main(int argc, char** argv) {
          << ", \"achieved_gbs\": " << (ms_ok ? fmt("%.6g", gbs) : "null") << ", \"rounds\": " << rounds
          << ", \"ablate\": " << ab << "}";
       first = false;
-      md << "| " << L << " | " << (variants[v].empty() ? "all on" : "-" + variants[v][0]) << " | " << fmt("%.1f", med)
+      md << "| " << L << " | " << label(variants[v]) << " | " << fmt("%.1f", med)
          << " | " << fmt("%.1f", mn) << " | " << fmt("%.1f", mx) << " | " << (ms_ok ? fmt("%.3f", ms) : "n/a") << " | "
          << (ms_ok ? fmt("%.0f", gbs) : "n/a") << " | "
          << (copy_gbs > 0 && ms_ok ? fmt("%.0f%%", 100 * gbs / copy_gbs) : "") << " |\n";

@@ -25,10 +25,11 @@ __device__ __forceinline__ int split_chunk(int len, int splits) {
 // (normalised, rotated, pre-multiplied by 1/sqrt(hd)); keys and values to the cache rows.
 __global__ void attn_prep_kernel(AttnDims d, const float* qn, const float* kn, float* kc, float* vc,
                                  int pos0, const int32_t* pos_dev, const float* q, const float* k,
-                                 const float* v, float* qbuf) {
+                                 const float* v, float* qbuf, const __grid_constant__ L2Prefetch pf) {
   extern __shared__ float sm[];   // [hd] + red[32]
   float* red = sm + d.head_dim;
   pdl_trigger();
+  l2_prefetch(pf);   // D13: the next launch's weights (o_proj)
   pdl_wait();
   const int h = blockIdx.x, t = blockIdx.y, i = threadIdx.x, hd = d.head_dim;
   const int pos = cur_pos(pos0, pos_dev) + t;
@@ -209,6 +210,61 @@ __global__ void attn_merge_kernel(AttnDims d, int splits, int pos0, const int32_
   o[(int64_t(t) * d.heads + h) * hd + e] = A / L * sigmoidf_(gate);
 }
 
+// D11 (decode merge, warps across splits): grid (heads, hd/64, T), 16 warps. A CTA owns 64 dims of
+// one head; warp w folds splits w, w+16, ... into a running (max, Σl, Σacc) with lanes on 2 dims
+// each (independent 8-byte loads, several splits in flight), so there is no serial loop over all
+// splits and no separate max pass; the 16 warp states are combined in shared memory.
+constexpr int kMergeWarps = 16;
+__global__ void __launch_bounds__(32 * kMergeWarps) attn_merge_warps_kernel(AttnDims d, int splits, int pos0,
+                                                                            const int32_t* pos_dev,
+                                                                            const float* part, const float* q,
+                                                                            float* o) {
+  __shared__ float sacc[kMergeWarps][64];
+  __shared__ float sml[kMergeWarps][2];
+  pdl_trigger();
+  pdl_wait();
+  const int h = blockIdx.x, e0 = blockIdx.y * 64, t = blockIdx.z, hd = d.head_dim;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int len = min(cur_pos(pos0, pos_dev) + t + 1, d.capacity);
+  const int chunk = split_chunk(len, splits);
+  const int ns = min(splits, (len + chunk - 1) / chunk);
+  const float* pb = part + (int64_t(t) * d.heads + h) * splits * (hd + 2);
+  float m = -FLT_MAX, l = 0.f, a0 = 0.f, a1 = 0.f;
+#pragma unroll 4
+  for (int sp = warp; sp < ns; sp += kMergeWarps) {
+    const float* ps = pb + int64_t(sp) * (hd + 2);
+    const float2 ml = *reinterpret_cast<const float2*>(ps + hd);   // (m, l); hd + 2 is even: 8-byte aligned
+    const float2 v = *reinterpret_cast<const float2*>(ps + e0 + 2 * lane);
+    if (!(ml.y > 0.f)) continue;                                     // empty slice
+    const float mn = fmaxf(m, ml.x);
+    const float corr = exp2f(m - mn), f = exp2f(ml.x - mn);
+    m = mn;
+    l = fmaf(l, corr, ml.y * f);
+    a0 = fmaf(a0, corr, v.x * f);
+    a1 = fmaf(a1, corr, v.y * f);
+  }
+  sacc[warp][2 * lane] = a0;
+  sacc[warp][2 * lane + 1] = a1;
+  if (lane == 0) {
+    sml[warp][0] = m;
+    sml[warp][1] = l;
+  }
+  __syncthreads();
+  if (threadIdx.x < 64) {
+    float M = -FLT_MAX;
+    for (int w = 0; w < kMergeWarps; ++w) M = fmaxf(M, sml[w][0]);
+    float L = 0.f, A = 0.f;
+    for (int w = 0; w < kMergeWarps; ++w) {
+      const float f = sml[w][1] > 0.f ? exp2f(sml[w][0] - M) : 0.f;
+      L = fmaf(sml[w][1], f, L);
+      A = fmaf(sacc[w][threadIdx.x], f, A);
+    }
+    const int e = e0 + threadIdx.x;
+    const float gate = q[(int64_t(t) * d.heads + h) * 2 * hd + hd + e];
+    o[(int64_t(t) * d.heads + h) * hd + e] = A / L * sigmoidf_(gate);
+  }
+}
+
 int eff_splits(int T, int splits) { return T == 1 ? splits : std::max(1, std::min(splits, 64 / T)); }
 
 template <int DPL, int HPB>
@@ -245,9 +301,14 @@ int64_t attention_workspace_floats(const AttnDims& d, int T) {
          int64_t(T) * d.heads * eff_splits(T, 256) * (d.head_dim + 2) + 64;
 }
 
+bool& merge_warps_enabled() {
+  static bool on = true;
+  return on;
+}
+
 void attention(const AttnDims& d, const float* q_norm, const float* k_norm, float* kc, float* vc,
                int pos0, const int32_t* pos_dev, const float* q, const float* k, const float* v,
-               int T, float* o, float* work, int splits, bool pack_gqa, cudaStream_t s) {
+               int T, float* o, float* work, int splits, bool pack_gqa, cudaStream_t s, const L2Prefetch* pf) {
   const int hd = d.head_dim, G = d.heads / d.kv_heads;
   LILY_CHECK(hd == 64 || hd == 128 || hd == 256, "attention: head_dim must be 64, 128 or 256");
   LILY_CHECK(d.heads % d.kv_heads == 0 && d.rot_dim <= hd && d.rot_dim % 2 == 0,
@@ -267,13 +328,17 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, floa
   float* qbuf = work;
   float* part = work + int64_t(T) * d.heads * hd;
   launch(attn_prep_kernel, dim3(d.heads + d.kv_heads, T), dim3(hd), (hd + 32) * sizeof(float), s, d, q_norm,
-         k_norm, kc, vc, pos0, pos_dev, q, k, v, qbuf);
+         k_norm, kc, vc, pos0, pos_dev, q, k, v, qbuf, pf ? *pf : L2Prefetch{});
   CUDA_LAUNCH_CHECK();
   if (hd == 256) launch_split_h<8>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
   else if (hd == 128) launch_split_h<4>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
   else launch_split_h<2>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
-  launch(attn_merge_kernel, dim3(d.heads, T), dim3(hd), (splits + 32) * sizeof(float), s, d, splits, pos0, pos_dev,
-         (const float*)part, q, o);
+  if (merge_warps_enabled() && T == 1)
+    launch(attn_merge_warps_kernel, dim3(d.heads, hd / 64, T), dim3(32 * kMergeWarps), 0, s, d, splits, pos0,
+           pos_dev, (const float*)part, q, o);
+  else
+    launch(attn_merge_kernel, dim3(d.heads, T), dim3(hd), (splits + 32) * sizeof(float), s, d, splits, pos0,
+           pos_dev, (const float*)part, q, o);
   CUDA_LAUNCH_CHECK();
 }
 
@@ -281,7 +346,7 @@ void attention_prep(const AttnDims& d, const float* q_norm, const float* k_norm,
                     const int32_t* pos_dev, const float* q, const float* k, const float* v, int T, float* qbuf,
                     cudaStream_t s) {
   launch(attn_prep_kernel, dim3(d.heads + d.kv_heads, T), dim3(d.head_dim), (d.head_dim + 32) * sizeof(float), s, d,
-         q_norm, k_norm, kc, vc, pos0, pos_dev, q, k, v, qbuf);
+         q_norm, k_norm, kc, vc, pos0, pos_dev, q, k, v, qbuf, L2Prefetch{});
   CUDA_LAUNCH_CHECK();
 }
 

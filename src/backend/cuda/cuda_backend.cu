@@ -1,6 +1,7 @@
 // The CUDA backend: device memory and weight upload, op dispatch onto one stream, small op fusions
 // done behind the interface (independent projections batched into one launch, the residual add
-// folded into the next RMSNorm), CUDA-graph capture of a decode step (D2) and per-op timing.
+// folded into the next RMSNorm; for decode steps the add folded into the producer's epilogue and
+// the RMSNorm into its consumers, D9), CUDA-graph capture of a decode step (D2) and per-op timing.
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -60,6 +61,29 @@ struct PendingAdd {
   int64_t n = 0;
 };
 
+// D9 (decode, T == 1): an rmsnorm not launched yet; the next matmul batch or MoE reading `out`
+// absorbs it (their kernels stage rmsnorm(x) themselves and one CTA writes `out`).
+struct PendingNorm {
+  const float* x = nullptr;
+  const float* w = nullptr;
+  int n = 0;
+  float eps = 0.f;
+  float* out = nullptr;
+};
+
+// D9/D10 (decode): an MoE block held back until the next op, so that a following add(h, out)
+// becomes the down kernel's epilogue.
+struct PendingMoe {
+  bool on = false;
+  MoeDev m{};
+  const float* x = nullptr;
+  float* out = nullptr;
+  float* ws = nullptr;
+  MoeDecode dec{};
+  int T = 1;
+  double bytes[3] = {0, 0, 0};   // profiler: router, gate/up, down
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const BackendOptions& opt) : abl_(opt.ablations) {
@@ -71,6 +95,7 @@ class CudaBackend final : public Backend {
     set_ablations(abl_);
     if (const char* v = std::getenv("LILY_GEMM_MIN_T"); v && *v) gemm_min_t_ = std::atoi(v);
     argmax_ws_ = alloc_bytes(argmax_scratch_bytes(4096));
+    router_ticket_ = static_cast<int*>(alloc_bytes(64));
   }
   ~CudaBackend() override {
     if (exec_) cudaGraphExecDestroy(exec_);
@@ -149,10 +174,17 @@ class CudaBackend final : public Backend {
   // ---- ops --------------------------------------------------------------------------------
   void embed(const QMatrix& E, const int32_t* tokens, int T, float* out) override {
     flush();
+    unit_ = 0;   // D13: a forward pass starts here
     timed("embed", 0, [&] { cuda::embed(to_qmat(E), tokens, T, out, s_); });
   }
   void rmsnorm(const float* x, const FVec& w, int T, float eps, float* out) override {
+    flush_moe();
+    flush_norm();
     flush_mm();
+    if (fold_norm_ && T == 1 && !pend_add_.h && w.n % 4 == 0 && x != out) {   // D9: left to the consumer
+      pend_norm_ = {x, w.data, int(w.n), eps, out};
+      return;
+    }
     if (pend_add_.h && pend_add_.h == x && pend_add_.n == int64_t(T) * w.n) {
       PendingAdd p = pend_add_;
       pend_add_ = {};
@@ -163,16 +195,50 @@ class CudaBackend final : public Backend {
     timed("rmsnorm", 0, [&] { cuda::rmsnorm(const_cast<float*>(x), nullptr, w.data, int(w.n), T, eps, out, s_); });
   }
   void matmul(const QMatrix& W, const float* x, int T, float* y) override {
+    flush_moe();
     flush_add();
+    const QMat q = to_qmat(W);
+    // D9: a pending rmsnorm producing x becomes part of this batch when its kernel can fold it.
+    if (pend_norm_.x) {
+      if (x == pend_norm_.out && gemv_norm_ok(q, T, fast_) && q.cols == pend_norm_.n && y != pend_norm_.x) {
+        flush_mm();
+        mm_norm_ = pend_norm_;
+        pend_norm_ = {};
+      } else {
+        flush_norm();
+      }
+    }
     bool conflict = pend_T_ != T || int(pend_.size()) == kMaxGemvJobs;
     for (const GemvJob& j : pend_)
       conflict = conflict || j.y == x || j.y == y || j.x == y;
+    // A batch with a folded norm reads mm_norm_.x and writes mm_norm_.out (= every job's x).
+    if (mm_norm_.x)
+      conflict = conflict || x != mm_norm_.out || !gemv_norm_ok(q, T, fast_) || q.cols != mm_norm_.n ||
+                 y == mm_norm_.x;
     if (conflict) flush_mm();
     pend_T_ = T;
-    pend_.push_back({to_qmat(W), x, y});
+    pend_.push_back({q, x, y});
     if (!batch_) flush_mm();
   }
   void add(float* h, const float* r, int64_t n) override {
+    // D9: the add becomes the epilogue of the kernel that produces r (it also still writes r).
+    // The MoE may read h itself (folded norm, router stage): that is two launches before the down
+    // stage, whose writes come after its PDL wait, so the read has completed.
+    if (fold_norm_ && pend_moe_.on && pend_moe_.out == r && n == pend_moe_.m.H && pend_moe_.x != h) {
+      pend_moe_.dec.res = h;
+      flush_moe();
+      return;
+    }
+    if (fold_norm_ && pend_T_ == 1 && !pend_.empty() && pend_.back().y == r && n == pend_.back().w.rows &&
+        (!mm_norm_.x || mm_norm_.x != h)) {
+      bool reads_h = false;
+      for (const GemvJob& j : pend_) reads_h = reads_h || j.x == h || j.y == h || (j.y == r && &j != &pend_.back());
+      if (!reads_h) {
+        pend_.back().res = h;
+        flush_mm();
+        return;
+      }
+    }
     flush();
     if (fuse_add_) {
       pend_add_ = {h, r, n};
@@ -197,8 +263,14 @@ class CudaBackend final : public Backend {
       });
       return;
     }
+    L2Prefetch mine;   // D13: the recurrent state and conv state are what this launch waits for
+    pf_add(mine, st.S, int64_t(d.nv) * d.dk * d.dv * 4);
+    pf_add(mine, st.conv, int64_t(d.kconv - 1) * d.conv_dim * 4);
+    pf_add(mine, w.conv1d.data, w.conv1d.n * 4);
+    const L2Prefetch pf = unit_prefetch(mine, T);
     timed("gdn", bytes, [&] {
-      cuda::gdn(d, w.conv1d.data, w.A_log.data, w.dt_bias.data, w.norm.data, st.conv, st.S, qkv, z, a, b, T, y, s_);
+      cuda::gdn(d, w.conv1d.data, w.A_log.data, w.dt_bias.data, w.norm.data, st.conv, st.S, qkv, z, a, b, T, y, s_,
+                &pf);
     });
   }
   void attention(const ModelConfig& c, const AttnWeights& w, KvCache& kv, int pos0, const int32_t* pos_dev,
@@ -216,13 +288,15 @@ class CudaBackend final : public Backend {
       return;
     }
     float* ws = workspace(attention_workspace_floats(d, T));
+    const L2Prefetch pf = unit_prefetch(L2Prefetch{}, T);
     timed("attention", bytes, [&] {
       cuda::attention(d, w.q_norm.data, w.k_norm.data, kv.k, kv.v, pos0, pos_dev, q, k, v, T, o, ws, splits_,
-                      pack_gqa_, s_);
+                      pack_gqa_, s_, &pf);
     });
   }
   void moe(const ModelConfig& c, const MoeWeights& w, const float* x, int T, float* out) override {
-    flush();
+    flush_moe();
+    flush_add();
     MoeDev m{};
     m.E = c.num_experts;
     m.K = c.num_experts_per_tok;
@@ -243,6 +317,18 @@ class CudaBackend final : public Backend {
     m.sh_gate = to_qmat(w.shared_gate_proj);
     m.sh_up = to_qmat(w.shared_up_proj);
     m.sh_down = to_qmat(w.shared_down_proj);
+    // D9: a pending rmsnorm producing x is folded into the router stage when it can be.
+    MoeDecode dec{};
+    if (pend_norm_.x) {
+      if (x == pend_norm_.out && pend_norm_.n == m.H && moe_norm_ok(m, T, fast_) && out != pend_norm_.x) {
+        dec.norm = {pend_norm_.x, pend_norm_.w, pend_norm_.eps};
+        pend_norm_ = {};
+      } else {
+        flush_norm();
+      }
+    }
+    flush_mm();
+    if (fuse_router_ && moe_router_topk_ok(m, T, fast_)) dec.counter = router_ticket_;
     if (hist_on_) {
       if (!hist_) hist_ = alloc_i32(int64_t(c.num_hidden_layers) * m.E);
       hist_layers_ = c.num_hidden_layers;
@@ -254,16 +340,21 @@ class CudaBackend final : public Backend {
     float* ws = workspace(moe_workspace_floats(m, T));
     auto expert_bytes = [](const QStack& s) { return double(type_bytes(s.first) + 2 * sb_bytes(s.first)); };
     auto mat_bytes = [](const QMatrix& q) { return double(type_bytes(q) + 2 * sb_bytes(q)); };
-    if (profiling_ && !capturing_) {
-      const double ebytes = m.K * (expert_bytes(w.experts_gate) + expert_bytes(w.experts_up));
-      timed("moe.router", mat_bytes(w.gate), [&] { cuda::moe(m, x, T, out, ws, fast_, 1, s_); });
-      timed("moe.gate_up", ebytes + mat_bytes(w.shared_gate_proj) + mat_bytes(w.shared_up_proj),
-            [&] { cuda::moe(m, x, T, out, ws, fast_, 2, s_); });
-      timed("moe.down", m.K * expert_bytes(w.experts_down) + mat_bytes(w.shared_down_proj),
-            [&] { cuda::moe(m, x, T, out, ws, fast_, 4, s_); });
-      return;
-    }
-    cuda::moe(m, x, T, out, ws, fast_, 7, s_);
+    PendingMoe p;
+    p.on = true;
+    p.m = m;
+    p.x = x;
+    p.out = out;
+    p.ws = ws;
+    p.dec = dec;
+    p.T = T;
+    p.bytes[0] = mat_bytes(w.gate);
+    p.bytes[1] = m.K * (expert_bytes(w.experts_gate) + expert_bytes(w.experts_up)) + mat_bytes(w.shared_gate_proj) +
+                 mat_bytes(w.shared_up_proj);
+    p.bytes[2] = m.K * expert_bytes(w.experts_down) + mat_bytes(w.shared_down_proj);
+    pend_moe_ = p;
+    // D9: held back for one op so that the residual add can become the down kernel's epilogue.
+    if (!(fold_norm_ && T == 1)) flush_moe();
   }
   void argmax(const float* logits, int T, int n, int32_t* ids) override {
     flush();
@@ -333,6 +424,12 @@ class CudaBackend final : public Backend {
     batch_ = !abl_.has("D3b");
     pdl_enabled() = !abl_.has("D3");
     fuse_add_ = !abl_.has("D8");
+    fold_norm_ = !abl_.has("D9");     // D9: decode add → producer epilogue, rmsnorm → consumer staging
+    fuse_router_ = !abl_.has("D10");  // D10: decode router + top-k in one many-CTA kernel
+    merge_warps_enabled() = !abl_.has("D11");   // D11: split-KV merge with warps across splits
+    gdn_split_enabled() = !abl_.has("D12");     // D12: GDN decode step over 4 CTAs per value head
+    prefetch_ = !abl_.has("D13");               // D13: L2 prefetch of the next launch's weights
+    gemv_one_wave_enabled() = !abl_.has("D14");  // D14: one wave of CTAs per decode GEMV batch
     pack_gqa_ = !abl_.has("D6");
     splits_ = abl_.has("D7") ? 1 : 0;   // 0: sized from the SM count
     // Prefill mixers: P4 off = the decode GDN kernel for every T, P6 off = per-token split-KV
@@ -477,6 +574,34 @@ class CudaBackend final : public Backend {
     pend_add_ = {};
     timed("add", 0, [&] { cuda::add(p.h, p.r, p.n, s_); });
   }
+  void flush_norm() {
+    if (!pend_norm_.x) return;
+    PendingNorm p = pend_norm_;
+    pend_norm_ = {};
+    timed("rmsnorm", 0,
+          [&] { cuda::rmsnorm(const_cast<float*>(p.x), nullptr, p.w, p.n, 1, p.eps, p.out, s_); });
+  }
+  void flush_moe() {
+    if (!pend_moe_.on) return;
+    PendingMoe p = pend_moe_;
+    pend_moe_ = {};
+    {  // D13: record this launch's fixed weights, prefetch the next launch's
+      L2Prefetch mine;
+      for (const QMat* q : {&p.m.router, &p.m.sh_gate, &p.m.sh_up, &p.m.sh_down}) pf_add_mat(mine, *q);
+      p.dec.pf = unit_prefetch(mine, p.T);
+      p.dec.pf_down = prefetch_ && p.T == 1;
+    }
+    const MoeDecode* dec = &p.dec;
+    const int T = p.T;
+    if (profiling_ && !capturing_) {
+      const char* names[3] = {p.dec.norm.w ? "moe.router+norm" : "moe.router", "moe.gate_up",
+                              p.dec.res ? "moe.down+add" : "moe.down"};
+      for (int st = 0; st < 3; ++st)
+        timed(names[st], p.bytes[st], [&] { cuda::moe(p.m, p.x, T, p.out, p.ws, fast_, 1 << st, s_, dec); });
+      return;
+    }
+    cuda::moe(p.m, p.x, T, p.out, p.ws, fast_, 7, s_, dec);
+  }
   void flush_mm() {
     if (pend_.empty()) return;
     if (pend_T_ >= gemm_min_t_ &&
@@ -492,10 +617,66 @@ class CudaBackend final : public Backend {
     }
     std::vector<GemvJob> jobs;
     jobs.swap(pend_);
-    timed(name, bytes, [&] { gemv_batch(jobs.data(), int(jobs.size()), pend_T_, fast_, s_); });
+    GemvNorm norm{mm_norm_.x, mm_norm_.w, mm_norm_.eps};
+    const bool has_norm = mm_norm_.x != nullptr;
+    mm_norm_ = {};
+    if (has_norm) name = "norm+" + name;
+    if (jobs.back().res) name += "+add";
+    L2Prefetch mine;
+    for (const GemvJob& j : jobs) pf_add_mat(mine, j.w);
+    const L2Prefetch pf = unit_prefetch(mine, pend_T_);
+    timed(name, bytes, [&] {
+      gemv_batch(jobs.data(), int(jobs.size()), pend_T_, fast_, s_, has_norm ? &norm : nullptr, &pf);
+    });
   }
+  // ---- D13: L2 prefetch one launch ahead ----------------------------------------------------
+  // Every weight-reading launch of a forward pass (GEMV batch, GDN, attention, MoE) is a numbered
+  // unit; unit i records the byte ranges it reads and, in decode steps, is handed the ranges that
+  // unit i+1 recorded in the previous pass (the step is the same every token; a stale plan only
+  // wastes bandwidth, since prefetches change no data). Ranges over kPfCap in total are skipped
+  // (the lm_head does not fit in L2).
+  static constexpr int64_t kPfCap = 24LL << 20;
+  static void pf_add(L2Prefetch& pf, const void* p, int64_t bytes) {
+    bytes &= ~int64_t(15);
+    if (!p || bytes <= 0 || bytes > kPfCap) return;
+    int64_t total = bytes;
+    for (int i = 0; i < pf.n; ++i) total += pf.bytes[i];
+    if (total > kPfCap) return;
+    if (pf.n < L2Prefetch::kMax) {
+      pf.p[pf.n] = p;
+      pf.bytes[pf.n++] = uint32_t(bytes);
+      return;
+    }
+    int small = 0;   // full: replace the smallest range if this one is larger
+    for (int i = 1; i < pf.n; ++i)
+      if (pf.bytes[i] < pf.bytes[small]) small = i;
+    if (uint32_t(bytes) > pf.bytes[small]) {
+      pf.p[small] = p;
+      pf.bytes[small] = uint32_t(bytes);
+    }
+  }
+  static void pf_add_mat(L2Prefetch& pf, const QMat& w) {
+    const int64_t n = int64_t(w.rows) * w.cols;
+    const int64_t data = w.type == kQ4 ? n / 2 : w.type == kQ8 ? n : w.type == kBF ? 2 * n : 4 * n;
+    pf_add(pf, w.data, data);
+    if (w.type == kQ4 || w.type == kQ8) {
+      const int64_t sb = int64_t(w.rows) * (w.cols / w.gs) * (w.sb_f32 ? 4 : 2);
+      pf_add(pf, w.scales, sb);
+      pf_add(pf, w.biases, sb);
+    }
+  }
+  L2Prefetch unit_prefetch(const L2Prefetch& mine, int T) {
+    if (int(plan_.size()) <= unit_) plan_.resize(unit_ + 1);
+    plan_[unit_] = mine;
+    ++unit_;
+    if (!prefetch_ || T != 1 || unit_ >= int(plan_.size())) return {};
+    return plan_[unit_];
+  }
+
   void flush() {
+    flush_moe();
     flush_add();
+    flush_norm();
     flush_mm();
   }
   // Prefill matmuls (P1): each distinct input converted to bf16 once, one tensor-core GEMM per matrix.
@@ -553,7 +734,7 @@ class CudaBackend final : public Backend {
 
   Ablations abl_;
   cudaStream_t s_ = nullptr;
-  bool fast_ = true, batch_ = true, fuse_add_ = true, pack_gqa_ = true;
+  bool fast_ = true, batch_ = true, fuse_add_ = true, pack_gqa_ = true, fold_norm_ = true, fuse_router_ = true;
   int splits_ = 0;
   bool prefill_gdn_ = true, prefill_attn_ = true;
   int gdn_min_t_ = 2, gdn_nc_ = 0, attn_min_t_ = 16;
@@ -574,6 +755,12 @@ class CudaBackend final : public Backend {
   std::vector<GemvJob> pend_;
   int pend_T_ = 1;
   PendingAdd pend_add_;
+  PendingNorm pend_norm_, mm_norm_;   // D9: not launched yet / folded into the pending GEMV batch
+  PendingMoe pend_moe_;               // D9: MoE held back for the residual add
+  int* router_ticket_ = nullptr;      // D10: arrival counter of the fused router kernel (self-resetting)
+  bool prefetch_ = true;              // D13
+  std::vector<L2Prefetch> plan_;      // D13: byte ranges per launch unit of the last forward pass
+  int unit_ = 0;
   bool capturing_ = false;
   cudaGraph_t graph_ = nullptr, graph_next_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;

@@ -47,6 +47,33 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
+// ---- D13: L2 prefetch of weights one launch ahead (decode) ---------------------------------
+// Up to kMax byte ranges (16-byte aligned, sizes multiples of 16) that a kernel asks L2 to fetch
+// with bulk prefetches while it runs, cut into 32 KB pieces spread over the grid's CTAs (lanes of
+// warp 0). A hint only: it changes no data (L2 is the point of coherence), so it may be issued
+// before pdl_wait() and for any memory that stays allocated.
+struct L2Prefetch {
+  static constexpr int kMax = 6;
+  const void* p[kMax] = {};
+  uint32_t bytes[kMax] = {};
+  int n = 0;
+};
+
+__device__ __forceinline__ void l2_prefetch(const L2Prefetch& pf) {
+  if (pf.n == 0 || threadIdx.x >= 32) return;
+  constexpr uint32_t kPiece = 32768;
+  const uint32_t cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const uint32_t ncta = gridDim.x * gridDim.y * gridDim.z;
+  for (int i = 0; i < pf.n && i < L2Prefetch::kMax; ++i) {
+    const uint32_t pieces = (pf.bytes[i] + kPiece - 1) / kPiece;
+    for (uint32_t k = cta + ncta * threadIdx.x; k < pieces; k += ncta * 32) {
+      const char* a = static_cast<const char*>(pf.p[i]) + size_t(k) * kPiece;
+      const uint32_t n = min(kPiece, pf.bytes[i] - k * kPiece);
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(n) : "memory");
+    }
+  }
+}
+
 // Weight types as in model/weights.h (kept numerically identical).
 enum : int { kQ4 = 0, kQ8 = 1, kBF = 2, kF32 = 3 };
 
@@ -110,6 +137,23 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   return warp_sum(s);
 }
 
+// D9: finishes a folded RMSNorm after the staging barrier: `red` holds one Σx² partial per warp
+// (written before that barrier); returns rsqrt(mean x² + eps). When `out` is set the caller's CTA
+// also writes out = x · scale · gain (the rmsnorm output, identical to rmsnorm4_kernel's).
+__device__ __forceinline__ float fold_norm_scale(const float* red, int nwarps, int n, float eps, const float* x,
+                                                 const float* gain, float* out) {
+  float t = 0.f;
+  for (int i = 0; i < nwarps; ++i) t += red[i];
+  const float scale = rsqrtf(t / float(n) + eps);
+  if (out)
+    for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
+      const float4 v = reinterpret_cast<const float4*>(x)[i], g = reinterpret_cast<const float4*>(gain)[i];
+      reinterpret_cast<float4*>(out)[i] =
+          make_float4(v.x * scale * g.x, v.y * scale * g.y, v.z * scale * g.z, v.w * scale * g.w);
+    }
+  return scale;
+}
+
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x / (1.f + __expf(-x)); }
 
@@ -146,10 +190,20 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int f) {
 // Stages x (cols floats, cols % 1024 == 0) into shared memory pre-scaled for dot8_q4 and permuted
 // so that lane l's f-th float4 of chunk ci sits at [(ci/32)*256 + f*32 + ci%32] (conflict-free
 // 16-byte reads), plus the plain sum of each 32-element chunk (bias term of the group-sum trick),
-// reduced over the 8 consecutive threads that load one chunk.
-__device__ __forceinline__ void stage_x_q4(const float* x, int cols, float4* sm4, float* xsum) {
+// reduced over the 8 consecutive threads that load one chunk. With `gain` (D9, folded RMSNorm) x
+// is staged as gain ⊙ x and the thread's share of Σx² is added to *ss.
+__device__ __forceinline__ void stage_x_q4(const float* x, int cols, float4* sm4, float* xsum,
+                                           const float* gain = nullptr, float* ss = nullptr) {
   for (int idx = threadIdx.x; idx < cols / 4; idx += blockDim.x) {
     float4 v = reinterpret_cast<const float4*>(x)[idx];
+    if (gain) {
+      *ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      const float4 g = reinterpret_cast<const float4*>(gain)[idx];
+      v.x *= g.x;
+      v.y *= g.y;
+      v.z *= g.z;
+      v.w *= g.w;
+    }
     const int ci = idx >> 3, f = idx & 7, h = (f & 1) * 4;
     float s = (v.x + v.y) + (v.z + v.w);
     s += __shfl_xor_sync(0xffffffffu, s, 1);

@@ -15,12 +15,28 @@ struct GemvJob {
   QMat w;
   const float* x = nullptr;   // [T, w.cols]
   float* y = nullptr;         // [T, w.rows]
+  float* res = nullptr;       // D9: also res += y (residual add folded into the epilogue); rows == H
+};
+// D9, decode: the RMSNorm that produces the jobs' common x, folded into their staging. Every CTA
+// stages g ⊙ h and Σh² itself and scales its dot products by rsqrt(mean h² + eps) (the norm is a
+// scalar per token, so it commutes with W); one CTA also writes x = rmsnorm(h) for later readers.
+struct GemvNorm {
+  const float* h = nullptr;   // [1, cols] raw residual
+  const float* w = nullptr;   // [cols] gain
+  float eps = 0.f;
 };
 // Runs every job (y = x · Wᵀ for T tokens) in as few launches as possible. `fast` false forces
-// the generic kernel (ablation D1).
-void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s);
+// the generic kernel (ablation D1). With `norm`, every job's x is rmsnorm(norm->h) and is written
+// by the launch (all jobs must share x and satisfy gemv_norm_ok).
+// `pf` (D13): weights of the next launch to prefetch into L2 while this batch runs.
+void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s, const GemvNorm* norm = nullptr,
+                const L2Prefetch* pf = nullptr);
+// D14: the 4-/8-bit decode GEMV batch fits in one wave of CTAs (process-wide switch, ablation D14).
+bool& gemv_one_wave_enabled();
 // True when the specialised 4-bit decode kernel handles this matrix.
 bool gemv_fast_ok(const QMat& w);
+// True when gemv_batch runs this matrix on a kernel that can fold a GemvNorm (T == 1 only).
+bool gemv_norm_ok(const QMat& w, int T, bool fast);
 
 void embed(const QMat& E, const int32_t* tokens, int T, float* out, cudaStream_t s);
 // If r != nullptr: h += r first (written back), then out = rmsnorm(h) * w.
@@ -44,9 +60,11 @@ struct GdnDims {
   int nk, nv, dk, dv, conv_dim, kconv;
   float eps;
 };
+// D12: decode (T == 1) over dv/32 CTAs per value head (process-wide switch, ablation D12).
+bool& gdn_split_enabled();
 void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
          const float* norm_w, float* conv_state, float* S, const float* qkv, const float* z,
-         const float* a, const float* b, int T, float* y, cudaStream_t s);
+         const float* a, const float* b, int T, float* y, cudaStream_t s, const L2Prefetch* pf = nullptr);
 
 // ---- attention.cu --------------------------------------------------------------------------
 struct AttnDims {
@@ -54,12 +72,15 @@ struct AttnDims {
   float theta, eps;
   int capacity;
 };
+// D11: decode merge with warps across splits (process-wide switch, ablation D11).
+bool& merge_warps_enabled();
 // Workspace floats needed for T tokens (prepared queries + split-KV partials).
 int64_t attention_workspace_floats(const AttnDims& d, int T);
 // `splits`: KV blocks per (token, kv head) for decode (D7); `pack_gqa`: one KV pass per KV head (D6).
 void attention(const AttnDims& d, const float* q_norm, const float* k_norm, float* kc, float* vc,
                int pos0, const int32_t* pos_dev, const float* q, const float* k, const float* v,
-               int T, float* o, float* work, int splits, bool pack_gqa, cudaStream_t s);
+               int T, float* o, float* work, int splits, bool pack_gqa, cudaStream_t s,
+               const L2Prefetch* pf = nullptr);
 
 // ---- moe.cu --------------------------------------------------------------------------------
 struct MoeDev {
@@ -70,9 +91,21 @@ struct MoeDev {
   QMat sh_gate, sh_up, sh_down;
   int* hist = nullptr;                // optional [E] counts of routed tokens per expert
 };
+// Decode-step (T == 1) fusions of the MoE block; all optional.
+struct MoeDecode {
+  GemvNorm norm;              // D9: x = rmsnorm(norm.h) is computed by the router stage (norm.w set)
+  float* res = nullptr;       // D9: the down stage also adds its output into res (residual h)
+  int* counter = nullptr;     // D10: router + softmax + top-k in one many-CTA kernel (zeroed int)
+  L2Prefetch pf;              // D13: the next launch's weights, prefetched by the router stage
+  bool pf_down = false;       // D13: the gate/up stage prefetches the chosen experts' down rows
+};
 int64_t moe_workspace_floats(const MoeDev& m, int T);
 // `fast` false uses the generic kernels (ablation D1). `stages` bits: 1 router, 2 gate/up, 4 down
 // (the profiler launches them one at a time).
-void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool fast, int stages, cudaStream_t s);
+void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool fast, int stages, cudaStream_t s,
+         const MoeDecode* dec = nullptr);
+// What of `dec` the kernels can do for these weights (T == 1): folding the norm, the fused router.
+bool moe_norm_ok(const MoeDev& m, int T, bool fast);
+bool moe_router_topk_ok(const MoeDev& m, int T, bool fast);
 
 }  // namespace lily::cuda

@@ -19,6 +19,7 @@ struct GdnArgs {
   const float *qkv, *z, *a, *b;
   int T, rq;
   float* y;
+  L2Prefetch pf;   // D13: the next launch's weights
 };
 
 // NR > 0: each thread keeps its NR = dk/rq state values in registers for all T tokens (one read
@@ -39,6 +40,7 @@ __global__ void __launch_bounds__(512) gdn_kernel(const __grid_constant__ GdnArg
   const int tid = threadIdx.x, c = tid % d.dv, rq = tid / d.dv;
   float* S = g.S + int64_t(j) * d.dk * d.dv;
   pdl_trigger();
+  l2_prefetch(g.pf);
   pdl_wait();
   // Channel of the conv input for the block's i-th local channel (q | k | v of this head).
   auto chan = [&](int i) {
@@ -133,17 +135,156 @@ __global__ void __launch_bounds__(512) gdn_kernel(const __grid_constant__ GdnArg
   }
 }
 
+// ---- D12: decode step (T == 1) over dv/32 CTAs per value head ---------------------------------
+// One CTA of 8 warps owns 32 value columns (one per lane) of one head: its 128×32 slice of S sits in
+// registers (warp w holds rows w, w+8, ..., 16 per thread), so S is read by 4× more SMs than with
+// one CTA per head. Every CTA recomputes the conv + SiLU + l2norm of the head's full q and k (288
+// channels, cheap) and its own 32 v channels. The gated RMSNorm needs Σo² over the whole head: the
+// CTAs of a head exchange their partial sums through distributed shared memory. A cluster is the
+// ratio·(dv/32) = 8 CTAs sharing one key head, so the shared q/k conv state is rewritten (spread
+// over the cluster's CTAs) only after every CTA has read it. Mutable state is only prefetched into
+// L2 before the PDL wait (L2 is coherent, so that is safe); registers are filled after it.
+constexpr int kGdnDecDk = 128;                 // key head dim: 8 warps × 16 rows
+constexpr int kGdnDecRows = kGdnDecDk / 8;     // state rows per thread
+constexpr int kGdnDecCh = 2 * kGdnDecDk + 32;  // conv channels per CTA: q | k | v slice
+
+__global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__ GdnArgs g) {
+  __shared__ float raw[4][kGdnDecCh];   // conv taps: state rows 0..2, current input
+  __shared__ float act[kGdnDecCh];      // conv + SiLU output
+  __shared__ float red[8];
+  __shared__ float part[8][32], part2[8][32];
+  __shared__ float ssq;
+  const GdnDims& d = g.d;
+  constexpr int dk = kGdnDecDk;
+  const int P = d.dv / 32, ratio = d.nv / d.nk;
+  const int j = blockIdx.x / P, p = blockIdx.x % P, kh = j / ratio;
+  const int key_dim = d.nk * dk;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, col = p * 32 + lane;
+  auto chan = [&](int i) {
+    return i < dk ? kh * dk + i : i < 2 * dk ? key_dim + kh * dk + (i - dk) : 2 * key_dim + j * d.dv + p * 32 + (i - 2 * dk);
+  };
+  float* S = g.S + int64_t(j) * dk * d.dv;
+  pdl_trigger();
+  l2_prefetch(g.pf);
+  if (lane < kGdnDecRows) {
+    const float* line = S + (warp + 8 * lane) * d.dv + p * 32;   // one 128-byte line per row
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+  }
+  if (tid < kGdnDecCh / 32)
+    for (int st = 0; st < 3; ++st) {
+      const float* line = g.conv_state + int64_t(st) * d.conv_dim + chan(tid * 32);
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+    }
+  float cw[2][4];   // conv weights of channels tid and tid + 256 (immutable: loaded before the wait)
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int i = tid + 256 * u;
+#pragma unroll
+    for (int tap = 0; tap < 4; ++tap) cw[u][tap] = i < kGdnDecCh ? g.conv_w[int64_t(chan(i)) * 4 + tap] : 0.f;
+  }
+  const float A = -__expf(g.A_log[j]), dtb = g.dt_bias[j], nw = g.norm_w[col];
+  pdl_wait();
+  float sv[kGdnDecRows];
+#pragma unroll
+  for (int i = 0; i < kGdnDecRows; ++i) sv[i] = S[(warp + 8 * i) * d.dv + col];
+  const float zv = g.z[j * d.dv + col];
+  const float av = g.a[j] + dtb, bv = g.b[j];
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int i = tid + 256 * u;
+    if (i < kGdnDecCh) {
+      const int ch = chan(i);
+      float r[4];
+#pragma unroll
+      for (int st = 0; st < 3; ++st) r[st] = g.conv_state[int64_t(st) * d.conv_dim + ch];
+      r[3] = g.qkv[ch];
+      float acc = 0.f;
+#pragma unroll
+      for (int tap = 0; tap < 4; ++tap) {
+        acc = fmaf(cw[u][tap], r[tap], acc);
+        raw[tap][i] = r[tap];
+      }
+      act[i] = siluf_(acc);
+    }
+  }
+  __syncthreads();
+  {  // l2 norms: warps 0-3 sum q², warps 4-7 sum k²
+    const float v = act[(warp < 4 ? 0 : dk) + 32 * (warp & 3) + lane];
+    const float s2 = warp_sum(v * v);
+    if (lane == 0) red[warp] = s2;
+  }
+  __syncthreads();
+  const float nq = rsqrtf(red[0] + red[1] + red[2] + red[3] + 1e-6f) * rsqrtf(float(dk));
+  const float nkk = rsqrtf(red[4] + red[5] + red[6] + red[7] + 1e-6f);
+  const float sp = av > 20.f ? av : log1pf(__expf(av));
+  const float alpha = __expf(A * sp);
+  const float beta = sigmoidf_(bv);
+  const float* qs = act;
+  const float* ks = act + dk;
+  // m = Sᵀk̂ (decay applied after, it is a scalar), δ = β (v − α m).
+  float m = 0.f;
+#pragma unroll
+  for (int i = 0; i < kGdnDecRows; ++i) m = fmaf(sv[i], ks[warp + 8 * i], m);
+  part[warp][lane] = m * nkk;
+  __syncthreads();
+  m = 0.f;
+#pragma unroll
+  for (int w = 0; w < 8; ++w) m += part[w][lane];
+  const float delta = beta * (act[2 * dk + lane] - alpha * m);
+  // S ← α S + k̂ δᵀ, o = Sᵀ q̂.
+  const float kd = nkk * delta;
+  float o = 0.f;
+#pragma unroll
+  for (int i = 0; i < kGdnDecRows; ++i) {
+    sv[i] = fmaf(alpha, sv[i], ks[warp + 8 * i] * kd);
+    o = fmaf(sv[i], qs[warp + 8 * i], o);
+  }
+  part2[warp][lane] = o * nq;
+#pragma unroll
+  for (int i = 0; i < kGdnDecRows; ++i) S[(warp + 8 * i) * d.dv + col] = sv[i];
+  __syncthreads();
+  o = 0.f;
+#pragma unroll
+  for (int w = 0; w < 8; ++w) o += part2[w][lane];
+  if (warp == 0) {
+    const float s2 = warp_sum(o * o);
+    if (lane == 0) ssq = s2;
+  }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();   // partial Σo² visible cluster-wide; every CTA has read the old conv state
+  const int rank = int(cluster.block_rank()), nrank = ratio * P, head0 = (rank / P) * P;
+  if (warp == 0) {
+    float tot = 0.f;
+    for (int q = 0; q < P; ++q) tot += *cluster.map_shared_rank(&ssq, head0 + q);
+    g.y[j * d.dv + col] = o * rsqrtf(tot / float(d.dv) + d.eps) * nw * siluf_(zv);
+  }
+  // New conv state = the last 3 raw inputs: shared q/k channels spread over the cluster's CTAs in
+  // 32-channel pieces, this CTA's own v channels by itself.
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int i = tid + 256 * u;
+    if (i < kGdnDecCh && (i >= 2 * dk || (i / 32) % nrank == rank))
+      for (int st = 0; st < 3; ++st) g.conv_state[int64_t(st) * d.conv_dim + chan(i)] = raw[st + 1][i];
+  }
+  cluster.sync();   // no CTA leaves while a sibling may still read its ssq
+}
+
 }  // namespace
+
+bool& gdn_split_enabled() {
+  static bool on = true;
+  return on;
+}
 
 void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
          const float* norm_w, float* conv_state, float* S, const float* qkv, const float* z,
-         const float* a, const float* b, int T, float* y, cudaStream_t s) {
+         const float* a, const float* b, int T, float* y, cudaStream_t s, const L2Prefetch* pf) {
   const int ratio = d.nv / d.nk;
   LILY_CHECK(d.nv % d.nk == 0 && ratio <= 8, "gdn: value heads must be a multiple (<= 8x) of key heads");
   LILY_CHECK(d.kconv >= 1 && d.dv <= 512, "gdn: unsupported conv kernel or value head size");
   int rq = 1;
   while (rq * 2 * d.dv <= 512 && d.dk % (rq * 2) == 0) rq *= 2;
-  GdnArgs g{d, conv_w, A_log, dt_bias, norm_w, conv_state, S, qkv, z, a, b, T, rq, y};
+  GdnArgs g{d, conv_w, A_log, dt_bias, norm_w, conv_state, S, qkv, z, a, b, T, rq, y, pf ? *pf : L2Prefetch{}};
   const int nch = 2 * d.dk + d.dv;
   const size_t smem = sizeof(float) * (2 * d.dk + d.dv + rq * d.dv + (d.kconv - 1) * nch + 32);
   cudaLaunchConfig_t cfg{};
@@ -160,6 +301,15 @@ void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float*
   attr[1].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
   cfg.attrs = attr;
   cfg.numAttrs = 2;
+  if (gdn_split_enabled() && T == 1 && d.dk == kGdnDecDk && d.dv % 32 == 0 && ratio * (d.dv / 32) <= 8 &&
+      d.kconv == 4) {   // D12
+    cfg.gridDim = dim3(d.nv * (d.dv / 32));
+    cfg.blockDim = dim3(256);
+    cfg.dynamicSmemBytes = 0;
+    attr[0].val.clusterDim.x = ratio * (d.dv / 32);
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_decode_kernel, g));
+    return;
+  }
   if (d.dk / rq == 32) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_kernel<32>, g));
   else CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_kernel<0>, g));
 }

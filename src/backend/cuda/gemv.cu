@@ -18,7 +18,16 @@ struct GemvLaunch {
   int block_begin[kMaxGemvJobs + 1];
   int n;
   int T;
+  GemvNorm norm;        // D9 (norm.w set): stage rmsnorm(norm.h) instead of job.x
+  float* norm_out;      // D9: CTA 0 writes rmsnorm(norm.h) here (the jobs' x), else null
+  L2Prefetch pf;        // D13: the next launch's weights
 };
+
+// Epilogue of one output: y, plus the folded residual add (D9).
+__device__ __forceinline__ void gemv_store(const GemvJob& jb, int64_t i, float v) {
+  jb.y[i] = v;
+  if (jb.res) jb.res[i] += v;
+}
 
 __device__ __forceinline__ int find_job(const GemvLaunch& L) {
   int j = 0;
@@ -55,11 +64,21 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     q.load(rp, sp, bp);
   };
   Q4Rows<CPL, R> cur;
+  __shared__ float red[8];
   pdl_trigger();
+  l2_prefetch(L.pf);
   load(cur, bj);   // weights never change: safe before the wait
   pdl_wait();
-  stage_x_q4(jb.x, cols, sm4, xsum);
+  float ss = 0.f;
+  stage_x_q4(L.norm.w ? L.norm.h : jb.x, cols, sm4, xsum, L.norm.w, &ss);
+  if (L.norm.w) {
+    ss = warp_sum(ss);
+    if (lane == 0) red[warp] = ss;
+  }
   __syncthreads();
+  const float nscale = L.norm.w ? fold_norm_scale(red, 8, cols, L.norm.eps, L.norm.h, L.norm.w,
+                                                  blockIdx.x == 0 ? L.norm_out : nullptr)
+                                : 1.f;
   // Software pipeline: the next row group's loads are in flight while this one is computed.
   for (int g = bj; g * 8 * R < rows; g += nb) {
     const int r0 = g * 8 * R + warp * R;
@@ -72,7 +91,7 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     if (lane == 0)
 #pragma unroll
       for (int r = 0; r < R; ++r)
-        if (r0 + r < rows) jb.y[r0 + r] = acc[r];
+        if (r0 + r < rows) gemv_store(jb, r0 + r, acc[r] * nscale);
   }
 }
 
@@ -95,6 +114,7 @@ __global__ void __launch_bounds__(256, 2) gemv_q4_mma_kernel(const __grid_consta
   const uint16_t* sc = static_cast<const uint16_t*>(jb.w.scales);
   const uint16_t* bi = static_cast<const uint16_t*>(jb.w.biases);
   pdl_trigger();
+  l2_prefetch(L.pf);
   {  // weights never change: warm L2 with this warp's first batch before waiting on x
     const int tile = bj * TPC + warp / KS, G = (warp % KS) * gpw;
     if (tile < tiles) {
@@ -116,8 +136,8 @@ __global__ void __launch_bounds__(256, 2) gemv_q4_mma_kernel(const __grid_consta
     }
     if (KS == 1) {
       if (t == 0 && tile < tiles) {
-        if (tile * 16 + g < rows) jb.y[tile * 16 + g] = a0;
-        if (tile * 16 + g + 8 < rows) jb.y[tile * 16 + g + 8] = a1;
+        if (tile * 16 + g < rows) gemv_store(jb, tile * 16 + g, a0);
+        if (tile * 16 + g + 8 < rows) gemv_store(jb, tile * 16 + g + 8, a1);
       }
       continue;
     }
@@ -130,7 +150,7 @@ __global__ void __launch_bounds__(256, 2) gemv_q4_mma_kernel(const __grid_consta
       const int tis = threadIdx.x >> 4, i = threadIdx.x & 15, row = (set * TPC + tis) * 16 + i;
       float v = 0.f;
       for (int k = 0; k < KS; ++k) v += red[tis * KS + k][i];
-      if (row < rows) jb.y[row] = v;
+      if (row < rows) gemv_store(jb, row, v);
     }
     __syncthreads();
   }
@@ -147,10 +167,22 @@ __global__ void __launch_bounds__(256) gemv_q8_kernel(const __grid_constant__ Ge
   const int j = find_job(L);
   const GemvJob& jb = L.job[j];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ float red[8];
   pdl_trigger();
+  l2_prefetch(L.pf);
   pdl_wait();
+  const float* xin = L.norm.w ? L.norm.h : jb.x;
+  float ss = 0.f;
   for (int idx = threadIdx.x; idx < cols / 4; idx += blockDim.x) {
-    float4 v = reinterpret_cast<const float4*>(jb.x)[idx];
+    float4 v = reinterpret_cast<const float4*>(xin)[idx];
+    if (L.norm.w) {   // D9: stage gain ⊙ h, accumulate Σh²
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      const float4 g = reinterpret_cast<const float4*>(L.norm.w)[idx];
+      v.x *= g.x;
+      v.y *= g.y;
+      v.z *= g.z;
+      v.w *= g.w;
+    }
     const int ci = idx >> 2, f = idx & 3;
     float s = (v.x + v.y) + (v.z + v.w);
     s += __shfl_xor_sync(0xffffffffu, s, 1);
@@ -160,7 +192,14 @@ __global__ void __launch_bounds__(256) gemv_q8_kernel(const __grid_constant__ Ge
     v.w *= 1.f / 256;
     sm4[(ci >> 5) * 128 + f * 32 + (ci & 31)] = v;
   }
+  if (L.norm.w) {
+    ss = warp_sum(ss);
+    if (lane == 0) red[warp] = ss;
+  }
   __syncthreads();
+  const float nscale = L.norm.w ? fold_norm_scale(red, 8, cols, L.norm.eps, L.norm.h, L.norm.w,
+                                                  blockIdx.x == 0 ? L.norm_out : nullptr)
+                                : 1.f;
   const int nb = L.block_begin[j + 1] - L.block_begin[j], bj = blockIdx.x - L.block_begin[j];
   const int rows = jb.w.rows;
   const uint4* data = static_cast<const uint4*>(jb.w.data);
@@ -206,7 +245,7 @@ __global__ void __launch_bounds__(256) gemv_q8_kernel(const __grid_constant__ Ge
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const float v = warp_sum(acc[r]);
-      if (lane == 0 && r0 + r < rows) jb.y[r0 + r] = v;
+      if (lane == 0 && r0 + r < rows) gemv_store(jb, r0 + r, v * nscale);
     }
   }
 }
@@ -220,6 +259,7 @@ __global__ void __launch_bounds__(256) gemv_generic_kernel(const __grid_constant
   const QMat& m = jb.w;
   const int lane = threadIdx.x & 31;
   pdl_trigger();
+  l2_prefetch(L.pf);
   pdl_wait();
   const int row = (blockIdx.x - L.block_begin[j]) * 8 + (threadIdx.x >> 5);
   if (row >= m.rows) return;
@@ -254,7 +294,7 @@ __global__ void __launch_bounds__(256) gemv_generic_kernel(const __grid_constant
 #pragma unroll
   for (int t = 0; t < kGenTok; ++t) {
     float v = warp_sum(acc[t]);
-    if (lane == 0 && t < nt) jb.y[int64_t(t0 + t) * m.rows + row] = v;
+    if (lane == 0 && t < nt) gemv_store(jb, int64_t(t0 + t) * m.rows + row, v);
   }
 }
 
@@ -265,16 +305,32 @@ int num_sms() {
 }
 
 template <int CPL, int R, bool Q8 = false>
-void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s) {
+void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNorm* norm, bool& norm_written,
+                 const L2Prefetch*& pf) {
   GemvLaunch L{};
+  if (pf) L.pf = *pf;
+  pf = nullptr;   // D13: once per batch
   L.n = int(jobs.size());
   L.T = 1;
+  if (norm) {   // D9: the first launch of the batch writes the normalised x
+    L.norm = *norm;
+    L.norm_out = norm_written ? nullptr : const_cast<float*>(jobs[0].x);
+    norm_written = true;
+  }
+  // At most one wave per job (3 CTAs per SM); larger jobs loop with a software pipeline. D14: one
+  // wave for the whole batch (the GDN projections had 656 CTAs, attention's q/k/v 460, for 396
+  // resident: a tail wave that repeats the prologue and delays the next launch); each job gets a
+  // share of the wave in proportion to its row groups.
+  const int wave = 3 * num_sms();
+  int64_t groups = 0;
+  for (const GemvJob& j : jobs) groups += (j.w.rows + 8 * R - 1) / (8 * R);
   int nb = 0;
   for (int j = 0; j < L.n; ++j) {
     L.job[j] = jobs[j];
     L.block_begin[j] = nb;
-    // At most one wave per job (3 CTAs per SM); larger jobs loop with a software pipeline.
-    nb += std::min((jobs[j].w.rows + 8 * R - 1) / (8 * R), 3 * num_sms());
+    const int gj = (jobs[j].w.rows + 8 * R - 1) / (8 * R);
+    nb += gemv_one_wave_enabled() && groups > wave ? std::max(1, int(int64_t(gj) * wave / groups))
+                                                   : std::min(gj, wave);
   }
   L.block_begin[L.n] = nb;
   if constexpr (Q8) {
@@ -291,8 +347,10 @@ bool mma_ok(const QMat& w) {
   return w.type == kQ4 && !w.sb_f32 && w.gs == 64 && w.cols % 256 == 0 && w.cols <= 8192;
 }
 
-void launch_mma(const std::vector<GemvJob>& jobs, cudaStream_t s) {
+void launch_mma(const std::vector<GemvJob>& jobs, cudaStream_t s, const L2Prefetch*& pf) {
   GemvLaunch L{};
+  if (pf) L.pf = *pf;
+  pf = nullptr;
   L.n = int(jobs.size());
   L.T = 1;
   int64_t tiles = 0;
@@ -316,8 +374,10 @@ void launch_mma(const std::vector<GemvJob>& jobs, cudaStream_t s) {
   CUDA_LAUNCH_CHECK();
 }
 
-void launch_generic(const std::vector<GemvJob>& jobs, int T, cudaStream_t s) {
+void launch_generic(const std::vector<GemvJob>& jobs, int T, cudaStream_t s, const L2Prefetch*& pf) {
   GemvLaunch L{};
+  if (pf) L.pf = *pf;
+  pf = nullptr;
   L.n = int(jobs.size());
   L.T = T;
   int nb = 0;
@@ -390,6 +450,11 @@ __global__ void add_kernel(float* h, const float* r, int64_t n) {
 
 }  // namespace
 
+bool& gemv_one_wave_enabled() {
+  static bool on = true;
+  return on;
+}
+
 bool& mma_q4_enabled() {
   static bool on = true;
   return on;
@@ -409,23 +474,35 @@ bool gemv_fast_ok(const QMat& w) {
   return w.type == kQ4 && (w.cols == 2048 || w.cols == 4096);
 }
 
-void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s) {
+namespace {
+bool routes_to_mma(const QMat& w, int T, bool fast) {
+  return fast && T == 1 && mma_q4_enabled() && mma_ok(w) && (mma_q4_all() || w.rows >= kMmaMinRows);
+}
+}  // namespace
+
+bool gemv_norm_ok(const QMat& w, int T, bool fast) {
+  return T == 1 && fast && !routes_to_mma(w, T, fast) && gemv_fast_ok(w);
+}
+
+void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s, const GemvNorm* norm,
+                const L2Prefetch* pf) {
   std::vector<GemvJob> f2, f4, q8, mm, gen;
-  const bool use_mma = mma_q4_enabled();
   for (int i = 0; i < n; ++i) {
     const GemvJob& j = jobs[i];
-    if (fast && T == 1 && use_mma && mma_ok(j.w) && (mma_q4_all() || j.w.rows >= kMmaMinRows))
+    if (routes_to_mma(j.w, T, fast))
       mm.push_back(j);
     else if (fast && T == 1 && gemv_fast_ok(j.w))
       (j.w.type == kQ8 ? q8 : j.w.cols == 2048 ? f2 : f4).push_back(j);
     else
       gen.push_back(j);
   }
-  if (!f2.empty()) launch_fast<2, 2>(f2, s);
-  if (!f4.empty()) launch_fast<4, 1>(f4, s);
-  if (!q8.empty()) launch_fast<4, 2, true>(q8, s);
-  if (!mm.empty()) launch_mma(mm, s);
-  if (!gen.empty()) launch_generic(gen, T, s);
+  LILY_CHECK(!norm || (mm.empty() && gen.empty()), "gemv_batch: folded rmsnorm on a kernel without it");
+  bool written = false;
+  if (!f2.empty()) launch_fast<2, 2>(f2, s, norm, written, pf);
+  if (!f4.empty()) launch_fast<4, 1>(f4, s, norm, written, pf);
+  if (!q8.empty()) launch_fast<4, 2, true>(q8, s, norm, written, pf);
+  if (!mm.empty()) launch_mma(mm, s, pf);
+  if (!gen.empty()) launch_generic(gen, T, s, pf);
 }
 
 void embed(const QMat& E, const int32_t* tokens, int T, float* out, cudaStream_t s) {

@@ -19,7 +19,67 @@ struct MoeArgs {
   float* act;              // [T, K+1, Imax] weighted SwiGLU outputs
   float* out;              // [T, H]
   int imax;
+  float* wts;              // [T, K+1] routing weights and σ(shared gate) (D10)
+  int topk_ready;          // D10: ids and wts were written by the router kernel
+  float* res;              // D9: the down stage also adds out into res
+  L2Prefetch pf;           // D13: the next launch's weights (issued by the router stage)
+  int pf_down;             // D13: gate/up prefetches the chosen experts' down projections
 };
+
+__device__ __forceinline__ const void* stack_ptr(const void* base, int64_t stride, int e, int64_t off);
+
+// D13: once the experts are known, the gate/up CTAs ask L2 for the K+1 down matrices (codes,
+// scales, biases) the next kernel will read, one 32 KB bulk prefetch per CTA and piece, so that the
+// down kernel's loads hit L2 instead of starting from HBM after its PDL wait.
+__device__ __forceinline__ void prefetch_down(const MoeArgs& a, const int* sid) {
+  const MoeDev& m = a.m;
+  if (!a.pf_down || threadIdx.x != 0) return;
+  constexpr int64_t kPiece = 32768;
+  const int64_t cb = int64_t(m.H) * m.I / 2, sb = int64_t(m.H) * (m.I / 64) * 2;   // I == Is (fast path)
+  const int pc = int((cb + kPiece - 1) / kPiece), ps = int((sb + kPiece - 1) / kPiece), per = pc + 2 * ps;
+  for (int k = blockIdx.x; k < (m.K + 1) * per; k += gridDim.x) {
+    const int s = k / per, q = k % per;
+    const bool sh = s == m.K;
+    const QMat& w = sh ? m.sh_down : m.down0;
+    const int e = sh ? 0 : sid[s];
+    const char* base;
+    int64_t off, len;
+    if (q < pc) {
+      base = static_cast<const char*>(sh ? w.data : stack_ptr(w.data, m.down_stride, e, 0));
+      off = int64_t(q) * kPiece;
+      len = cb;
+    } else {
+      const int qq = (q - pc) % ps;
+      const void* p = q < pc + ps ? w.scales : w.biases;
+      base = static_cast<const char*>(sh ? p : stack_ptr(p, m.down_sb_stride, e, 0));
+      off = int64_t(qq) * kPiece;
+      len = sb;
+    }
+    const uint32_t n = uint32_t(min(kPiece, len - off)) & ~15u;
+    if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + off), "r"(n) : "memory");
+  }
+}
+
+// The gate/up kernels' routing: either the router kernel already chose (D10: copy ids/weights),
+// or warp 0 runs the top-k itself. Needs a block barrier before sid/sw are read.
+__device__ void topk_warp(const float* lg, int E, int K, float* sel, int* sid, float* sw);
+__device__ __forceinline__ void routing(const MoeArgs& a, int t, float* sel, int* sid, float* sw) {
+  const MoeDev& m = a.m;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (a.topk_ready) {
+    if (int(threadIdx.x) < m.K) sid[threadIdx.x] = a.ids[int64_t(t) * m.K + threadIdx.x];
+    if (int(threadIdx.x) <= m.K) sw[threadIdx.x] = a.wts[int64_t(t) * (m.K + 1) + threadIdx.x];
+    return;
+  }
+  if (warp == 0) {
+    topk_warp(a.logits + int64_t(t) * m.E, m.E, m.K, sel, sid, sw);
+    if (lane == 0) sw[m.K] = sigmoidf_(a.sg[t]);
+    if (blockIdx.x == 0 && lane < m.K) {
+      a.ids[int64_t(t) * m.K + lane] = sid[lane];
+      if (m.hist) atomicAdd(&m.hist[sid[lane]], 1);
+    }
+  }
+}
 
 // Top-k of softmax(logits) on warp 0 of the block: selected ids and renormalised weights into smem.
 __device__ void topk_warp(const float* lg, int E, int K, float* sel, int* sid, float* sw) {
@@ -86,16 +146,10 @@ __global__ void __launch_bounds__(256, 2) moe_gate_up_kernel(const __grid_consta
   float* xsum = reinterpret_cast<float*>(sm4 + m.H / 4);
   pdl_trigger();
   pdl_wait();
-  if (warp == 0) {
-    topk_warp(a.logits + int64_t(t) * m.E, m.E, m.K, sel, sid, sw);
-    if (lane == 0) sw[m.K] = sigmoidf_(a.sg[t]);
-    if (blockIdx.x == 0 && lane < m.K) {
-      a.ids[int64_t(t) * m.K + lane] = sid[lane];
-      if (m.hist) atomicAdd(&m.hist[sid[lane]], 1);
-    }
-  }
-  if (FAST) stage_x_q4(x, m.H, sm4, xsum);
-  __syncthreads();
+  routing(a, t, sel, sid, sw);
+  // D10: the chosen experts are in global memory already, so the first weight loads can be issued
+  // before x is staged (their latency overlaps the staging); otherwise after the barrier.
+  const int* sidp = a.topk_ready ? a.ids + int64_t(t) * m.K : sid;
   const int items = m.K * m.I + m.Is;   // (slot, row) pairs
   float* act = a.act + int64_t(t) * (m.K + 1) * a.imax;
   const int nwarps = gridDim.x * 8;
@@ -109,8 +163,8 @@ __global__ void __launch_bounds__(256, 2) moe_gate_up_kernel(const __grid_consta
     auto load = [&](Q4Rows<CPL, 2>& q, int it) {
       int sl, row;
       slot_row(it, sl, row);
-      const QMat g = slot_mat(m, m.gate0, m.sh_gate, m.gate_stride, m.gate_sb_stride, sl, sid, m.K);
-      const QMat p = slot_mat(m, m.up0, m.sh_up, m.up_stride, m.up_sb_stride, sl, sid, m.K);
+      const QMat g = slot_mat(m, m.gate0, m.sh_gate, m.gate_stride, m.gate_sb_stride, sl, sidp, m.K);
+      const QMat p = slot_mat(m, m.up0, m.sh_up, m.up_stride, m.up_sb_stride, sl, sidp, m.K);
       const uint4* rp[2] = {static_cast<const uint4*>(g.data) + int64_t(row) * (m.H / 32),
                             static_cast<const uint4*>(p.data) + int64_t(row) * (m.H / 32)};
       const uint16_t* sp[2] = {static_cast<const uint16_t*>(g.scales) + int64_t(row) * (m.H / 64),
@@ -120,9 +174,13 @@ __global__ void __launch_bounds__(256, 2) moe_gate_up_kernel(const __grid_consta
       q.load(rp, sp, bp);
     };
     int it = blockIdx.x * 8 + warp;
-    if (it >= items) return;
     Q4Rows<CPL, 2> cur;
-    load(cur, it);
+    if (a.topk_ready && it < items) load(cur, it);
+    stage_x_q4(x, m.H, sm4, xsum);
+    __syncthreads();
+    prefetch_down(a, sid);
+    if (it >= items) return;
+    if (!a.topk_ready) load(cur, it);
     for (; it < items; it += nwarps) {
       Q4Rows<CPL, 2> nxt;
       if (it + nwarps < items) load(nxt, it + nwarps);
@@ -134,6 +192,7 @@ __global__ void __launch_bounds__(256, 2) moe_gate_up_kernel(const __grid_consta
       if (lane == 0) act[sl * a.imax + row] = sw[sl] * siluf_(res[0]) * res[1];
     }
   } else {
+    __syncthreads();
     for (int it = blockIdx.x * 8 + warp; it < items; it += nwarps) {
       int sl, row;
       slot_row(it, sl, row);
@@ -168,14 +227,7 @@ __global__ void __launch_bounds__(256, 2) moe_gate_up_mma_kernel(const __grid_co
   float* ginv = gsum + ng;
   pdl_trigger();
   pdl_wait();
-  if (warp == 0) {
-    topk_warp(a.logits + int64_t(t) * m.E, m.E, m.K, sel, sid, sw);
-    if (lane == 0) sw[m.K] = sigmoidf_(a.sg[t]);
-    if (blockIdx.x == 0 && lane < m.K) {
-      a.ids[int64_t(t) * m.K + lane] = sid[lane];
-      if (m.hist) atomicAdd(&m.hist[sid[lane]], 1);
-    }
-  }
+  routing(a, t, sel, sid, sw);
   stage_x_mma(a.x + int64_t(t) * m.H, m.H, smB, gsum, ginv);
   __syncthreads();
   float* act = a.act + int64_t(t) * (m.K + 1) * a.imax;
@@ -306,7 +358,10 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const __grid_constant__ M
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float v = warp_sum(acc[r]);
-    if (lane == 0 && h0 + r < m.H) a.out[int64_t(t) * m.H + h0 + r] = v;
+    if (lane == 0 && h0 + r < m.H) {
+      a.out[int64_t(t) * m.H + h0 + r] = v;
+      if (a.res) a.res[int64_t(t) * m.H + h0 + r] += v;
+    }
   }
 }
 
@@ -341,19 +396,199 @@ __global__ void __launch_bounds__(288) moe_down_mma_kernel(const __grid_constant
     float v = 0.f;
     for (int k = 0; k < S; ++k) v += red[k][threadIdx.x];
     a.out[int64_t(t) * m.H + h0 + threadIdx.x] = v;
+    if (a.res) a.res[int64_t(t) * m.H + h0 + threadIdx.x] += v;
+  }
+}
+
+// ---- D10 (decode, T == 1): router + softmax + top-k in one kernel ----------------------------
+// (E+1)/4 CTAs of 4 warps; warp w of CTA b computes router row 4b+w (row E: the shared-expert gate)
+// with gemv_q8_kernel's 8-bit dot product (x staged per CTA; with D9 the RMSNorm is folded in the
+// same way as in the GEMVs). The last CTA to finish (atomic ticket, threadfence pattern) selects
+// the top k of the E logits (E <= 256, k <= 8) with warp reductions, in topk_warp's order (largest
+// first, ties to the lower index), writes ids, renormalised softmax weights and σ(shared gate), and
+// resets the ticket so that a captured step can be replayed. The gate/up kernel then only copies
+// the result.
+constexpr int kRouterWarps = 4;
+
+// Unsigned key with the order of the float (finite values and ±inf; -0 counts as +0, so equal
+// logits tie and go to the lower index).
+__device__ __forceinline__ uint32_t order_key(float f) {
+  const uint32_t u = f == 0.f ? 0u : __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+constexpr int kRouterCols = 2048;   // H: 128 16-byte chunks of 16 codes per row, 4 per lane
+
+__global__ void __launch_bounds__(32 * kRouterWarps) moe_router_topk_kernel(const __grid_constant__ MoeArgs a,
+                                                                            const __grid_constant__ GemvNorm nrm,
+                                                                            int* counter) {
+  constexpr int CPL = kRouterCols / 512;
+  __shared__ float4 sm4[kRouterCols / 4];
+  __shared__ float xsum[kRouterCols / 16];
+  __shared__ float red[kRouterWarps];
+  __shared__ float lg[64 * kRouterWarps];
+  __shared__ int sid[32];
+  __shared__ float sv[32];
+  __shared__ uint32_t ckey[32], cidx[32];
+  __shared__ int is_last;
+  const MoeDev& m = a.m;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nt = 32 * kRouterWarps;
+  const int row = blockIdx.x * kRouterWarps + warp;   // row > E: idle warp
+  const bool sg_row = row == m.E;
+  const QMat& w = sg_row ? m.shared_gate : m.router;
+  const int64_t r = row < m.E ? row : 0;
+  uint4 wv[CPL];
+  float sc[CPL], bi[CPL];
+  pdl_trigger();
+  l2_prefetch(a.pf);   // D13: the next launch's weights (next layer's projections)
+  if (row <= m.E) {   // weights never change: loads issued before the wait
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+      wv[i] = __ldcs(static_cast<const uint4*>(w.data) + r * (kRouterCols / 16) + lane + 32 * i);
+      sc[i] = bf16f(static_cast<const uint16_t*>(w.scales)[r * (kRouterCols / 64) + ((lane + 32 * i) >> 2)]);
+      bi[i] = bf16f(static_cast<const uint16_t*>(w.biases)[r * (kRouterCols / 64) + ((lane + 32 * i) >> 2)]);
+    }
+  }
+  pdl_wait();
+  // Stage x as gemv_q8_kernel does: chunk ci (16 codes), float4 f -> [(ci/32)*128 + f*32 + ci%32],
+  // bytes 1 and 3 of a word pre-scaled by 1/256.
+  const float* xin = nrm.w ? nrm.h : a.x;
+  float ss = 0.f;
+  for (int idx = threadIdx.x; idx < kRouterCols / 4; idx += nt) {
+    float4 v = reinterpret_cast<const float4*>(xin)[idx];
+    if (nrm.w) {
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      const float4 g = reinterpret_cast<const float4*>(nrm.w)[idx];
+      v.x *= g.x;
+      v.y *= g.y;
+      v.z *= g.z;
+      v.w *= g.w;
+    }
+    const int ci = idx >> 2, f = idx & 3;
+    float s4 = (v.x + v.y) + (v.z + v.w);
+    s4 += __shfl_xor_sync(0xffffffffu, s4, 1);
+    s4 += __shfl_xor_sync(0xffffffffu, s4, 2);
+    if (f == 0) xsum[ci] = s4;
+    v.y *= 1.f / 256;
+    v.w *= 1.f / 256;
+    sm4[(ci >> 5) * 128 + f * 32 + (ci & 31)] = v;
+  }
+  if (nrm.w) {
+    ss = warp_sum(ss);
+    if (lane == 0) red[warp] = ss;
+  }
+  __syncthreads();
+  const float nscale = nrm.w ? fold_norm_scale(red, kRouterWarps, kRouterCols, nrm.eps, nrm.h, nrm.w,
+                                               blockIdx.x == 0 ? const_cast<float*>(a.x) : nullptr)
+                             : 1.f;
+  if (row <= m.E) {
+    const float M = 8388608.f;
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+      float d = 0.f;
+#pragma unroll
+      for (int f = 0; f < 4; ++f) {
+        const float4 xv = sm4[i * 128 + f * 32 + lane];
+        const uint32_t wd = word_of(wv[i], f), h = wd >> 16;
+        d = fmaf(__uint_as_float((wd & 0xFFu) | 0x4B000000u) - M, xv.x, d);
+        d = fmaf(__uint_as_float((wd & 0xFF00u) | 0x4B000000u) - M, xv.y, d);
+        d = fmaf(__uint_as_float((h & 0xFFu) | 0x4B000000u) - M, xv.z, d);
+        d = fmaf(__uint_as_float((h & 0xFF00u) | 0x4B000000u) - M, xv.w, d);
+      }
+      acc = fmaf(sc[i], d, fmaf(bi[i], xsum[lane + 32 * i], acc));
+    }
+    const float v = warp_sum(acc) * nscale;
+    if (lane == 0) {
+      if (sg_row) const_cast<float*>(a.sg)[0] = v;
+      else const_cast<float*>(a.logits)[row] = v;
+      __threadfence();   // visible device-wide before the ticket is taken
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == int(gridDim.x) - 1;
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  for (int e = threadIdx.x; e < m.E; e += nt) lg[e] = __ldcg(a.logits + e);
+  __syncthreads();
+  // Top-k by warp selection on order-preserving integer keys (redux.sync max, then min index among
+  // equal keys: the largest logit, ties to the lower index, as in topk_warp). Round 1: warp w picks
+  // the top k of logits [64w, 64w+64) (2 per lane); round 2: warp 0 picks the top k of those 4k.
+  // A taken or absent element has key 0, below every real logit's key.
+  {
+    const int e0 = 64 * warp + 2 * lane, e1 = e0 + 1;
+    uint32_t k0 = e0 < m.E ? order_key(lg[e0]) : 0u, k1 = e1 < m.E ? order_key(lg[e1]) : 0u;
+    for (int k = 0; k < m.K; ++k) {
+      const bool second = k1 > k0;
+      const uint32_t kb = second ? k1 : k0, ib = second ? e1 : e0;
+      const uint32_t best = __reduce_max_sync(0xffffffffu, kb);
+      const uint32_t win = __reduce_min_sync(0xffffffffu, kb == best ? ib : 0xffffffffu);
+      if (ib == win) {
+        if (second) k1 = 0u;
+        else k0 = 0u;
+      }
+      if (lane == 0) {
+        ckey[warp * m.K + k] = best;
+        cidx[warp * m.K + k] = win;
+      }
+    }
+  }
+  __syncthreads();
+  if (warp == 0) {
+    uint32_t kc = lane < kRouterWarps * m.K ? ckey[lane] : 0u;
+    const uint32_t ic = lane < kRouterWarps * m.K ? cidx[lane] : 0xffffffffu;
+    for (int k = 0; k < m.K; ++k) {
+      const uint32_t best = __reduce_max_sync(0xffffffffu, kc);
+      const uint32_t win = __reduce_min_sync(0xffffffffu, kc == best ? ic : 0xffffffffu);
+      if (ic == win) kc = 0u;
+      if (lane == 0) {
+        const int e = int(min(win, uint32_t(m.E - 1)));   // in range whatever the logits
+        sid[k] = e;
+        sv[k] = lg[e];
+      }
+    }
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const float p = lane < m.K ? __expf(sv[lane] - sv[0]) : 0.f;   // the full softmax denominator cancels
+    const float sum = warp_sum(p);
+    if (lane < m.K) {
+      a.ids[lane] = sid[lane];
+      a.wts[lane] = p / sum;
+      if (m.hist) atomicAdd(&m.hist[sid[lane]], 1);
+    }
+    if (lane == 0) {
+      a.wts[m.K] = sigmoidf_(__ldcg(a.sg));
+      *counter = 0;   // ready for the next call (stream order: no other router kernel runs now)
+    }
   }
 }
 
 bool q4ok(const QMat& w) { return w.type == kQ4 && !w.sb_f32 && w.gs == 64; }
+bool q8router_ok(const QMat& w, int rows, int H) {
+  return w.type == kQ8 && !w.sb_f32 && w.gs == 64 && w.cols == H && w.rows == rows;
+}
 
 }  // namespace
 
-int64_t moe_workspace_floats(const MoeDev& m, int T) {
-  const int imax = std::max(m.I, m.Is);
-  return int64_t(T) * (m.E + 1 + m.K + (m.K + 1) * imax) + 64;   // + padding of the three sections
+bool moe_norm_ok(const MoeDev& m, int T, bool fast) {
+  return gemv_norm_ok(m.router, T, fast) && gemv_norm_ok(m.shared_gate, T, fast) && m.router.cols == m.H &&
+         m.shared_gate.cols == m.H;
 }
 
-void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool fast, int stages, cudaStream_t s) {
+bool moe_router_topk_ok(const MoeDev& m, int T, bool fast) {
+  return T == 1 && fast && m.H == kRouterCols && m.E <= 64 * kRouterWarps && m.K <= 8 && m.K <= m.E &&
+         q8router_ok(m.router, m.E, m.H) &&
+         q8router_ok(m.shared_gate, 1, m.H);
+}
+
+int64_t moe_workspace_floats(const MoeDev& m, int T) {
+  const int imax = std::max(m.I, m.Is);
+  return int64_t(T) * (m.E + 1 + m.K + (m.K + 1) * imax + m.K + 1) + 64;   // + padding of the sections
+}
+
+void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool fast, int stages, cudaStream_t s,
+         const MoeDecode* dec) {
   LILY_CHECK(m.E <= 1024 && m.K <= 32 && m.K <= m.E, "moe: at most 1024 experts and top-32 supported");
   const int imax = std::max(m.I, m.Is);
   MoeArgs a{};
@@ -369,8 +604,28 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   a.act = sg + r4(T) + r4(int64_t(T) * m.K);
   a.out = out;
   a.imax = imax;
-  GemvJob jobs[2] = {{m.router, x, logits}, {m.shared_gate, x, sg}};
-  if (stages & 1) gemv_batch(jobs, 2, T, fast, s);
+  a.wts = a.act + r4(int64_t(T) * (m.K + 1) * imax);
+  // Decode fusions (T == 1): D9 folded norm and residual, D10 fused router + top-k.
+  const GemvNorm* norm = dec && dec->norm.w ? &dec->norm : nullptr;
+  LILY_CHECK(!norm || moe_norm_ok(m, T, fast), "moe: folded rmsnorm not supported for these weights");
+  a.res = dec ? dec->res : nullptr;
+  LILY_CHECK(!a.res || T == 1, "moe: folded residual only for decode");
+  const bool fused_router = dec && dec->counter && moe_router_topk_ok(m, T, fast);
+  a.topk_ready = fused_router ? 1 : 0;
+  if (dec) {
+    a.pf = dec->pf;
+    a.pf_down = dec->pf_down && m.I == m.Is && m.I % 64 == 0 ? 1 : 0;
+  }
+  if (stages & 1) {
+    if (fused_router) {
+      launch(moe_router_topk_kernel, dim3((m.E + 1 + kRouterWarps - 1) / kRouterWarps), dim3(32 * kRouterWarps), 0,
+             s, a, norm ? *norm : GemvNorm{}, dec->counter);
+      CUDA_LAUNCH_CHECK();
+    } else {
+      GemvJob jobs[2] = {{m.router, x, logits}, {m.shared_gate, x, sg}};
+      gemv_batch(jobs, 2, T, fast, s, norm, dec ? &dec->pf : nullptr);
+    }
+  }
   const bool fast_up = fast && m.H % 1024 == 0 && m.H <= 4096 && q4ok(m.gate0) && q4ok(m.up0) &&
                        q4ok(m.sh_gate) && q4ok(m.sh_up);
   const bool fast_down = fast && m.I == 512 && m.Is == 512 && m.K <= 9 && q4ok(m.down0) && q4ok(m.sh_down);
