@@ -85,7 +85,8 @@ def load_source(path):
             missing = [k for k in ("engine", "phase", "length", "tok_s_median") if k not in r]
             if missing:
                 raise ValueError(f"{path}: result without {missing}: {r}")
-            if r.get("error"):          # e.g. an OOM recorded by hf_bench.py: kept out of the tables
+            if r.get("error"):          # e.g. an OOM recorded by hf_bench.py: a note, not a table row
+                meta.setdefault("_errors", []).append(f"{r['engine']} {r['phase']} {r['length']}: {r['error']}")
                 continue
             r = dict(r)
             r.setdefault("tok_s_min", r["tok_s_median"])
@@ -103,6 +104,7 @@ def merge(sources):
     """[(path, results, meta)] -> (results, engines meta, notes). Earlier files win on duplicates."""
     seen, merged, engines, notes = set(), [], {}, []
     for path, results, meta in sources:
+        notes += meta.pop("_errors", [])
         for r in results:
             key = (r["engine"], r["phase"], int(r["length"]), tuple(r.get("ablate", [])))
             if key in seen:
@@ -225,7 +227,7 @@ def markdown(doc):
             lines.append(f"| {','.join(a['ablate'])} | {a['phase']} | {a['length']:,} | {a['all_on_tok_s']:,.1f} | "
                          f"{a['ablated_tok_s']:,.1f} | {a['speedup_from_optimization']:.2f}× |")
         lines.append("")
-    extra = [f"- {k}: {v}" for name, e in doc["engines"].items() for k, v in e.items()
+    extra = [f"- {name} {k.replace('_', ' ')}: {v}" for name, e in doc["engines"].items() for k, v in e.items()
              if k in ("expert_balance", "workspace_note", "gdn_kernel", "notes") and v]
     if extra or doc["notes"]:
         lines += ["## Notes", ""] + extra + [f"- {n}" for n in doc["notes"]] + [""]

@@ -277,6 +277,10 @@ def main():
     args = ap.parse_args()
     global DEV
     DEV = args.device
+    # The f32 reference must be f32: no TF32 in matmuls or in cuDNN's conv1d (the GDN conv fallback).
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
     out, work = pathlib.Path(args.out), pathlib.Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,13 @@ import time
 import torch
 import transformers
 
+DEV = "cuda"   # --device cpu: a local dry run on a small config (no GPU)
+
+
+def sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
 
 def gdn_kernel_report():
     """Which gated-delta-rule / causal-conv implementation transformers will use here."""
@@ -92,7 +99,7 @@ def build_model(config, attn, seed):
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
-        with torch.device("cuda"), no_hf_init():
+        with torch.device(DEV), no_hf_init():
             try:
                 model = Qwen3_5MoeForCausalLM._from_config(config, attn_implementation=attn, dtype=torch.bfloat16)
             except TypeError:
@@ -135,11 +142,11 @@ def cache_of(out):
 @torch.no_grad()
 def one_run(model, ids, L, n_dec):
     """(prefill seconds, decode seconds or None) on a fresh cache."""
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     out = model(input_ids=ids[:, :L], use_cache=True, logits_to_keep=1)
     tok = out.logits[:, -1].argmax(-1, keepdim=True)
-    torch.cuda.synchronize()
+    sync()
     t1 = time.perf_counter()
     if n_dec <= 0:
         return t1 - t0, None
@@ -171,7 +178,11 @@ def main():
     ap.add_argument("--attn", default="sdpa", help="attn_implementation (sdpa | eager | flash_attention_2)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--commit", default="")
+    ap.add_argument("--device", default="cuda", help="torch device (cpu: a local dry run)")
     args = ap.parse_args()
+    global DEV
+    DEV = args.device
+    cuda = DEV == "cuda"
     lengths = [int(x) for x in args.lengths.split(",") if x]
     t_start = time.time()
     gdn = gdn_kernel_report()
@@ -184,14 +195,31 @@ def main():
     impl = {"attn_implementation": getattr(model.config, "_attn_implementation", None),
             "experts_implementation": getattr(model.config, "_experts_implementation", None)}
     print(f"hf_bench: model built in {time.time() - t_start:.1f} s, {nparams / 1e9:.2f} B params, "
-          f"{torch.cuda.memory_allocated() / 2**30:.1f} GiB, {impl}", flush=True)
+          f"{torch.cuda.memory_allocated() / 2**30 if cuda else 0:.1f} GiB, {impl}", flush=True)
     gen = torch.Generator().manual_seed(args.seed)
-    ids = torch.randint(0, config.vocab_size, (1, max(lengths)), generator=gen).cuda()
+    ids = torch.randint(0, config.vocab_size, (1, max(lengths)), generator=gen).to(DEV)
 
+    def write():
+        doc = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+               "machine": (torch.cuda.get_device_name(0) if cuda else "cpu") + f" (host: {platform.processor() or platform.machine()})",
+               "commit": args.commit, "command": " ".join(["scripts/device/hf_bench.py"] + sys.argv[1:]),
+               "model": f"random-weight qwen3.6-35b-a3b bf16 ({config.num_hidden_layers} layers, "
+                        f"{nparams / 1e9:.2f} B params), real config",
+               "version": f"transformers {transformers.__version__}", "transformers": transformers.__version__,
+               "torch": torch.__version__, "gdn_kernel": gdn["summary"], "gdn_detail": gdn, **impl,
+               "notes": "prefill tok_s = L / wall time of one forward over L tokens with a fresh cache "
+                        "(logits_to_keep=1) to the last token's argmax; decode tok_s = N greedy tokens fed one at a "
+                        "time through that cache; one warm-up at the first length discarded; bf16 weights (not "
+                        "4-bit: transformers has no MLX 4-bit path)",
+               "results": results}
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+
+    results = []
+    write()   # a valid (empty) file even if the run is killed before the first length
     t_bench = time.time()
     one_run(model, ids, lengths[0], min(args.decode_tokens, 8))   # warm-up, discarded
-    results, prev = [], None
-    failed_at = None
+    prev, failed_at = None, None
     for L in lengths:
         base = {"engine": "transformers", "length": L, "ablate": []}
         elapsed = time.time() - t_bench
@@ -199,7 +227,7 @@ def main():
         reason = None
         if failed_at is not None:
             reason = f"skipped: failed at {failed_at}"
-        elif args.max_seconds > 0 and elapsed + predicted > args.max_seconds:
+        elif args.max_seconds > 0 and elapsed + predicted > args.max_seconds and prev is not None:
             reason = f"skipped: predicted {predicted:.0f} s, {elapsed:.0f} of {args.max_seconds:.0f} s used"
         if reason:
             print(f"hf_bench: {L:6d} {reason}", flush=True)
@@ -208,7 +236,8 @@ def main():
             continue
         t0 = time.time()
         pre, dec, err = [], [], None
-        torch.cuda.reset_peak_memory_stats()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
         try:
             for _ in range(args.rounds):
                 tp, td = one_run(model, ids, L, args.decode_tokens)
@@ -223,12 +252,14 @@ def main():
             print(f"hf_bench: {L:6d} {err}", flush=True)
             failed_at = L
             gc.collect()
-            torch.cuda.empty_cache()
+            if cuda:
+                torch.cuda.empty_cache()
             if not pre:
                 for ph in ("prefill", "decode"):
                     results.append(dict(base, phase=ph, tok_s_median=0.0, rounds=0, error=err))
+                write()
                 continue
-        peak = torch.cuda.max_memory_allocated()
+        peak = torch.cuda.max_memory_allocated() if cuda else 0
         prev = (L, time.time() - t0)
         results.append(dict(base, phase="prefill", **stats(pre), peak_device_bytes=peak))
         if dec:
@@ -237,22 +268,11 @@ def main():
         print(f"hf_bench: {L:6d} prefill {statistics.median(pre):9.1f} tok/s"
               + (f"  decode {statistics.median(dec):7.1f} tok/s" if dec else "")
               + f"  ({len(pre)} rounds, {prev[1]:.1f} s, peak {peak / 2**30:.1f} GiB)", flush=True)
-        torch.cuda.empty_cache()
+        if cuda:
+            torch.cuda.empty_cache()
+        write()   # after every length: a budget kill keeps what was measured
 
-    doc = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "machine": torch.cuda.get_device_name(0) + f" (host: {platform.processor() or platform.machine()})",
-           "commit": args.commit, "command": " ".join(["scripts/device/hf_bench.py"] + sys.argv[1:]),
-           "model": f"random-weight qwen3.6-35b-a3b bf16 ({config.num_hidden_layers} layers, "
-                    f"{nparams / 1e9:.2f} B params), real config",
-           "version": f"transformers {transformers.__version__}", "transformers": transformers.__version__,
-           "torch": torch.__version__, "gdn_kernel": gdn["summary"], "gdn_detail": gdn, **impl,
-           "notes": "prefill tok_s = L / wall time of one forward over L tokens with a fresh cache "
-                    "(logits_to_keep=1) to the last token's argmax; decode tok_s = N greedy tokens fed one at a "
-                    "time through that cache; one warm-up at the first length discarded; bf16 weights (not "
-                    "4-bit: transformers has no MLX 4-bit path)",
-           "results": results}
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
+    write()
     print(f"hf_bench: wrote {args.out} in {time.time() - t_start:.0f} s total", flush=True)
 
 
