@@ -117,6 +117,14 @@ def build(args, tc):
         if model is None:
             model = Qwen3_5MoeForCausalLM._from_config(config, attn_implementation="eager")
     model = model.float().eval()
+    # The f32 reference needs the plain per-expert loop (grouped_mm kernels may want bf16).
+    try:
+        if hasattr(model, "set_experts_implementation"):
+            model.set_experts_implementation("eager")
+        elif hasattr(model.config, "_experts_implementation"):
+            model.config._experts_implementation = "eager"
+    except Exception as e:   # older transformers: whatever it has is used, and recorded
+        log(f"could not select eager experts: {e}")
     gen = torch.Generator(device=DEV).manual_seed(args.seed)
     randn = lambda shape, g: torch.randn(shape, generator=g, device=DEV)          # noqa: E731
     rand = lambda shape, g: torch.rand(shape, generator=g, device=DEV)            # noqa: E731
@@ -348,6 +356,8 @@ def main():
            "sequence": {"prompt_random": args.prompt, "continuation_sampled_from_hf_f32": N, "seed": args.seed},
            "reference_logit_std": float(ref["hf_f32"][rows].std()),
            "reference_median_top1_margin": float(np.median(sl[:, -1] - sl[:, -2])),
+           "hf_attn_implementation": getattr(config, "_attn_implementation", None),
+           "hf_experts_implementation": getattr(config, "_experts_implementation", None),
            "engines": res, "lily_seconds": timing, "errors": errors,
            "pass": passed, "target": "lily_cuda vs hf_f32: top-1 >= 99%, perplexity within 0.5%",
            "seconds": round(time.time() - t0, 1)}
