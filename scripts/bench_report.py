@@ -214,7 +214,7 @@ def markdown(doc):
         for b in bases:
             s = summary.get(b, {}).get(phase)
             if s:
-                lines.append(f"- lily / {b}: mean ratio **{s['ratio_mean']:.2f}** over {s['lengths_compared']} "
+                lines.append(f"- {phase}, lily / {b}: mean ratio **{s['ratio_mean']:.2f}** over {s['lengths_compared']} "
                              f"lengths; faster at every length: **{'yes' if s['faster_at_every_length'] else 'no'}**"
                              + ("" if s["all_protocol_lengths"] else " (not all ten protocol lengths compared)")
                              + f"; lowest ratio at {s['slowest_ratio_length']:,}.")

@@ -10,6 +10,10 @@
 # Each stage gets a time budget and the whole call respects REPORT_BUDGET seconds (default 540): a stage
 # starts only if its minimum fits in what is left, and gets at most what is left. Results land in $OUT:
 # report.json, report.md, report.png, log.txt and raw.tar.gz (every input JSON/markdown and stage log).
+# Everything does not fit in one 9-minute call (llama.cpp alone is ~5 min with its GGUF): split it,
+# e.g. STAGES=build,prefill,decode,llama then STAGES=hf,report; the report merges every result left
+# in $REPORT_WORK (default /tmp/lily-report) by earlier calls on the same warm machine, and
+# scripts/bench_report.py can also be rerun anywhere on the JSON files inside raw.tar.gz.
 # Env: STAGES (default build,prefill,decode,llama,hf,report), LENGTHS, ROUNDS, CHUNK, CONFIG (the
 # published config.json, for hf; searched in the usual places when unset), LILY_COMMIT,
 # ABLATE_PREFILL, ABLATE_PREFILL_LENGTHS (default 2048), ABLATE_DECODE, HF_DECODE_TOKENS (128),
@@ -19,7 +23,7 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$SRC"
 B=${BUILD:-/root/work/build}
 OUT=${OUT:-/tmp/out}
-W=${WORK:-/tmp/lily-report}
+W=${REPORT_WORK:-/tmp/lily-report}
 mkdir -p "$OUT" "$W"
 STAGES=${STAGES:-build,prefill,decode,llama,hf,report}
 LENGTHS=${LENGTHS:-256,512,1024,2048,4096,8192,16384,32768,65536,131072}
@@ -49,7 +53,6 @@ if has build; then
   say "build done"
 fi
 L="$B/lily"
-INPUTS=()
 
 if has prefill; then
   T=$(stage_budget 40 "${T_PREFILL:-200}")
@@ -60,7 +63,6 @@ if has prefill; then
       --max-seconds $(( T * 85 / 100 )) --out "$W" --tag prefill --commit "$COMMIT" >"$W/prefill.txt" 2>&1
     say "prefill rc=$?: $(grep -c 'tokens ' "$W/prefill.txt") lengths logged"
     grep -E "^bench prefill" "$W/prefill.txt" | tail -14 | tee -a "$LOG"
-    [ -s "$W/prefill.json" ] && INPUTS+=("$W/prefill.json")
   else say "prefill: skipped (budget)"; fi
   if [ -n "$ABLATE_PREFILL" ]; then
     T=$(stage_budget 40 120)
@@ -69,7 +71,6 @@ if has prefill; then
         --chunk "$CHUNK" --ablate "$ABLATE_PREFILL" --max-seconds $(( T * 85 / 100 )) --out "$W" \
         --tag prefill_ablate --commit "$COMMIT" >"$W/prefill_ablate.txt" 2>&1
       say "prefill ablations rc=$?"
-      [ -s "$W/prefill_ablate.json" ] && INPUTS+=("$W/prefill_ablate.json")
     fi
   fi
 fi
@@ -82,7 +83,6 @@ if has decode; then
       --commit "$COMMIT" >"$W/decode.txt" 2>&1
     say "decode rc=$? (124 = hit its budget)"
     grep -E "^bench: ctx" "$W/decode.txt" | tail -12 | tee -a "$LOG"
-    [ -s "$W/decode.json" ] && INPUTS+=("$W/decode.json")
   else say "decode: skipped (budget)"; fi
   if [ -n "$ABLATE_DECODE" ]; then
     T=$(stage_budget 60 150)
@@ -91,22 +91,22 @@ if has decode; then
         --ablate "$ABLATE_DECODE" --profile-context 0 --out "$W" --tag decode_ablate --commit "$COMMIT" \
         >"$W/decode_ablate.txt" 2>&1
       say "decode ablations rc=$?"
-      [ -s "$W/decode_ablate.json" ] && INPUTS+=("$W/decode_ablate.json")
     fi
   fi
 fi
 
 if has llama; then
   if [ -f .baseline/run_llama.sh ]; then
-    T=$(stage_budget 60 "${T_LLAMA:-240}")
+    T=$(stage_budget 60 "${T_LLAMA:-330}")
     if (( T > 0 )); then
       say "llama.cpp: budget ${T}s"
       mkdir -p "$W/llama"
-      OUT="$W/llama" LENGTHS="$LENGTHS" REPS="$ROUNDS" timeout "$T" bash .baseline/run_llama.sh "$LENGTHS" \
+      # run_llama.sh (never committed) reads OUT, LENGTHS (space-separated) and REPS; it writes the raw
+      # llama-bench JSON as llama_{prefill,decode}.json and a BENCHMARK-shaped llama_summary.json.
+      OUT="$W/llama" LENGTHS="${LENGTHS//,/ }" REPS="$ROUNDS" timeout "$T" bash .baseline/run_llama.sh \
         >"$W/llama.txt" 2>&1
       say "llama.cpp rc=$?"
-      tail -5 "$W/llama.txt" | tee -a "$LOG"
-      for f in "$W"/llama/*.json; do [ -s "$f" ] && INPUTS+=("$f"); done
+      tail -24 "$W/llama.txt" | tee -a "$LOG"
     else say "llama.cpp: skipped (budget)"; fi
   else
     say "llama.cpp: .baseline/run_llama.sh not present, skipped"
@@ -131,10 +131,19 @@ if has hf; then
       --commit "$COMMIT" >"$W/hf.txt" 2>&1
     say "hf rc=$?"
     grep -E "^hf_bench" "$W/hf.txt" | tail -16 | tee -a "$LOG"
-    [ -s "$W/hf.json" ] && INPUTS+=("$W/hf.json")
   else say "hf: skipped (budget)"; fi
 fi
 
+# The report merges every result in $W, also those of an earlier call on the same (warm) machine.
+# Main runs first: on duplicates (e.g. the all-on rows of an ablation run) the first file wins.
+INPUTS=()
+for f in "$W"/prefill.json "$W"/decode.json "$W"/llama/llama_prefill.json "$W"/llama/llama_decode.json "$W"/hf.json \
+         "$W"/prefill_ablate.json "$W"/decode_ablate.json; do
+  [ -s "$f" ] && INPUTS+=("$f")
+done
+if [ ! -s "$W/llama/llama_prefill.json" ] && [ ! -s "$W/llama/llama_decode.json" ] && [ -s "$W/llama/llama_summary.json" ]; then
+  INPUTS+=("$W/llama/llama_summary.json")
+fi
 if has report && (( ${#INPUTS[@]} > 0 )); then
   python3 scripts/bench_report.py "${INPUTS[@]}" --skip-missing --out "$OUT" --tag report >"$W/report.txt" 2>&1
   say "report rc=$?"
