@@ -14,7 +14,8 @@ Runs on the device (torch + transformers with qwen3_5_moe, numpy, safetensors; n
   3. Reference sequence: P0 random prompt tokens, then N tokens sampled (temperature 1) from HF f32.
      Teacher-forced logits of the whole sequence from HF f32 and HF bf16 (eager attention), then
      from `lily run --dump-logits` on the CUDA backend with the whole sequence in one chunk, on CUDA
-     one token per chunk (the T = 1 kernels), and on the CPU backend.
+     in chunks of 64 (state carried across chunks), one token per chunk (the T = 1 kernels), and on
+     the CPU backend.
   4. At the N positions that predict the continuation: top-1 agreement with HF f32 (and bf16), the
      perplexity of each engine on the continuation, max |diff| and RMS diff of the logits.
 Writes OUT/consistency.json and OUT/consistency.md. Pass (BENCHMARK.md target): lily CUDA vs HF f32
@@ -280,8 +281,8 @@ def main():
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--lily-timeout", type=int, default=300)
     ap.add_argument("--device", default="cuda", help="torch device of the reference (cpu: local dry run)")
-    ap.add_argument("--lily-backends", default="cuda,cuda1,cpu",
-                    help="lily runs: cuda (one chunk), cuda1 (one token per chunk), cpu")
+    ap.add_argument("--lily-backends", default="cuda,cuda64,cuda1,cpu",
+                    help="lily runs: cuda (one chunk), cuda64 (chunks of 64), cuda1 (one token per chunk), cpu")
     args = ap.parse_args()
     global DEV
     DEV = args.device
@@ -317,9 +318,9 @@ def main():
     log(f"HF logits done ({time.time() - t0:.1f} s)")
 
     engines = dict(ref)
-    runs = [r for r in (("lily_cuda", "cuda", P), ("lily_cuda_chunk1", "cuda", 1), ("lily_cpu", "cpu", P))
-            if {"lily_cuda": "cuda", "lily_cuda_chunk1": "cuda1", "lily_cpu": "cpu"}[r[0]]
-            in args.lily_backends.split(",")]
+    all_runs = {"cuda": ("lily_cuda", "cuda", P), "cuda64": ("lily_cuda_chunk64", "cuda", 64),
+                "cuda1": ("lily_cuda_chunk1", "cuda", 1), "cpu": ("lily_cpu", "cpu", P)}
+    runs = [all_runs[k] for k in args.lily_backends.split(",") if k]
     timing, errors = {}, {}
     for tag, backend, chunk in runs:
         try:
