@@ -1,6 +1,8 @@
 // `lily bench prefill`: batch-1 prefill throughput per prompt length (BENCHMARK.md) on a fresh state
 // per measurement, optionally followed by greedy decode after that real context; matched ablations
-// in alternating order, wall and CPU time, peak host (and device) memory; JSON + markdown results.
+// in alternating order, wall and CPU time, peak host memory, device memory split into the state and
+// the rest (which must not grow with the prompt once it fills a chunk), expert load balance, and a
+// time budget that skips lengths predicted not to fit; JSON + markdown results.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -57,6 +59,26 @@ std::string fmtd(const char* f, double v) {
   char b[64];
   std::snprintf(b, sizeof b, f, v);
   return b;
+}
+
+// JSON string body: quotes, backslashes and control characters escaped.
+std::string jesc(const std::string& in) {
+  static const char* hex = "0123456789abcdef";
+  std::string o;
+  for (char ch : in) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (ch == '"' || ch == '\\') {
+      o += '\\';
+      o += ch;
+    } else if (u < 0x20) {
+      o += "\\u00";
+      o += hex[u >> 4];
+      o += hex[u & 15];
+    } else {
+      o += ch;
+    }
+  }
+  return o;
 }
 
 std::string cpu_model_name() {
@@ -116,7 +138,10 @@ int bench_prefill_main(int argc, char** argv) {
              {"threads", "0", "CPU threads (0 = all cores)", "LILY_THREADS"},
              {"lengths", "256,512,1024,2048,4096,8192,16384,32768,65536,131072", "prompt lengths"},
              {"rounds", "3", "rounds (variants alternate order in each round)"},
-             {"chunk", "512", "prefill chunk size in tokens (P5)"},
+             {"chunk", "0", "prefill chunk size in tokens (P5); 0 = 4096 on cuda, 512 on cpu"},
+             {"warmup-max", "8192", "warm-up prefill (discarded) of min(L, this) tokens per length and variant; 0 = L"},
+             {"max-seconds", "0", "time budget: skip a length whose predicted time would exceed it (0 = none)"},
+             {"balance-tokens", "4096", "expert load balance over one untimed prefill of this many tokens (cuda; 0 = none)"},
              {"decode-tokens", "0", "after each prefill, time this many greedy tokens (0 = none)"},
              {"ids", "", "raw int32 token-id file to use as the prompt (default: random ids)"},
              {"seed", "1", "seed of the random prompt ids"},
@@ -127,8 +152,8 @@ int bench_prefill_main(int argc, char** argv) {
   if (!o.parse(argc, argv)) return 0;
   std::string cmdline = "lily bench prefill";
   for (int i = 0; i < argc; ++i) cmdline += std::string(" ") + argv[i];
+  const double t_start = wall_s();
 
-  const double t_load = wall_s();
   const BenchWeights bw =
       load_bench_weights(!o.str("model").empty() && !o.flag("synthetic"), o.str("model"), o.num("layers"));
   const std::shared_ptr<ModelWeights>& host = bw.host;
@@ -140,16 +165,20 @@ int bench_prefill_main(int argc, char** argv) {
     if (L < 1) throw Error("--lengths: " + std::to_string(L) + " is not a positive length");
   const int rounds = o.num("rounds"), N = o.num("decode-tokens");
   if (rounds < 1) throw Error("--rounds must be at least 1");
+  if (N < 0) throw Error("--decode-tokens must be >= 0");
+  const int warm_max = o.num("warmup-max");
+  const double budget_s = o.real("max-seconds");
   const int max_len = *std::max_element(lengths.begin(), lengths.end());
   const std::vector<int32_t> ids = prompt_tokens(o.str("ids"), max_len, c.vocab_size, uint64_t(o.i64("seed")));
 
   std::vector<Variant> vars(1);
   for (const auto& id : split_list(o.str("ablate"))) vars.push_back(Variant{{id}, nullptr, nullptr});
   const std::string backend = o.str("backend");
+  const bool cuda = backend == "cuda";
   ModelOptions mo;
-  mo.max_chunk = o.num("chunk");
+  mo.max_chunk = o.num("chunk") > 0 ? o.num("chunk") : cuda ? 4096 : 512;
   for (size_t v = 0; v < vars.size(); ++v) {
-    if (backend == "cuda" && v > 0) continue;   // shares variant 0's backend and model
+    if (cuda && v > 0) continue;   // shares variant 0's backend and model
     BackendOptions bo;
     bo.name = backend;
     bo.threads = o.num("threads");
@@ -158,9 +187,9 @@ int bench_prefill_main(int argc, char** argv) {
     vars[v].model = std::make_unique<Qwen36>(host, *vars[v].be, mo);
   }
   auto engine = [&](size_t v) -> Qwen36& {
-    Qwen36& m = *vars[backend == "cuda" ? 0 : v].model;
+    Qwen36& m = *vars[cuda ? 0 : v].model;
 #ifdef LILY_HAVE_CUDA
-    if (backend == "cuda") {
+    if (cuda) {
       Ablations a;
       a.off = vars[v].off;
       cuda_tools::set_ablations(m.backend(), a);
@@ -168,20 +197,33 @@ int bench_prefill_main(int argc, char** argv) {
 #endif
     return m;
   };
-  std::fprintf(stderr, "bench prefill: model ready in %.1f s\n", wall_s() - t_load);
+  auto dev_bytes = [&](Backend& be) -> double {
+#ifdef LILY_HAVE_CUDA
+    if (be.name() == "cuda") return double(cuda_tools::device_bytes(be));
+#endif
+    (void)be;
+    return 0;
+  };
+  std::fprintf(stderr, "bench prefill: model ready in %.1f s (chunk %d)\n", wall_s() - t_start, mo.max_chunk);
   std::string machine = cpu_model_name();
 #ifdef LILY_HAVE_CUDA
-  if (backend == "cuda") machine = cuda_tools::device_name() + " (host: " + machine + ")";
+  if (cuda) machine = cuda_tools::device_name() + " (host: " + machine + ")";
 #endif
 
   std::vector<float> logits(size_t(c.vocab_size));
   std::vector<int32_t> gen;
-  double peak_dev = 0;
+  // Device bytes of the current length: peak (weights + buffers + workspace + state), the state
+  // alone, and the rest (must stay constant once the prompt is longer than a chunk).
+  struct Mem {
+    double peak = 0, state = 0, rest = 0;
+  } mem;
   // One measurement: fresh state (allocated and zeroed outside the timing), prompt of L tokens;
   // the clock stops when forward() has returned the last token's logits to the host.
   auto measure = [&](Qwen36& m, int L, int n_dec, Series* pre, Series* dec) {
+    const double before = dev_bytes(m.backend());
     auto st = m.new_state(L + n_dec + 1);
     m.backend().synchronize();
+    const double state = dev_bytes(m.backend()) - before;
     double w0 = wall_s(), c0 = cpu_s();
     m.forward(*st, std::span<const int32_t>(ids.data(), size_t(L)), logits.data(), false);
     m.backend().synchronize();
@@ -190,9 +232,10 @@ int bench_prefill_main(int argc, char** argv) {
       pre->tok_s.push_back(L / (w1 - w0));
       pre->cpu_s.push_back(c1 - c0);
     }
-#ifdef LILY_HAVE_CUDA
-    if (m.backend().name() == "cuda") peak_dev = std::max(peak_dev, double(cuda_tools::device_bytes(m.backend())));
-#endif
+    const double after = dev_bytes(m.backend());
+    mem.peak = std::max(mem.peak, after);
+    mem.state = std::max(mem.state, state);
+    mem.rest = std::max(mem.rest, after - state);
     if (n_dec <= 0) return;
     const int32_t first = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
     gen.clear();
@@ -209,20 +252,89 @@ int bench_prefill_main(int argc, char** argv) {
   };
 
   std::map<std::pair<int, size_t>, Series> pre, dec;
-  std::map<int, double> peak_host, peak_device;
+  std::map<int, double> peak_host;
+  std::map<int, Mem> mem_at;
+  std::vector<int> done, skipped;
+  int prev_L = 0;
+  double prev_s = 0;
   for (int L : lengths) {
-    for (size_t v = 0; v < vars.size(); ++v) measure(engine(v), L, std::min(N, 8), nullptr, nullptr);   // warm-up
+    // Budget: the previous length's time scaled by the length ratio, +25% for attention's growth.
+    // The first length always runs, so every run reports something.
+    const double elapsed = wall_s() - t_start;
+    const double predicted = prev_L > 0 ? prev_s * double(L) / prev_L * 1.25 : 0;
+    if (budget_s > 0 && prev_L > 0 && elapsed + predicted > budget_s) {
+      std::fprintf(stderr, "bench prefill: %6d tokens skipped (predicted %.1f s, %.1f s of %g s used)\n", L,
+                   predicted, elapsed, budget_s);
+      skipped.push_back(L);
+      continue;
+    }
+    const double t0 = wall_s();
+    mem = Mem{};
+    const int Lw = warm_max > 0 ? std::min(L, warm_max) : L;
+    for (size_t v = 0; v < vars.size(); ++v) measure(engine(v), Lw, std::min(N, 8), nullptr, nullptr);   // warm-up
     for (int r = 0; r < rounds; ++r)
       for (size_t k = 0; k < vars.size(); ++k) {
         const size_t v = r % 2 ? vars.size() - 1 - k : k;
         measure(engine(v), L, N, &pre[{L, v}], &dec[{L, v}]);
       }
     peak_host[L] = peak_rss_bytes();
-    peak_device[L] = peak_dev;
-    std::fprintf(stderr, "bench prefill: %6d tokens  %.1f tok/s (cpu %.3f s)%s\n", L, median_of(pre[{L, 0}].tok_s),
-                 median_of(pre[{L, 0}].cpu_s),
-                 N > 0 ? fmtd("  decode %.1f tok/s", median_of(dec[{L, 0}].tok_s)).c_str() : "");
+    mem_at[L] = mem;
+    done.push_back(L);
+    prev_L = L;
+    prev_s = wall_s() - t0;
+    std::fprintf(stderr, "bench prefill: %6d tokens  %.1f tok/s (cpu %.3f s)%s  [%.1f s, device %.0f MiB: state %.0f + rest %.0f]\n",
+                 L, median_of(pre[{L, 0}].tok_s), median_of(pre[{L, 0}].cpu_s),
+                 N > 0 ? fmtd("  decode %.1f tok/s", median_of(dec[{L, 0}].tok_s)).c_str() : "", prev_s,
+                 mem.peak / 1048576.0, mem.state / 1048576.0, mem.rest / 1048576.0);
   }
+  engine(0);   // all optimizations back on
+
+  // Non-state device memory (weights, activation buffers, workspace) must not depend on the prompt
+  // length once the prompt fills a whole chunk: the workspace is sized by the chunk.
+  bool ws_constant = true;
+  double ws_bytes = -1;
+  int ws_from = 0;
+  for (int L : done)
+    if (L >= mo.max_chunk) {
+      if (ws_bytes < 0) ws_bytes = mem_at[L].rest, ws_from = L;
+      ws_constant = ws_constant && mem_at[L].rest == ws_bytes;
+    }
+  std::string ws_note;
+  if (cuda && ws_bytes >= 0)
+    ws_note = "device memory other than the state (weights, buffers, workspace) at lengths " + std::to_string(ws_from) +
+              "…" + std::to_string(done.back()) + ": " +
+              (ws_constant ? "constant, " + fmtd("%.0f", ws_bytes / 1048576.0) + " MiB"
+                           : std::string("NOT constant (see the per-length rows)"));
+
+  // Expert load balance over one untimed prefill (BENCHMARK.md: report it with every synthetic run).
+  std::string balance;
+#ifdef LILY_HAVE_CUDA
+  const int Tb = std::min(o.num("balance-tokens"), max_len);
+  if (cuda && Tb > 0) {
+    Qwen36& m = engine(0);
+    auto st = m.new_state(Tb + 1);
+    cuda_tools::set_expert_histogram(m.backend(), true);
+    m.forward(*st, std::span<const int32_t>(ids.data(), size_t(Tb)), logits.data(), false);
+    auto hist = cuda_tools::expert_histogram(m.backend());
+    cuda_tools::set_expert_histogram(m.backend(), false);
+    double worst = 0, mean_ratio = 0, total = 0;
+    for (const auto& h : hist) {
+      double tot = 0, mx = 0;
+      for (auto x : h) tot += double(x), mx = std::max(mx, double(x));
+      const double ratio = tot > 0 ? mx / tot * double(h.size()) : 0;
+      worst = std::max(worst, ratio);
+      mean_ratio += ratio / double(hist.size());
+      total += tot;
+    }
+    const double K = c.num_experts_per_tok, E = c.num_experts;
+    balance = total <= 0 ? "not counted (the prefill MoE path keeps no histogram)"
+                         : "busiest expert's share / uniform share over " + std::to_string(Tb) +
+                               " prompt tokens: mean over layers " + fmtd("%.2f", mean_ratio) + ", worst layer " +
+                               fmtd("%.2f", worst) + " (uniform routing gives ≈" +
+                               fmtd("%.2f", 1 + 3 * std::sqrt(E / (K * Tb))) + " by chance)";
+    std::fprintf(stderr, "bench prefill: expert balance: %s\n", balance.c_str());
+  }
+#endif
 
   // ---- results ------------------------------------------------------------------------------
   std::time_t tt = std::time(nullptr);
@@ -230,45 +342,62 @@ int bench_prefill_main(int argc, char** argv) {
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&tt));
   double load[3] = {0, 0, 0};
   if (getloadavg(load, 3) < 0) load[0] = load[1] = load[2] = -1;
+  auto int_list = [](const std::vector<int>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+    return s + "]";
+  };
   std::ostringstream js, md;
-  js << "{\n  \"date\": \"" << date << "\",\n  \"machine\": \"" << machine << "\",\n  \"commit\": \""
-     << o.str("commit") << "\",\n  \"command\": \"" << cmdline << "\",\n  \"model\": \"" << model_name
-     << "\",\n  \"backend\": \"" << backend << "\",\n  \"chunk\": " << mo.max_chunk << ",\n  \"load_average_end\": ["
-     << load[0] << ", " << load[1] << ", " << load[2] << "],\n  \"notes\": \"prefill tok_s = L / wall time from the "
-     << "first token fed to the last token's logits on the host, fresh zeroed state per measurement, warm-up "
-     << "discarded; decode tok_s = N / wall time of N greedy tokens after that real prefill; cpu_s = process CPU "
-     << "time (all threads) of the same span\",\n  \"results\": [\n";
+  js << "{\n  \"date\": \"" << date << "\",\n  \"machine\": \"" << jesc(machine) << "\",\n  \"commit\": \""
+     << jesc(o.str("commit")) << "\",\n  \"command\": \"" << jesc(cmdline) << "\",\n  \"model\": \"" << jesc(model_name)
+     << "\",\n  \"backend\": \"" << backend << "\",\n  \"chunk\": " << mo.max_chunk << ",\n  \"warmup_max\": " << warm_max
+     << ",\n  \"max_seconds\": " << budget_s << ",\n  \"total_seconds\": " << fmtd("%.1f", wall_s() - t_start)
+     << ",\n  \"skipped_lengths\": " << int_list(skipped) << ",\n  \"load_average_end\": [" << load[0] << ", "
+     << load[1] << ", " << load[2] << "],\n  \"workspace_constant\": " << (ws_constant ? "true" : "false")
+     << ",\n  \"workspace_note\": \"" << jesc(ws_note) << "\",\n  \"expert_balance\": \"" << jesc(balance)
+     << "\",\n  \"notes\": \"prefill tok_s = L / wall time from the first token fed to the last token's logits on "
+     << "the host, fresh zeroed state per measurement (capacity L + decode tokens + 1), warm-up of min(L, warmup_max) "
+     << "tokens per length and variant discarded; decode tok_s = N / wall time of N greedy tokens after that real "
+     << "prefill; cpu_s = process CPU time (all threads) of the same span; state_device_bytes = KV cache + conv + "
+     << "recurrent state, rest_device_bytes = all other device memory after the prefill\",\n  \"results\": [\n";
   md << "# Prefill benchmark (" << date << ")\n\n- machine: " << machine << " (" << backend << " backend)\n- commit: "
      << o.str("commit") << "\n- command: `" << cmdline << "`\n- model: " << model_name
      << "\n- prompt: " << (o.str("ids").empty() ? "random token ids" : "token ids from " + o.str("ids"))
      << ", fresh state per measurement, chunk " << mo.max_chunk << ", median of " << rounds
-     << " rounds (variants alternate order), warm-up discarded\n- load average at the end: " << fmtd("%.2f", load[0])
-     << " / " << fmtd("%.2f", load[1]) << " / " << fmtd("%.2f", load[2])
-     << "\n\n| phase | length | variant | tok/s (median) | min | max | CPU s (median) | peak host MiB | peak device MiB |\n"
-     << "|---|---:|---|---:|---:|---:|---:|---:|---:|\n";
+     << " rounds (variants alternate order), warm-up of min(L, " << warm_max << ") tokens discarded\n- load average at the end: "
+     << fmtd("%.2f", load[0]) << " / " << fmtd("%.2f", load[1]) << " / " << fmtd("%.2f", load[2]) << "\n";
+  if (!skipped.empty())
+    md << "- skipped (predicted to exceed --max-seconds " << fmtd("%g", budget_s) << " s): " << int_list(skipped) << "\n";
+  if (!ws_note.empty()) md << "- " << ws_note << "\n";
+  if (!balance.empty()) md << "- expert load balance: " << balance << "\n";
+  md << "\n| phase | length | variant | tok/s (median) | min | max | CPU s (median) | peak host MiB | peak device MiB "
+     << "| state MiB | rest MiB |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   bool first = true;
   auto emit = [&](const char* phase, int L, size_t v, const Series& s) {
     const double med = median_of(s.tok_s), cs = median_of(s.cpu_s);
     const double mn = *std::min_element(s.tok_s.begin(), s.tok_s.end());
     const double mx = *std::max_element(s.tok_s.begin(), s.tok_s.end());
+    const Mem& mm = mem_at[L];
     std::string ab = "[";
     for (size_t i = 0; i < vars[v].off.size(); ++i) ab += (i ? ",\"" : "\"") + vars[v].off[i] + "\"";
     ab += "]";
     js << (first ? "" : ",\n") << "    {\"engine\": \"lily\", \"phase\": \"" << phase << "\", \"length\": " << L
        << ", \"tok_s_median\": " << med << ", \"tok_s_min\": " << mn << ", \"tok_s_max\": " << mx
        << ", \"cpu_s_median\": " << cs << ", \"peak_host_bytes\": " << peak_host[L]
-       << ", \"peak_device_bytes\": " << peak_device[L] << ", \"rounds\": " << rounds
+       << ", \"peak_device_bytes\": " << mm.peak << ", \"state_device_bytes\": " << mm.state
+       << ", \"rest_device_bytes\": " << mm.rest << ", \"rounds\": " << rounds
        << (phase[0] == 'd' ? ", \"tokens\": " + std::to_string(N) : std::string()) << ", \"ablate\": " << ab << "}";
     first = false;
+    auto mib = [](double b) { return b > 0 ? fmtd("%.0f", b / 1048576.0) : std::string(); };
     md << "| " << phase << " | " << L << " | " << (vars[v].off.empty() ? "all on" : "-" + vars[v].off[0]) << " | "
        << fmtd("%.1f", med) << " | " << fmtd("%.1f", mn) << " | " << fmtd("%.1f", mx) << " | " << fmtd("%.3f", cs)
-       << " | " << fmtd("%.0f", peak_host[L] / 1048576.0) << " | "
-       << (peak_device[L] > 0 ? fmtd("%.0f", peak_device[L] / 1048576.0) : "") << " |\n";
+       << " | " << fmtd("%.0f", peak_host[L] / 1048576.0) << " | " << mib(mm.peak) << " | " << mib(mm.state) << " | "
+       << mib(mm.rest) << " |\n";
   };
-  for (int L : lengths)
+  for (int L : done)
     for (size_t v = 0; v < vars.size(); ++v) emit("prefill", L, v, pre[{L, v}]);
   if (N > 0)
-    for (int L : lengths)
+    for (int L : done)
       for (size_t v = 0; v < vars.size(); ++v) emit("decode", L, v, dec[{L, v}]);
   js << "\n  ]\n}\n";
   std::filesystem::create_directories(o.str("out"));

@@ -1,0 +1,36 @@
+"""`lily bench prefill` on the CPU backend (the path CI can run): valid BENCHMARK.md-shaped JSON,
+the --max-seconds guard, and a report built from it by scripts/bench_report.py."""
+import json
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+
+
+def test_bench_prefill_cpu_json(lily_bin, tmp_path):
+    demo = tmp_path / "demo"
+    subprocess.run([lily_bin, "make-demo", "--out", str(demo)], check=True, capture_output=True)
+    cmd = [lily_bin, "bench", "prefill", "--backend", "cpu", "--threads", "2", "--model", str(demo),
+           "--lengths", "16,32", "--rounds", "3", "--decode-tokens", "2", "--ablate", "D1",
+           "--out", str(tmp_path), "--tag", "p", "--commit", 'quote"and\\backslash']
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert doc["commit"] == 'quote"and\\backslash'
+    assert doc["chunk"] == 512 and doc["skipped_lengths"] == []
+    rows = doc["results"]
+    assert len(rows) == 2 * 2 * 2   # phases x lengths x variants
+    for r in rows:
+        assert r["engine"] == "lily" and r["rounds"] == 3 and r["tok_s_min"] <= r["tok_s_median"] <= r["tok_s_max"]
+    assert {tuple(r["ablate"]) for r in rows} == {(), ("D1",)}
+
+    # A budget that the first length already spends: the first still runs, the second is skipped.
+    cmd2 = cmd[:cmd.index("--lengths")] + ["--lengths", "16,4096", "--rounds", "1", "--max-seconds", "1e-6",
+                                           "--out", str(tmp_path), "--tag", "q"]
+    subprocess.run(cmd2, check=True, capture_output=True, timeout=300)
+    doc2 = json.loads((tmp_path / "q.json").read_text())
+    assert doc2["skipped_lengths"] == [4096] and [r["length"] for r in doc2["results"]] == [16]
+
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_report.py"), str(tmp_path / "p.json"),
+                          "--out", str(tmp_path), "--tag", "r"], check=True, capture_output=True, text=True)
+    assert "## Ablations" in out.stdout
