@@ -1,0 +1,46 @@
+#!/bin/bash
+# One device call that validates every CUDA path against the CPU backend, then takes quick speed
+# readings: kernel tests (prefill GEMM + MoE, prefill GDN + attention), whole-model cuda-check with the
+# prefill GEMM held back (decode-path changes alone), with everything on (prefill paths at chunk 128),
+# on the demo model; on a decode failure, the same check with each decode id off; then the kernel
+# benches and one round of bench decode / bench prefill. Logs to $OUT. Usage: session_check.sh [nobench]
+set -o pipefail
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+B=${B:-/root/work/build}
+OUT=${OUT:-/tmp/out}
+DIDS=${DIDS:-D9,D10,D11,D12,D13,D14}
+mkdir -p "$OUT"
+cd "$SRC"
+t0=$(date +%s)
+el() { echo "[+$(( $(date +%s) - t0 ))s] $*"; }
+bash scripts/device/build.sh "$B" >"$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; exit 1; }
+el "built"
+L="$B/lily"
+for t in gemm attn sample; do
+  if "$L" --help 2>&1 | grep -q "cuda-test-$t"; then
+    timeout 120 "$L" cuda-test-$t >"$OUT/test_$t.txt" 2>&1
+    el "cuda-test-$t rc=$?"; grep -E "FAIL|summary|PASS" "$OUT/test_$t.txt" | tail -12
+  fi
+done
+el "cuda-check decode paths (GEMM prefill held back)"
+LILY_GEMM_MIN_T=1000000 timeout 200 "$L" cuda-check --layers 4 --tokens 64 --prompt 24 2>&1 | tail -7 | tee "$OUT/check_decode.txt"
+if ! grep -q "cuda-check: PASS" "$OUT/check_decode.txt"; then
+  for id in ${DIDS//,/ }; do
+    el "cuda-check -$id"
+    LILY_GEMM_MIN_T=1000000 timeout 200 "$L" cuda-check --layers 4 --tokens 64 --prompt 24 --ablate "$id" 2>&1 | tail -3
+  done
+fi
+el "cuda-check all paths, prompt 300 in chunks of 128"
+timeout 240 "$L" cuda-check --layers 4 --tokens 64 --prompt 300 --chunk 128 2>&1 | tail -7 | tee "$OUT/check_prefill.txt"
+"$L" make-demo --out /tmp/demo >/dev/null 2>&1 &&
+  timeout 120 "$L" cuda-check --model /tmp/demo --tokens 64 --prompt 40 --chunk 16 2>&1 | tail -6 | tee "$OUT/check_demo.txt"
+[ "$1" = "nobench" ] && exit 0
+el "kernel benches"
+timeout 90 "$L" cuda-test-gemm --bench >"$OUT/bench_gemm.txt" 2>&1; tail -40 "$OUT/bench_gemm.txt"
+el "bench prefill"
+timeout 150 "$L" bench prefill --synthetic --lengths ${PLENGTHS:-4096,32768} --rounds 1 --chunk 4096 \
+  --out "$OUT" --tag prefill-quick --commit "${LILY_COMMIT:-unknown}" 2>&1 | grep -v "^bench:" | tail -30
+el "bench decode"
+timeout 200 "$L" bench decode --contexts ${DCONTEXTS:-4096,131072} --tokens 128 --rounds 1 --ablate "${DIDS//,/+}" \
+  --profile-context 4096 --out "$OUT" --tag decode-quick --commit "${LILY_COMMIT:-unknown}" 2>&1 | grep -v "^bench:" | tail -45
+el "done"
