@@ -120,6 +120,7 @@ int bench_main(int argc, char** argv) {
              {"rounds", "3", "rounds (variants alternate order in each round)"},
              {"ablate", "", "optimization ids; each is measured as its own variant (e.g. D2,D6,D7; D9+D10 = both off)"},
              {"profile-context", "4096", "context of the per-op breakdown (0 = none)"},
+             {"profile-ablate", "", "ids switched off during the per-op breakdown only (e.g. D13+D16)"},
              {"out", "docs/benchmarks", "directory for the JSON and markdown results"},
              {"tag", "decode", "file name stem of the results"},
              {"commit", "", "commit recorded in the results", "LILY_COMMIT"}});
@@ -237,6 +238,16 @@ int bench_main(int argc, char** argv) {
   const int Lp = o.num("profile-context");
 #ifdef LILY_HAVE_CUDA
   if (be->name() == "cuda" && Lp > 0) {
+    {   // prefetches (D13, D16) move HBM traffic between ops: the breakdown without them separates that
+      std::vector<std::string> v;
+      const std::string ids = o.str("profile-ablate");
+      for (size_t a = 0, b; a <= ids.size(); a = b + 1) {
+        b = ids.find_first_of("+,", a);
+        if (b == std::string::npos) b = ids.size();
+        if (b > a) v.push_back(ids.substr(a, b - a));
+      }
+      set_variant(v);
+    }
     const int reps = 5;
     for (int i = 0; i < reps; ++i) {
       cuda_tools::set_profiling(*be, true);   // re-arms the queue-up spin (see set_profiling)
@@ -244,6 +255,7 @@ int bench_main(int argc, char** argv) {
     }
     auto prof = cuda_tools::take_profile(*be);
     cuda_tools::set_profiling(*be, false);
+    set_variant({});
     double total = 0;
     for (const auto& p : prof) total += p.ms / reps;
     prof_lines.push_back("| op | calls/token | ms/token | share | GB/s |");
@@ -325,7 +337,8 @@ int bench_main(int argc, char** argv) {
   if (!balance.empty()) js << ",\n  \"expert_balance\": \"" << balance << "\"";
   js << "\n}\n";
   if (!prof_lines.empty()) {
-    md << "\n## Per-op time, one eager instrumented step at context " << Lp << " (CUDA events)\n\n";
+    md << "\n## Per-op time, one eager instrumented step at context " << Lp << " (CUDA events"
+       << (o.str("profile-ablate").empty() ? std::string() : ", off: " + o.str("profile-ablate")) << ")\n\n";
     for (const auto& l : prof_lines) md << l << "\n";
   }
   if (!balance.empty()) md << "\nExpert load balance: " << balance << ".\n";

@@ -328,7 +328,12 @@ class CudaBackend final : public Backend {
       }
     }
     flush_mm();
-    if (fuse_router_ && moe_router_topk_ok(m, T, fast_)) dec.counter = router_ticket_;
+    if (fuse_router_ && moe_router_topk_ok(m, T, fast_)) {
+      dec.counter = router_ticket_;
+      dec.cluster = router_cluster_;
+      dec.pf_up = router_cluster_ && pf_up_;
+      dec.early_down = early_down_;
+    }
     if (hist_on_) {
       if (!hist_) hist_ = alloc_i32(int64_t(c.num_hidden_layers) * m.E);
       hist_layers_ = c.num_hidden_layers;
@@ -430,6 +435,9 @@ class CudaBackend final : public Backend {
     gdn_split_enabled() = !abl_.has("D12");     // D12: GDN decode step over 4 CTAs per value head
     prefetch_ = !abl_.has("D13");               // D13: L2 prefetch of the next launch's weights
     gemv_one_wave_enabled() = !abl_.has("D14");  // D14: one wave of CTAs per decode GEMV batch
+    router_cluster_ = !abl_.has("D15");   // D15: fused router as one 8-CTA cluster (D10 off: unused)
+    pf_up_ = !abl_.has("D16");            // D16: the D15 router prefetches the chosen gate/up experts
+    early_down_ = !abl_.has("D17");       // D17: MoE down loads its rows before its PDL wait
     pack_gqa_ = !abl_.has("D6");
     splits_ = abl_.has("D7") ? 1 : 0;   // 0: sized from the SM count
     // Prefill mixers: P4 off = the decode GDN kernel for every T, P6 off = per-token split-KV
@@ -759,6 +767,9 @@ class CudaBackend final : public Backend {
   PendingMoe pend_moe_;               // D9: MoE held back for the residual add
   int* router_ticket_ = nullptr;      // D10: arrival counter of the fused router kernel (self-resetting)
   bool prefetch_ = true;              // D13
+  bool router_cluster_ = true;        // D15
+  bool pf_up_ = true;                 // D16
+  bool early_down_ = true;            // D17
   std::vector<L2Prefetch> plan_;      // D13: byte ranges per launch unit of the last forward pass
   int unit_ = 0;
   bool capturing_ = false;

@@ -4,7 +4,11 @@
 // one kernel for all down projections summed into the block output.
 #include <cfloat>
 
+#include <cooperative_groups.h>
+
 #include "backend/cuda/cuda_ops.h"
+
+namespace cg = cooperative_groups;
 
 namespace lily::cuda {
 
@@ -24,6 +28,8 @@ struct MoeArgs {
   float* res;              // D9: the down stage also adds out into res
   L2Prefetch pf;           // D13: the next launch's weights (issued by the router stage)
   int pf_down;             // D13: gate/up prefetches the chosen experts' down projections
+  int pf_up;               // D16: the cluster router prefetches the chosen experts' gate/up matrices
+  int early_down;          // D17: gate/up triggers after its wait; down loads its rows before its wait
 };
 
 __device__ __forceinline__ const void* stack_ptr(const void* base, int64_t stride, int e, int64_t off);
@@ -122,6 +128,15 @@ __device__ __forceinline__ const void* stack_ptr(const void* base, int64_t strid
   return static_cast<const char*>(base) + int64_t(e) * stride + off;
 }
 
+// Expert e of a stacked matrix as a QMat view.
+__device__ __forceinline__ QMat stack_mat(const QMat& w0, int64_t stride, int64_t sb_stride, int e) {
+  QMat q = w0;
+  q.data = stack_ptr(w0.data, stride, e, 0);
+  if (w0.scales) q.scales = stack_ptr(w0.scales, sb_stride, e, 0);
+  if (w0.biases) q.biases = stack_ptr(w0.biases, sb_stride, e, 0);
+  return q;
+}
+
 // Gate/up row `i` of slot s (s < K: routed expert sid[s]; s == K: shared expert) as a QMat row view.
 __device__ __forceinline__ QMat slot_mat(const MoeDev& m, const QMat& w0, const QMat& sh, int64_t stride,
                                          int64_t sb_stride, int s, const int* sid, int K) {
@@ -144,8 +159,13 @@ __global__ void __launch_bounds__(256, 2) moe_gate_up_kernel(const __grid_consta
   const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float* x = a.x + int64_t(t) * m.H;
   float* xsum = reinterpret_cast<float*>(sm4 + m.H / 4);
-  pdl_trigger();
-  pdl_wait();
+  if (a.early_down) {   // D17: the down kernel starts only once the router's ids are visible
+    pdl_wait();
+    pdl_trigger();
+  } else {
+    pdl_trigger();
+    pdl_wait();
+  }
   routing(a, t, sel, sid, sw);
   // D10: the chosen experts are in global memory already, so the first weight loads can be issued
   // before x is staged (their latency overlaps the staging); otherwise after the barrier.
@@ -225,8 +245,13 @@ __global__ void __launch_bounds__(256, 2) moe_gate_up_mma_kernel(const __grid_co
   uint32_t* smB = reinterpret_cast<uint32_t*>(smx);
   float* gsum = reinterpret_cast<float*>(smB + ng * 64);
   float* ginv = gsum + ng;
-  pdl_trigger();
-  pdl_wait();
+  if (a.early_down) {   // D17 (see moe_gate_up_kernel)
+    pdl_wait();
+    pdl_trigger();
+  } else {
+    pdl_trigger();
+    pdl_wait();
+  }
   routing(a, t, sel, sid, sw);
   stage_x_mma(a.x + int64_t(t) * m.H, m.H, smB, gsum, ginv);
   __syncthreads();
@@ -289,7 +314,10 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const __grid_constant__ M
   const int t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int S = m.K + 1;
   pdl_trigger();
-  pdl_wait();
+  // D17: this kernel starts only after every gate/up CTA passed its wait, i.e. after the router
+  // (which wrote the ids) completed, so the FAST path reads the ids and issues its weight loads
+  // before waiting for the gate/up activations. Otherwise (ids written by gate/up) wait first.
+  if (!(FAST && a.early_down)) pdl_wait();
   const int32_t* sid = a.ids + int64_t(t) * m.K;   // read by every thread (L2 hits), no barrier
   const float* act = a.act + int64_t(t) * S * a.imax;
   float* xsum = reinterpret_cast<float*>(sm4 + S * 128);
@@ -301,8 +329,10 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const __grid_constant__ M
     float sc[5][2], bi[5][2];
 #pragma unroll
     for (int q = 0; q < 5; ++q) {
-      const int s = 2 * q + half;
-      const QMat w = slot_mat(m, m.down0, m.sh_down, m.down_stride, m.down_sb_stride, s < S ? s : 0, sid, m.K);
+      const int s = 2 * q + half, ss = s < S ? s : 0;
+      const bool shared = ss == m.K;
+      const int e = shared ? 0 : __ldcg(sid + ss);   // L2: written by another kernel
+      const QMat w = shared ? m.sh_down : stack_mat(m.down0, m.down_stride, m.down_sb_stride, e);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int64_t row = min(h0 + r, m.H - 1);
@@ -311,6 +341,7 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const __grid_constant__ M
         bi[q][r] = bf16f(static_cast<const uint16_t*>(w.biases)[row * 8 + (c >> 1)]);
       }
     }
+    if (a.early_down) pdl_wait();   // D17: act comes from the gate/up kernel
     // Slot s, chunk c (16 per row), float4 f -> [s*128 + f*16 + c], pre-scaled for dot8_q4.
     for (int idx = threadIdx.x; idx < S * 128; idx += blockDim.x) {
       const int s = idx / 128, r = idx % 128, cc = r / 8, f = r % 8, h = (f & 1) * 4;
@@ -416,6 +447,51 @@ __device__ __forceinline__ uint32_t order_key(float f) {
   const uint32_t u = f == 0.f ? 0u : __float_as_uint(f);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
+// Top k (k <= 8) of lg[0, E) (E <= 256, shared memory) by warp selection on order-preserving
+// integer keys (redux.sync max, then the min index among equal keys: the largest logit, ties to the
+// lower index, as in topk_warp). Round 1: warp w < 4 picks the top k of logits [64w, 64w+64) (2 per
+// lane); round 2: warp 0 picks the top k of those 4k. A taken or absent element has key 0, below
+// every real logit's key. Called by the whole block (>= 4 warps); sid/sv (ids, logits) are valid
+// after it (it ends with a block barrier).
+__device__ void select_topk_block(const float* lg, int E, int K, uint32_t* ckey, uint32_t* cidx, int* sid,
+                                  float* sv) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (warp < 4) {
+    const int e0 = 64 * warp + 2 * lane, e1 = e0 + 1;
+    uint32_t k0 = e0 < E ? order_key(lg[e0]) : 0u, k1 = e1 < E ? order_key(lg[e1]) : 0u;
+    for (int k = 0; k < K; ++k) {
+      const bool second = k1 > k0;
+      const uint32_t kb = second ? k1 : k0, ib = second ? e1 : e0;
+      const uint32_t best = __reduce_max_sync(0xffffffffu, kb);
+      const uint32_t win = __reduce_min_sync(0xffffffffu, kb == best ? ib : 0xffffffffu);
+      if (ib == win) {
+        if (second) k1 = 0u;
+        else k0 = 0u;
+      }
+      if (lane == 0) {
+        ckey[warp * K + k] = best;
+        cidx[warp * K + k] = win;
+      }
+    }
+  }
+  __syncthreads();
+  if (warp == 0) {
+    uint32_t kc = lane < 4 * K ? ckey[lane] : 0u;
+    const uint32_t ic = lane < 4 * K ? cidx[lane] : 0xffffffffu;
+    for (int k = 0; k < K; ++k) {
+      const uint32_t best = __reduce_max_sync(0xffffffffu, kc);
+      const uint32_t win = __reduce_min_sync(0xffffffffu, kc == best ? ic : 0xffffffffu);
+      if (ic == win) kc = 0u;
+      if (lane == 0) {
+        const int e = int(min(win, uint32_t(E - 1)));   // in range whatever the logits
+        sid[k] = e;
+        sv[k] = lg[e];
+      }
+    }
+  }
+  __syncthreads();
+}
+
 constexpr int kRouterCols = 2048;   // H: 128 16-byte chunks of 16 codes per row, 4 per lane
 
 __global__ void __launch_bounds__(32 * kRouterWarps) moe_router_topk_kernel(const __grid_constant__ MoeArgs a,
@@ -439,7 +515,6 @@ __global__ void __launch_bounds__(32 * kRouterWarps) moe_router_topk_kernel(cons
   uint4 wv[CPL];
   float sc[CPL], bi[CPL];
   pdl_trigger();
-  l2_prefetch(a.pf);   // D13: the next launch's weights (next layer's projections)
   if (row <= m.E) {   // weights never change: loads issued before the wait
 #pragma unroll
     for (int i = 0; i < CPL; ++i) {
@@ -448,6 +523,9 @@ __global__ void __launch_bounds__(32 * kRouterWarps) moe_router_topk_kernel(cons
       bi[i] = bf16f(static_cast<const uint16_t*>(w.biases)[r * (kRouterCols / 64) + ((lane + 32 * i) >> 2)]);
     }
   }
+  // D13: the next launch's weights (next layer's projections, ~13 MB), queued after this kernel's
+  // own loads so that they do not wait behind the prefetch.
+  l2_prefetch(a.pf);
   pdl_wait();
   // Stage x as gemv_q8_kernel does: chunk ci (16 codes), float4 f -> [(ci/32)*128 + f*32 + ci%32],
   // bytes 1 and 3 of a word pre-scaled by 1/256.
@@ -511,44 +589,7 @@ __global__ void __launch_bounds__(32 * kRouterWarps) moe_router_topk_kernel(cons
   __threadfence();
   for (int e = threadIdx.x; e < m.E; e += nt) lg[e] = __ldcg(a.logits + e);
   __syncthreads();
-  // Top-k by warp selection on order-preserving integer keys (redux.sync max, then min index among
-  // equal keys: the largest logit, ties to the lower index, as in topk_warp). Round 1: warp w picks
-  // the top k of logits [64w, 64w+64) (2 per lane); round 2: warp 0 picks the top k of those 4k.
-  // A taken or absent element has key 0, below every real logit's key.
-  {
-    const int e0 = 64 * warp + 2 * lane, e1 = e0 + 1;
-    uint32_t k0 = e0 < m.E ? order_key(lg[e0]) : 0u, k1 = e1 < m.E ? order_key(lg[e1]) : 0u;
-    for (int k = 0; k < m.K; ++k) {
-      const bool second = k1 > k0;
-      const uint32_t kb = second ? k1 : k0, ib = second ? e1 : e0;
-      const uint32_t best = __reduce_max_sync(0xffffffffu, kb);
-      const uint32_t win = __reduce_min_sync(0xffffffffu, kb == best ? ib : 0xffffffffu);
-      if (ib == win) {
-        if (second) k1 = 0u;
-        else k0 = 0u;
-      }
-      if (lane == 0) {
-        ckey[warp * m.K + k] = best;
-        cidx[warp * m.K + k] = win;
-      }
-    }
-  }
-  __syncthreads();
-  if (warp == 0) {
-    uint32_t kc = lane < kRouterWarps * m.K ? ckey[lane] : 0u;
-    const uint32_t ic = lane < kRouterWarps * m.K ? cidx[lane] : 0xffffffffu;
-    for (int k = 0; k < m.K; ++k) {
-      const uint32_t best = __reduce_max_sync(0xffffffffu, kc);
-      const uint32_t win = __reduce_min_sync(0xffffffffu, kc == best ? ic : 0xffffffffu);
-      if (ic == win) kc = 0u;
-      if (lane == 0) {
-        const int e = int(min(win, uint32_t(m.E - 1)));   // in range whatever the logits
-        sid[k] = e;
-        sv[k] = lg[e];
-      }
-    }
-  }
-  __syncthreads();
+  select_topk_block(lg, m.E, m.K, ckey, cidx, sid, sv);
   if (warp == 0) {
     const float p = lane < m.K ? __expf(sv[lane] - sv[0]) : 0.f;   // the full softmax denominator cancels
     const float sum = warp_sum(p);
@@ -560,6 +601,158 @@ __global__ void __launch_bounds__(32 * kRouterWarps) moe_router_topk_kernel(cons
     if (lane == 0) {
       a.wts[m.K] = sigmoidf_(__ldcg(a.sg));
       *counter = 0;   // ready for the next call (stream order: no other router kernel runs now)
+    }
+  }
+}
+
+// ---- D15 (decode, T == 1): the router as one cluster of 8 CTAs --------------------------------
+// D10's last-CTA election (threadfence, atomic ticket, the logits re-read from L2, all after the
+// dot products) is a chain of global round trips on the critical path of every MoE layer. Here one
+// cluster of 8 CTAs computes all rows: warp w < 16 of rank c computes router rows 32c+2w and
+// 32c+2w+1, warp 16 of rank 0 the shared-expert gate. Each logit is stored into every CTA's shared
+// memory (DSMEM), one cluster barrier publishes them, and every CTA runs the same selection on its
+// own copy (same data, same order: identical results), so no second barrier is needed. Rank 0
+// writes ids and weights; with D16 each CTA then asks L2 for an eighth of the chosen experts'
+// gate/up matrices (9.4 MB), which the gate/up kernel can otherwise request only after its PDL wait
+// and an L2 read of the ids.
+constexpr int kRcCtas = 8, kRcRowWarps = 16, kRcRows = 2, kRcThreads = 32 * (kRcRowWarps + 1);
+static_assert(kRcCtas * kRcRowWarps * kRcRows == 256, "the router cluster covers E <= 256 rows");
+
+__global__ void __launch_bounds__(kRcThreads) moe_router_cluster_kernel(const __grid_constant__ MoeArgs a,
+                                                                        const __grid_constant__ GemvNorm nrm) {
+  constexpr int CPL = kRouterCols / 512;   // 16-byte chunks per lane and row
+  __shared__ float4 sm4[kRouterCols / 4];
+  __shared__ float xsum[kRouterCols / 16];
+  __shared__ float red[kRcRowWarps + 1];
+  __shared__ float lg[256];   // all E logits, written by every CTA of the cluster
+  __shared__ float sgv;       // rank 0: the shared-expert gate logit
+  __shared__ int sid[32];
+  __shared__ float sv[32];
+  __shared__ uint32_t ckey[32], cidx[32];
+  cg::cluster_group cluster = cg::this_cluster();
+  const MoeDev& m = a.m;
+  const int rank = int(cluster.block_rank());
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nt = kRcThreads;
+  const bool sg_warp = warp == kRcRowWarps;   // rank 0: shared-expert gate; other ranks: idle
+  int rows[kRcRows];
+#pragma unroll
+  for (int r = 0; r < kRcRows; ++r) {
+    const int row = rank * (kRcRowWarps * kRcRows) + warp * kRcRows + r;
+    rows[r] = sg_warp ? (rank == 0 && r == 0 ? m.E : -1) : (row < m.E ? row : -1);   // m.E: the gate row
+  }
+  uint4 wv[kRcRows][CPL];
+  float sc[kRcRows][CPL], bi[kRcRows][CPL];
+  pdl_trigger();
+  // DSMEM may only be written once every CTA of the cluster runs: arrive now, wait before the
+  // first remote store (by then every CTA has long arrived, so the wait costs nothing).
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#pragma unroll
+  for (int r = 0; r < kRcRows; ++r) {   // weights never change: loads issued before the wait
+    if (rows[r] < 0) continue;
+    const QMat& w = rows[r] == m.E ? m.shared_gate : m.router;
+    const int64_t rr = rows[r] == m.E ? 0 : rows[r];
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+      wv[r][i] = __ldcs(static_cast<const uint4*>(w.data) + rr * (kRouterCols / 16) + lane + 32 * i);
+      sc[r][i] = bf16f(static_cast<const uint16_t*>(w.scales)[rr * (kRouterCols / 64) + ((lane + 32 * i) >> 2)]);
+      bi[r][i] = bf16f(static_cast<const uint16_t*>(w.biases)[rr * (kRouterCols / 64) + ((lane + 32 * i) >> 2)]);
+    }
+  }
+  l2_prefetch(a.pf);   // D13: next launch's weights, queued after this kernel's own loads
+  pdl_wait();
+  // Stage x exactly as the D10 kernel does (512 float4 over the first 16 warps, whole warps).
+  const float* xin = nrm.w ? nrm.h : a.x;
+  float ss = 0.f;
+  for (int idx = threadIdx.x; idx < kRouterCols / 4; idx += nt) {
+    float4 v = reinterpret_cast<const float4*>(xin)[idx];
+    if (nrm.w) {
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      const float4 g = reinterpret_cast<const float4*>(nrm.w)[idx];
+      v.x *= g.x;
+      v.y *= g.y;
+      v.z *= g.z;
+      v.w *= g.w;
+    }
+    const int ci = idx >> 2, f = idx & 3;
+    float s4 = (v.x + v.y) + (v.z + v.w);
+    s4 += __shfl_xor_sync(0xffffffffu, s4, 1);
+    s4 += __shfl_xor_sync(0xffffffffu, s4, 2);
+    if (f == 0) xsum[ci] = s4;
+    v.y *= 1.f / 256;
+    v.w *= 1.f / 256;
+    sm4[(ci >> 5) * 128 + f * 32 + (ci & 31)] = v;
+  }
+  if (nrm.w) {
+    ss = warp_sum(ss);
+    if (lane == 0) red[warp] = ss;
+  }
+  __syncthreads();
+  const float nscale = nrm.w ? fold_norm_scale(red, kRcRowWarps + 1, kRouterCols, nrm.eps, nrm.h, nrm.w,
+                                               rank == 0 ? const_cast<float*>(a.x) : nullptr)
+                             : 1.f;
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+#pragma unroll
+  for (int r = 0; r < kRcRows; ++r) {
+    if (rows[r] < 0) continue;
+    const float M = 8388608.f;
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+      float d = 0.f;
+#pragma unroll
+      for (int f = 0; f < 4; ++f) {
+        const float4 xv = sm4[i * 128 + f * 32 + lane];
+        const uint32_t wd = word_of(wv[r][i], f), h = wd >> 16;
+        d = fmaf(__uint_as_float((wd & 0xFFu) | 0x4B000000u) - M, xv.x, d);
+        d = fmaf(__uint_as_float((wd & 0xFF00u) | 0x4B000000u) - M, xv.y, d);
+        d = fmaf(__uint_as_float((h & 0xFFu) | 0x4B000000u) - M, xv.z, d);
+        d = fmaf(__uint_as_float((h & 0xFF00u) | 0x4B000000u) - M, xv.w, d);
+      }
+      acc = fmaf(sc[r][i], d, fmaf(bi[r][i], xsum[lane + 32 * i], acc));
+    }
+    const float v = warp_sum(acc) * nscale;   // every lane holds the sum
+    if (rows[r] == m.E) {
+      if (lane == 0) {
+        sgv = v;
+        const_cast<float*>(a.sg)[0] = v;   // kept for the non-fused readers' layout
+      }
+    } else if (lane < kRcCtas) {
+      *cluster.map_shared_rank(&lg[rows[r]], lane) = v;
+    }
+  }
+  cluster.sync();   // every logit is in every CTA's lg; afterwards no CTA touches another's memory
+  select_topk_block(lg, m.E, m.K, ckey, cidx, sid, sv);
+  if (rank == 0 && warp == 0) {
+    const float p = lane < m.K ? __expf(sv[lane] - sv[0]) : 0.f;   // the full softmax denominator cancels
+    const float sum = warp_sum(p);
+    if (lane < m.K) {
+      a.ids[lane] = sid[lane];
+      a.wts[lane] = p / sum;
+      if (m.hist) atomicAdd(&m.hist[sid[lane]], 1);
+    }
+    if (lane == 0) a.wts[m.K] = sigmoidf_(sgv);
+  }
+  if (a.pf_up) {   // D16: piece k of the K experts' gate and up matrices goes to CTA k % 8
+    constexpr int64_t kPiece = 32768;
+    const int64_t cb = int64_t(m.I) * m.H / 2, sb = int64_t(m.I) * (m.H / 64) * 2;
+    const int pc = int((cb + kPiece - 1) / kPiece), ps = int((sb + kPiece - 1) / kPiece), per = pc + 2 * ps;
+    for (int k = rank + kRcCtas * int(threadIdx.x); k < m.K * 2 * per; k += kRcCtas * nt) {
+      const int e = sid[k / (2 * per)], up = (k / per) & 1, q = k % per;
+      const QMat& w = up ? m.up0 : m.gate0;
+      const int64_t stride = up ? m.up_stride : m.gate_stride, sbs = up ? m.up_sb_stride : m.gate_sb_stride;
+      const char* base;
+      int64_t off, len;
+      if (q < pc) {
+        base = static_cast<const char*>(stack_ptr(w.data, stride, e, 0));
+        off = int64_t(q) * kPiece;
+        len = cb;
+      } else {
+        base = static_cast<const char*>(stack_ptr(q < pc + ps ? w.scales : w.biases, sbs, e, 0));
+        off = int64_t((q - pc) % ps) * kPiece;
+        len = sb;
+      }
+      const uint32_t n = uint32_t(min(kPiece, len - off)) & ~15u;
+      if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + off), "r"(n) : "memory");
     }
   }
 }
@@ -615,9 +808,29 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   if (dec) {
     a.pf = dec->pf;
     a.pf_down = dec->pf_down && m.I == m.Is && m.I % 64 == 0 ? 1 : 0;
+    a.pf_up = dec->pf_up && q4ok(m.gate0) && q4ok(m.up0) && m.H % 64 == 0 ? 1 : 0;
   }
+  const bool fast_down = fast && m.I == 512 && m.Is == 512 && m.K <= 9 && q4ok(m.down0) && q4ok(m.sh_down);
+  // D17 needs the ids from the router kernel (not gate/up) and the FFMA down kernel, and must be
+  // set identically for the gate/up and down launches of one call.
+  a.early_down = dec && dec->early_down && fused_router && fast_down && !(mma_q4_enabled() && mma_q4_all()) ? 1 : 0;
   if (stages & 1) {
-    if (fused_router) {
+    if (fused_router && dec->cluster) {   // D15
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(kRcCtas);
+      cfg.blockDim = dim3(kRcThreads);
+      cfg.stream = s;
+      cudaLaunchAttribute attr[2];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = kRcCtas;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[1].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+      cfg.attrs = attr;
+      cfg.numAttrs = 2;
+      CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_router_cluster_kernel, a, norm ? *norm : GemvNorm{}));
+    } else if (fused_router) {
       launch(moe_router_topk_kernel, dim3((m.E + 1 + kRouterWarps - 1) / kRouterWarps), dim3(32 * kRouterWarps), 0,
              s, a, norm ? *norm : GemvNorm{}, dec->counter);
       CUDA_LAUNCH_CHECK();
@@ -628,7 +841,6 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   }
   const bool fast_up = fast && m.H % 1024 == 0 && m.H <= 4096 && q4ok(m.gate0) && q4ok(m.up0) &&
                        q4ok(m.sh_gate) && q4ok(m.sh_up);
-  const bool fast_down = fast && m.I == 512 && m.Is == 512 && m.K <= 9 && q4ok(m.down0) && q4ok(m.sh_down);
   const int items = m.K * m.I + m.Is;
   // One wave (2 CTAs per SM): every CTA repeats the top-k, so extra waves would repeat its latency.
   static int sms = 0;
