@@ -104,10 +104,12 @@ struct Variant {
   std::string scan_nc = "0", attn_min_t = "16";
   bool bf16 = false;          // tensor-core path: looser bounds
   std::string chunked = "";   // LILY_GDN_CHUNKED ("" = by T)
+  std::string bf16kv = "1";   // LILY_ATTN_BF16KV
 };
 void apply(Backend& gpu, const Variant& v) {
   setenv("LILY_GDN_SCAN_NC", v.scan_nc.c_str(), 1);
   setenv("LILY_GDN_CHUNKED", v.chunked.c_str(), 1);
+  setenv("LILY_ATTN_BF16KV", v.bf16kv.c_str(), 1);
   setenv("LILY_ATTN_PREFILL_MIN_T", v.attn_min_t.c_str(), 1);
   Ablations a;
   a.off = v.off;
@@ -240,7 +242,8 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed) {
                                    {"P4c chunked (all T)", {}, "0", "16", false, "1"}};
   const std::vector<Variant> av = {{"P6 off (per-token)", {"P6"}},
                                    {"P6 flash (T>=16)", {}, "0", "16", true},
-                                   {"P6 flash (all T)", {}, "0", "1", true}};
+                                   {"P6 flash (all T)", {}, "0", "1", true},
+                                   {"P6 flash f32 KV tiles", {}, "0", "16", true, "", "0"}};
   std::vector<Tally> gt(gv.size()), at(av.size());
   const int64_t dv = c.linear_value_dim() / c.linear_num_value_heads, hd = c.head_dim;
   std::printf("cuda-test-attn: errors are relative (RMS over all / worst row); bounds fp32 rms<=2e-4 row<=2e-3, "
@@ -390,7 +393,8 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed) {
     cuda_tools::fill_uniform(gpu, q, T * nh * 2 * hd, 1.f, seed + 7);
     cuda_tools::fill_uniform(gpu, k, T * kvw, 1.f, seed + 8);
     cuda_tools::fill_uniform(gpu, v, T * kvw, 1.f, seed + 9);
-    const std::vector<Variant> av = {{"flash", {}, "0", "16", true}, {"P6 off", {"P6"}}};
+    const std::vector<Variant> av = {{"flash", {}, "0", "16", true}, {"flash32", {}, "0", "16", true, "", "0"},
+                                     {"P6 off", {"P6"}}};
     for (int pos0 : {0, 28672, 126976})
       for (const Variant& var : av) {
         if (!var.off.empty() && pos0 > 0) continue;   // per-token path: only the short case (minutes otherwise)

@@ -92,13 +92,16 @@ void gdn_chunked_scan(const GdnDims& d, const float* norm_w, float* conv_state, 
 // ---- attention_prefill.cu --------------------------------------------------------------------
 // Shapes the flash kernel handles (head_dim 256, 8 query heads per KV head); others use attention().
 bool attention_prefill_ok(const AttnDims& d);
-// Workspace floats for T tokens (prepared queries + partial softmaxes of a split KV range).
-int64_t attention_prefill_workspace_floats(const AttnDims& d, int T);
+// Workspace floats for T tokens at pos0 (prepared queries + partial softmaxes of a split KV range
+// + with bf16_kv a bf16 copy of the cache rows [0, pos0 + T)).
+int64_t attention_prefill_workspace_floats(const AttnDims& d, int T, int pos0, bool bf16_kv);
 // Causal attention of T tokens at positions pos0.. over the cache [0, pos0 + T): prep (norms, RoPE,
 // KV append; attention.cu) then the flash kernel (and a merge when the KV range is split over CTAs
-// to fill the GPU), output × σ(gate). Requires pos0 + T <= capacity.
+// to fill the GPU), output × σ(gate). Requires pos0 + T <= capacity. bf16_kv: the cache rows are
+// converted to bf16 once per call (the f32 path converts every K/V tile in every CTA).
 void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_norm, float* kc, float* vc, int pos0,
-                       const float* q, const float* k, const float* v, int T, float* o, float* work, cudaStream_t s);
+                       const float* q, const float* k, const float* v, int T, float* o, float* work, bool bf16_kv,
+                       cudaStream_t s);
 
 // ---- attention.cu (shared with the decode path) ----------------------------------------------
 // The decode path's prep kernel alone: queries (normalised, rotated, × hd^-1/2) to qbuf [T, heads, hd],
