@@ -1,6 +1,6 @@
 // `lily cuda-test-attn`: the CUDA prefill mixers against the CPU backend on random inputs of the real
 // shapes: Gated DeltaNet (P4 off = decode kernel, P4 on = prep + column-split scan for each scan
-// width) and gated attention (P6 off = per-token split-KV, P6 on = flash attention, also forced down
+// width, P4c = chunked form forced for every T) and gated attention (P6 off = per-token split-KV, P6 on = flash attention, also forced down
 // to T = 1). Each case runs two consecutive chunks (state / KV cache carried) from a zero or random
 // carried state / a KV cache holding pos0 random rows, with the outputs poisoned (NaN) beforehand,
 // and compares both chunks' outputs and the final state or cache. `--bench` times the kernels.
@@ -102,10 +102,14 @@ struct Variant {
   std::string name;
   std::vector<std::string> off;
   std::string scan_nc = "0", attn_min_t = "16";
-  bool bf16 = false;   // tensor-core path: looser bounds
+  bool bf16 = false;          // tensor-core path: looser bounds
+  std::string chunked = "";   // LILY_GDN_CHUNKED ("" = by T)
+  std::string bf16kv = "1";   // LILY_ATTN_BF16KV
 };
 void apply(Backend& gpu, const Variant& v) {
   setenv("LILY_GDN_SCAN_NC", v.scan_nc.c_str(), 1);
+  setenv("LILY_GDN_CHUNKED", v.chunked.c_str(), 1);
+  setenv("LILY_ATTN_BF16KV", v.bf16kv.c_str(), 1);
   setenv("LILY_ATTN_PREFILL_MIN_T", v.attn_min_t.c_str(), 1);
   Ablations a;
   a.off = v.off;
@@ -232,17 +236,19 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed) {
   std::mt19937_64 g(seed);
   const std::vector<int> Ts = {1, 16, 63, 64, 65, 300, 1024};
   const std::vector<Variant> gv = {{"P4 off (decode kernel)", {"P4"}},
-                                   {"P4 scan nc=1", {}, "1"},
-                                   {"P4 scan nc=2", {}, "2"},
-                                   {"P4 scan nc=4", {}, "4"}};
+                                   {"P4 scan nc=1", {}, "1", "16", false, "0"},
+                                   {"P4 scan nc=2", {}, "2", "16", false, "0"},
+                                   {"P4 scan nc=4", {}, "4", "16", false, "0"},
+                                   {"P4c chunked (all T)", {}, "0", "16", false, "1"}};
   const std::vector<Variant> av = {{"P6 off (per-token)", {"P6"}},
                                    {"P6 flash (T>=16)", {}, "0", "16", true},
-                                   {"P6 flash (all T)", {}, "0", "1", true}};
+                                   {"P6 flash (all T)", {}, "0", "1", true},
+                                   {"P6 flash f32 KV tiles", {}, "0", "16", true, "", "0"}};
   std::vector<Tally> gt(gv.size()), at(av.size());
   const int64_t dv = c.linear_value_dim() / c.linear_num_value_heads, hd = c.head_dim;
   std::printf("cuda-test-attn: errors are relative (RMS over all / worst row); bounds fp32 rms<=2e-4 row<=2e-3, "
               "bf16 rms<=2e-2 row<=6e-2\n");
-  for (int T : Ts)
+  for (int T : {1, 16, 63, 64, 65, 300, 1024, 2500})   // 2500: 40 chunks of state carried, partial last
     for (int carried = 0; carried < 2; ++carried) {
       const GdnIO io = make_gdn_io(c, T, carried, g);
       const GdnOut ref = run_gdn(cpu, c, io, T);
@@ -324,9 +330,12 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed) {
   std::mt19937_64 g(seed);
   std::printf("cuda-test-attn --bench on %s\n", cuda_tools::device_name().c_str());
   // Gated DeltaNet: one layer's mixer core for T tokens.
-  const std::vector<Variant> gv = {{"P4 off", {"P4"}}, {"scan nc=1", {}, "1"}, {"scan nc=2", {}, "2"},
-                                   {"scan nc=4", {}, "4"}};
-  for (int T : {512, 2048, 4096, 8192}) {
+  const std::vector<Variant> gv = {{"P4 off", {"P4"}},
+                                   {"scan nc=1", {}, "1", "16", false, "0"},
+                                   {"scan nc=2", {}, "2", "16", false, "0"},
+                                   {"scan nc=4", {}, "4", "16", false, "0"},
+                                   {"chunked", {}, "0", "16", false, "1"}};
+  for (int T : {64, 512, 2048, 4096, 8192}) {
     const GdnIO io = make_gdn_io(c, 1, true, g);   // weights and state; activations filled below
     Pool pool(gpu);
     GdnWeights w;
@@ -351,10 +360,10 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed) {
     for (const Variant& v : gv) {
       apply(gpu, v);
       auto call = [&] { gpu.gdn(c, w, st, qkv, z, a, b, T, y); };
-      const double ms = time_ms(gpu, T >= 4096 ? 2 : 5, call);
+      const double ms = time_ms(gpu, T >= 4096 ? 3 : 10, call);
       std::printf("gdn  T=%5d  %-10s %9.3f ms  %10.0f tok/s  %6.2f TFLOP/s (state update)\n", T, v.name.c_str(), ms,
-                  T / (ms * 1e-3), flop / (ms * 1e-9) / 1e12);
-      if (v.off.empty()) {
+                  T / (ms * 1e-3), flop / (ms * 1e-3) / 1e12);
+      if (v.off.empty() && T >= 512) {
         cuda_tools::set_profiling(gpu, true);
         call();
         print_profile(gpu);
@@ -384,7 +393,8 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed) {
     cuda_tools::fill_uniform(gpu, q, T * nh * 2 * hd, 1.f, seed + 7);
     cuda_tools::fill_uniform(gpu, k, T * kvw, 1.f, seed + 8);
     cuda_tools::fill_uniform(gpu, v, T * kvw, 1.f, seed + 9);
-    const std::vector<Variant> av = {{"flash", {}, "0", "16", true}, {"P6 off", {"P6"}}};
+    const std::vector<Variant> av = {{"flash", {}, "0", "16", true}, {"flash32", {}, "0", "16", true, "", "0"},
+                                     {"P6 off", {"P6"}}};
     for (int pos0 : {0, 28672, 126976})
       for (const Variant& var : av) {
         if (!var.off.empty() && pos0 > 0) continue;   // per-token path: only the short case (minutes otherwise)
@@ -393,7 +403,7 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed) {
         const double ms = time_ms(gpu, 3, call);
         const double flop = 4.0 * hd * nh * (double(T) * pos0 + 0.5 * double(T) * (T + 1));
         std::printf("attn T=%5d pos0=%6d  %-7s %9.3f ms  %10.0f tok/s  %6.1f TFLOP/s\n", T, pos0, var.name.c_str(), ms,
-                    T / (ms * 1e-3), flop / (ms * 1e-9) / 1e12);
+                    T / (ms * 1e-3), flop / (ms * 1e-3) / 1e12);
       }
   }
   apply(gpu, Variant{"default", {}});

@@ -27,48 +27,31 @@ constexpr int kBK = 32;               // keys per tile
 constexpr int kRS = kHD + 8;          // bf16 row stride in shared memory (528 B: ldmatrix rows hit distinct banks)
 constexpr int kMaxSplits = 32;
 constexpr int kPart = kHD + 2;        // partial row: Σ p·v [256], m, l
-constexpr size_t kSmem = sizeof(float) * 2 * kBK * kHD                 // f32 staging K, V
-                         + sizeof(__nv_bfloat16) * (2 * kBK + kGQ * kBQ) * kRS;   // bf16 K, V, Q
+constexpr int kStages = 3;            // bf16-KV path: K/V tiles in flight (cp.async ring)
+constexpr size_t kSmemF32 = sizeof(float) * 2 * kBK * kHD                 // f32 staging K, V
+                            + sizeof(__nv_bfloat16) * (2 * kBK + kGQ * kBQ) * kRS;   // bf16 K, V, Q
+constexpr size_t kSmemBf = sizeof(__nv_bfloat16) * (2 * kStages * kBK + kGQ * kBQ) * kRS;   // K, V ring + Q
 
 struct FlashArgs {
   const float *kc, *vc, *qbuf, *q;
+  const __nv_bfloat16 *kb, *vb;   // bf16 copy of the cache rows (BF_KV), zero-padded to whole tiles
   float *o, *part;
   int pos0, T, kv_heads, splits;
 };
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const void* p) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(a));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const void* p) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(a));
-}
-__device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // grid (ceil(T/16), kv_heads, splits), 256 threads. Fragment naming as in the PTX ISA: lane =
 // 4·gq + tq; accumulator c0,c1 = row gq, columns 2tq, 2tq+1; c2,c3 = row gq+8.
+// BF_KV: K/V tiles come from a bf16 copy of the cache by cp.async straight into a kStages ring (one
+// barrier per tile, no conversion); otherwise f32 rows are staged and converted by every CTA.
+template <bool BF_KV>
 __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_constant__ FlashArgs a) {
   extern __shared__ __align__(16) unsigned char smraw[];
-  float* stK = reinterpret_cast<float*>(smraw);                   // [kBK][kHD] f32
+  float* stK = reinterpret_cast<float*>(smraw);                   // [kBK][kHD] f32 (f32 path)
   float* stV = stK + kBK * kHD;                                   // [kBK][kHD] f32
-  __nv_bfloat16* Kb = reinterpret_cast<__nv_bfloat16*>(stV + kBK * kHD);   // [kBK][kRS]
-  __nv_bfloat16* Vb = Kb + kBK * kRS;                             // [kBK][kRS]
-  __nv_bfloat16* Qb = Vb + kBK * kRS;                             // [kGQ*kBQ][kRS], row = warp*16 + token
+  // bf16 K, V tiles: [kBK][kRS] each (f32 path), or rings of kStages tiles (BF_KV).
+  __nv_bfloat16* Kb = BF_KV ? reinterpret_cast<__nv_bfloat16*>(smraw) : reinterpret_cast<__nv_bfloat16*>(stV + kBK * kHD);
+  __nv_bfloat16* Vb = Kb + (BF_KV ? kStages : 1) * kBK * kRS;
+  __nv_bfloat16* Qb = Vb + (BF_KV ? kStages : 1) * kBK * kRS;     // [kGQ*kBQ][kRS], row = warp*16 + token
   pdl_trigger();
   pdl_wait();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
@@ -105,7 +88,25 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
     }
     cp_async_commit();
   };
-  issue_tile(tile_lo);
+  // BF_KV: tile it → ring slot it % kStages; the copy holds whole tiles (zero rows past the cache).
+  auto issue_bf = [&](int it) {
+    __nv_bfloat16* kd = Kb + (it % kStages) * kBK * kRS;
+    __nv_bfloat16* vd = Vb + (it % kStages) * kBK * kRS;
+    for (int idx = tid; idx < kBK * (kHD / 8); idx += blockDim.x) {
+      const int r = idx / (kHD / 8), c8 = idx % (kHD / 8);
+      const int64_t go = int64_t(it * kBK + r) * rs + kvh * kHD + 8 * c8;
+      cp_async16(kd + r * kRS + 8 * c8, a.kb + go);
+      cp_async16(vd + r * kRS + 8 * c8, a.vb + go);
+    }
+  };
+  if constexpr (BF_KV) {
+    for (int st = 0; st < kStages - 1; ++st) {
+      if (tile_lo + st < tile_hi) issue_bf(tile_lo + st);
+      cp_async_commit();
+    }
+  } else {
+    issue_tile(tile_lo);
+  }
 
   // Q tile to bf16, scaled by log2 e (qbuf already carries hd^-1/2); rows past T are zero.
   const float kLog2e = 1.4426950408889634f;
@@ -131,22 +132,33 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
   // {keys n..n+7 | n+8..n+15} × {dims k..k+7 | k+8..k+15}; V (trans) {keys | keys+8} × {dims | dims+8}.
   const int lr = lane & 7, lh = (lane >> 3) & 1, lq = lane >> 4;
   const __nv_bfloat16* qa = qw + (lr + 8 * lh) * kRS + 8 * lq;
-  const __nv_bfloat16* ka = Kb + (lr + 8 * lq) * kRS + 8 * lh;
-  const __nv_bfloat16* va = Vb + (lr + 8 * lh) * kRS + 8 * lq;
+  const int kao = (lr + 8 * lq) * kRS + 8 * lh, vao = (lr + 8 * lh) * kRS + 8 * lq;
 
   for (int it = tile_lo; it < tile_hi; ++it) {
-    cp_async_wait<0>();
-    __syncthreads();   // staging holds tile it; every warp is done with the previous bf16 tiles
-    for (int idx = tid; idx < kBK * (kHD / 4); idx += blockDim.x) {
-      const int r = idx / (kHD / 4), c4 = idx % (kHD / 4);
-      const bool ok = it * kBK + r < kv_len;   // rows past the cache are zero (never NaN garbage)
-      const float4 kx = ok ? reinterpret_cast<const float4*>(stK + r * kHD)[c4] : make_float4(0.f, 0.f, 0.f, 0.f);
-      const float4 vx = ok ? reinterpret_cast<const float4*>(stV + r * kHD)[c4] : make_float4(0.f, 0.f, 0.f, 0.f);
-      *reinterpret_cast<uint2*>(Kb + r * kRS + 4 * c4) = make_uint2(pack_bf16(kx.x, kx.y), pack_bf16(kx.z, kx.w));
-      *reinterpret_cast<uint2*>(Vb + r * kRS + 4 * c4) = make_uint2(pack_bf16(vx.x, vx.y), pack_bf16(vx.z, vx.w));
+    const __nv_bfloat16 *ka, *va;
+    if constexpr (BF_KV) {
+      cp_async_wait<kStages - 2>();   // tile it has landed (this thread's copies)
+      __syncthreads();                // everyone's copies; every warp is done with tile it-1's slot
+      if (it + kStages - 1 < tile_hi) issue_bf(it + kStages - 1);   // into tile it-1's slot
+      cp_async_commit();
+      ka = Kb + (it % kStages) * kBK * kRS + kao;
+      va = Vb + (it % kStages) * kBK * kRS + vao;
+    } else {
+      cp_async_wait<0>();
+      __syncthreads();   // staging holds tile it; every warp is done with the previous bf16 tiles
+      for (int idx = tid; idx < kBK * (kHD / 4); idx += blockDim.x) {
+        const int r = idx / (kHD / 4), c4 = idx % (kHD / 4);
+        const bool ok = it * kBK + r < kv_len;   // rows past the cache are zero (never NaN garbage)
+        const float4 kx = ok ? reinterpret_cast<const float4*>(stK + r * kHD)[c4] : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 vx = ok ? reinterpret_cast<const float4*>(stV + r * kHD)[c4] : make_float4(0.f, 0.f, 0.f, 0.f);
+        *reinterpret_cast<uint2*>(Kb + r * kRS + 4 * c4) = make_uint2(pack_bf16(kx.x, kx.y), pack_bf16(kx.z, kx.w));
+        *reinterpret_cast<uint2*>(Vb + r * kRS + 4 * c4) = make_uint2(pack_bf16(vx.x, vx.y), pack_bf16(vx.z, vx.w));
+      }
+      __syncthreads();   // bf16 tiles ready, staging free
+      if (it + 1 < tile_hi) issue_tile(it + 1);
+      ka = Kb + kao;
+      va = Vb + vao;
     }
-    __syncthreads();   // bf16 tiles ready, staging free
-    if (it + 1 < tile_hi) issue_tile(it + 1);
 
     // S = Q Kᵀ: 16 rows × 32 keys (4 n-tiles of 8), 16 k-steps over the head dim.
     float s[kBK / 8][4];
@@ -286,6 +298,22 @@ __global__ void __launch_bounds__(kHD) attn_flash_merge_kernel(const float* part
   o[(int64_t(t) * heads + h) * kHD + e] = A / L * sigmoidf_(gate);
 }
 
+// grid-stride, float4 → 4 bf16: cache rows [0, rows) of K and V, zeros up to rows_pad (whole tiles).
+__global__ void kv_to_bf16_kernel(const float* kc, const float* vc, int64_t n4, int64_t n4_pad, __nv_bfloat16* kb,
+                                  __nv_bfloat16* vb) {
+  pdl_trigger();
+  pdl_wait();
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n4_pad; i += int64_t(gridDim.x) * blockDim.x) {
+    float4 k = make_float4(0.f, 0.f, 0.f, 0.f), v = k;
+    if (i < n4) {
+      k = reinterpret_cast<const float4*>(kc)[i];
+      v = reinterpret_cast<const float4*>(vc)[i];
+    }
+    reinterpret_cast<uint2*>(kb)[i] = make_uint2(pack_bf16(k.x, k.y), pack_bf16(k.z, k.w));
+    reinterpret_cast<uint2*>(vb)[i] = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+  }
+}
+
 int sm_count() {
   static int sms = 0;
   if (!sms) CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -308,13 +336,22 @@ bool attention_prefill_ok(const AttnDims& d) {
   return d.head_dim == kHD && d.kv_heads > 0 && d.heads == d.kv_heads * kGQ && d.rot_dim <= kHD;
 }
 
-int64_t attention_prefill_workspace_floats(const AttnDims& d, int T) {
+namespace {
+int64_t part_floats(const AttnDims& d, int T) {
   const int splits = flash_splits(d, T);
-  return int64_t(T) * d.heads * kHD + (splits > 1 ? int64_t(T) * d.heads * splits * kPart : 0) + 64;
+  return ((int64_t(T) * d.heads * kHD + (splits > 1 ? int64_t(T) * d.heads * splits * kPart : 0) + 63) / 64) * 64;
+}
+int64_t kv_rows_pad(int pos0, int T) { return int64_t(pos0 + T + kBK - 1) / kBK * kBK; }
+}  // namespace
+
+int64_t attention_prefill_workspace_floats(const AttnDims& d, int T, int pos0, bool bf16_kv) {
+  // bf16 K and V copies: 2 × rows × kv_heads × hd bf16 = rows × kv_heads × hd floats.
+  return part_floats(d, T) + (bf16_kv ? kv_rows_pad(pos0, T) * d.kv_heads * kHD : 0) + 64;
 }
 
 void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_norm, float* kc, float* vc, int pos0,
-                       const float* q, const float* k, const float* v, int T, float* o, float* work, cudaStream_t s) {
+                       const float* q, const float* k, const float* v, int T, float* o, float* work, bool bf16_kv,
+                       cudaStream_t s) {
   LILY_CHECK(attention_prefill_ok(d), "attention prefill: unsupported shapes");
   LILY_CHECK(pos0 >= 0 && pos0 + T <= d.capacity, "attention prefill: KV cache overflow");
   float* qbuf = work;
@@ -325,11 +362,26 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
   const int splits = std::max(1, std::min(flash_splits(d, T), max_tiles / 4));
   static bool attr_set = false;
   if (!attr_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemF32)));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBf)));
     attr_set = true;
   }
-  FlashArgs fa{kc, vc, qbuf, q, o, part, pos0, T, d.kv_heads, splits};
-  launch(attn_flash_kernel, dim3((T + kBQ - 1) / kBQ, d.kv_heads, splits), dim3(kGQ * 32), kSmem, s, fa);
+  __nv_bfloat16 *kb = nullptr, *vb = nullptr;
+  if (bf16_kv) {
+    const int64_t row = int64_t(d.kv_heads) * kHD;
+    kb = reinterpret_cast<__nv_bfloat16*>(work + part_floats(d, T));
+    vb = kb + kv_rows_pad(pos0, T) * row;
+    const int64_t n4 = int64_t(pos0 + T) * row / 4, n4_pad = kv_rows_pad(pos0, T) * row / 4;
+    const int blocks = int(std::min<int64_t>((n4_pad + 255) / 256, 8LL * sm_count()));
+    launch(kv_to_bf16_kernel, dim3(blocks), dim3(256), 0, s, (const float*)kc, (const float*)vc, n4, n4_pad, kb, vb);
+    CUDA_LAUNCH_CHECK();
+  }
+  FlashArgs fa{kc, vc, qbuf, q, kb, vb, o, part, pos0, T, d.kv_heads, splits};
+  const dim3 grid((T + kBQ - 1) / kBQ, d.kv_heads, splits);
+  if (bf16_kv)
+    launch(attn_flash_kernel<true>, grid, dim3(kGQ * 32), kSmemBf, s, fa);
+  else
+    launch(attn_flash_kernel<false>, grid, dim3(kGQ * 32), kSmemF32, s, fa);
   CUDA_LAUNCH_CHECK();
   if (splits > 1) {
     launch(attn_flash_merge_kernel, dim3(d.heads, T), dim3(kHD), 0, s, (const float*)part, q, d.heads, splits, o);

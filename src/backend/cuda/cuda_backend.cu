@@ -254,10 +254,19 @@ class CudaBackend final : public Backend {
     const double bytes = 2.0 * d.nv * d.dk * d.dv * 4;
     // Prefill (P4): parallel pre-pass + column-split register scan; T = 1 stays on the decode kernel.
     if (prefill_gdn_ && T >= gdn_min_t_ && gdn_prefill_ok(d)) {
-      float* ws = workspace(gdn_prefill_workspace_floats(d, T));
+      // P4c: chunked form (tensor cores) from gdn_chunked_min_t_ tokens on; LILY_GDN_CHUNKED=0|1 forces it.
+      const bool chunked = gdn_chunked_ > 0 || (gdn_chunked_ < 0 && T >= gdn_chunked_min_t_);
+      float* ws = workspace(chunked ? gdn_chunked_workspace_floats(d, T) : gdn_prefill_workspace_floats(d, T));
       timed("gdn_prefill.prep", double(T) * d.conv_dim * 12, [&] {
         gdn_prefill_prep(d, w.conv1d.data, w.A_log.data, w.dt_bias.data, st.conv, qkv, a, b, T, ws, s_);
       });
+      if (chunked) {
+        timed("gdn_prefill.chunk", double(T) * d.nv * (d.dk * 4 * 4 + 64 * 4 * 2), [&] { gdn_chunked_intra(d, T, ws, s_); });
+        timed("gdn_prefill.cscan", bytes + double(T) * d.nv * d.dv * 24, [&] {
+          gdn_chunked_scan(d, w.norm.data, st.conv, st.S, qkv, z, T, ws, y, s_);
+        });
+        return;
+      }
       timed("gdn_prefill.scan", bytes + double(T) * d.nv * d.dv * 16, [&] {
         gdn_prefill_scan(d, w.norm.data, st.conv, st.S, qkv, z, T, ws, y, gdn_nc_, s_);
       });
@@ -281,9 +290,9 @@ class CudaBackend final : public Backend {
     const double bytes = 2.0 * (pos0 + T) * d.kv_heads * d.head_dim * 4;
     // Prefill (P6): causal flash attention on tensor cores instead of one split-KV pass per token.
     if (prefill_attn_ && T >= attn_min_t_ && attention_prefill_ok(d)) {
-      float* ws = workspace(attention_prefill_workspace_floats(d, T));
+      float* ws = workspace(attention_prefill_workspace_floats(d, T, pos0, attn_bf16_kv_));
       timed("attn_prefill", bytes, [&] {
-        attention_prefill(d, w.q_norm.data, w.k_norm.data, kv.k, kv.v, pos0, q, k, v, T, o, ws, s_);
+        attention_prefill(d, w.q_norm.data, w.k_norm.data, kv.k, kv.v, pos0, q, k, v, T, o, ws, attn_bf16_kv_, s_);
       });
       return;
     }
@@ -447,7 +456,10 @@ class CudaBackend final : public Backend {
     prefill_attn_ = !abl_.has("P6");
     gdn_min_t_ = std::max(2, env_int("LILY_GDN_PREFILL_MIN_T", 2));
     gdn_nc_ = env_int("LILY_GDN_SCAN_NC", 0);
+    gdn_chunked_ = abl_.has("P4c") ? 0 : env_int("LILY_GDN_CHUNKED", -1);   // P4c off = the scan
+    gdn_chunked_min_t_ = std::max(2, env_int("LILY_GDN_CHUNKED_MIN_T", 64));
     attn_min_t_ = std::max(1, env_int("LILY_ATTN_PREFILL_MIN_T", 16));
+    attn_bf16_kv_ = env_int("LILY_ATTN_BF16KV", 1) != 0;   // flash attention reads a bf16 copy of the cache
     p1_off_ = abl_.has("P1");   // P1: separate dequantisation pass into bf16 before the GEMM
     p2_off_ = abl_.has("P2");   // P2: MoE prefill groups built on the host
   }
@@ -745,7 +757,8 @@ class CudaBackend final : public Backend {
   bool fast_ = true, batch_ = true, fuse_add_ = true, pack_gqa_ = true, fold_norm_ = true, fuse_router_ = true;
   int splits_ = 0;
   bool prefill_gdn_ = true, prefill_attn_ = true;
-  int gdn_min_t_ = 2, gdn_nc_ = 0, attn_min_t_ = 16;
+  int gdn_min_t_ = 2, gdn_nc_ = 0, attn_min_t_ = 16, gdn_chunked_ = -1, gdn_chunked_min_t_ = 64;
+  bool attn_bf16_kv_ = true;
   int gemm_min_t_ = 16;             // prefill path from this many tokens (LILY_GEMM_MIN_T)
   bool p1_off_ = false, p2_off_ = false;
   struct {

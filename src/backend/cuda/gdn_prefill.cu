@@ -63,6 +63,27 @@ __global__ void __launch_bounds__(kHD) gdn_prep_kernel(const __grid_constant__ P
   }
 }
 
+// New conv state = the last K-1 raw inputs of the call; run after prep has read the old one. A
+// thread owns whole channels, so reading the old rows (T < K-1) before writing needs no barrier.
+__device__ void conv_shift(const GdnDims& d, float* conv_state, const float* qkv, int T) {
+  const int K1 = d.kconv - 1;
+  const int64_t CD = d.conv_dim;
+  for (int64_t ch = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; ch < CD; ch += int64_t(gridDim.x) * blockDim.x) {
+    float nw[8];
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      if (s >= K1) break;
+      const int tt = T - K1 + s;
+      nw[s] = tt >= 0 ? qkv[int64_t(tt) * CD + ch] : conv_state[int64_t(tt + K1) * CD + ch];
+    }
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      if (s >= K1) break;
+      conv_state[int64_t(s) * CD + ch] = nw[s];
+    }
+  }
+}
+
 struct ScanArgs {
   GdnDims d;
   float *conv_state, *S;
@@ -196,23 +217,7 @@ __global__ void __launch_bounds__(kScanWarps * 32) gdn_scan_kernel(const __grid_
 #pragma unroll
     for (int c = 0; c < NC; ++c) S[(r0 + i) * kHD + c0 + col + c] = st[i][c];
 
-  // New conv state = the last K-1 raw inputs; a thread owns whole channels, so reading the old
-  // rows (T < K-1) before writing needs no barrier.
-  const int K1 = d.kconv - 1;
-  for (int64_t ch = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; ch < CD; ch += int64_t(gridDim.x) * blockDim.x) {
-    float nw[8];
-#pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      if (s >= K1) break;
-      const int tt = p.T - K1 + s;
-      nw[s] = tt >= 0 ? p.qkv[int64_t(tt) * CD + ch] : p.conv_state[int64_t(tt + K1) * CD + ch];
-    }
-#pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      if (s >= K1) break;
-      p.conv_state[int64_t(s) * CD + ch] = nw[s];
-    }
-  }
+  conv_shift(d, p.conv_state, p.qkv, p.T);
 }
 
 // grid (T, nv), block 128: y = o · rsqrt(mean(o²) + eps) · w · silu(z) over each head's outputs.
@@ -226,6 +231,461 @@ __global__ void __launch_bounds__(kHD) gdn_norm_kernel(GdnDims d, const float* n
   const float o = y[off];
   const float ss = block_sum(o * o, red);
   y[off] = o * rsqrtf(ss / float(kHD) + d.eps) * norm_w[c] * siluf_(z[off]);
+}
+
+// ---- chunked form (P4c) ----------------------------------------------------------------------
+// Within a chunk of C = 64 tokens (local index i, G_i = Σ_{s≤i} g_s, γ_i = e^{G_i}, S₀ = state at
+// the chunk start, rows of K, Q, V = k̂, q̂, v of the tokens), the delta rule unrolls to
+//   (I + A) Δ = diag(β) V − diag(βγ) K S₀,   A_is = β_i e^{G_i−G_s} k̂_i·k̂_s  (s < i)
+// so Δ = U − W S₀ with U = (I+A)⁻¹ diag(β) V and W = (I+A)⁻¹ diag(βγ) K, and
+//   O = diag(γ) Q S₀ + P Δ,          P_is = e^{G_i−G_s} q̂_i·k̂_s  (s ≤ i)
+//   S_C = γ_C S₀ + K'ᵀ Δ,            K'_s = e^{G_C−G_s} k̂_s.
+// gdn_chunk_intra_kernel computes U, W, P, diag(γ)Q, K', γ_C for every (head, chunk) in parallel
+// (the triangular system by forward substitution in fp32); gdn_chunk_scan_kernel carries S over the
+// chunks, split over value columns like the scan. Matrix products run on tensor cores in split
+// precision (each operand = bf16 hi + bf16 lo, three MMAs, fp32 accumulation: ~16-bit mantissas),
+// so the results stay within the fp32 test bounds; S itself stays in fp32 registers.
+constexpr int kC = 64;          // tokens per chunk
+constexpr int kRS = kHD + 8;    // bf16 row stride of 128-wide tiles (272 B: ldmatrix rows on distinct banks)
+constexpr int kPS = kC + 8;     // bf16 row stride of 64-wide tiles (144 B)
+constexpr int kAS = kC + 8;     // f32 row stride of A
+constexpr int kNB = 32;         // state columns per chunk-scan CTA
+constexpr int kNS = kNB + 8;    // row stride (bf16 or f32) of 32-wide tiles
+
+using bf16 = __nv_bfloat16;
+
+// Per (value head, token) rows, chunks padded to kC rows with zeros (Tp = nch · kC).
+struct ChunkBufs {
+  float* U;                 // [nv][Tp][128] f32
+  bf16 *Wh, *Wl;            // [nv][Tp][128] W = (I+A)⁻¹ diag(βγ) K
+  bf16 *Qh, *Ql;            // [nv][Tp][128] diag(γ) Q
+  bf16 *Kh, *Kl;            // [nv][Tp][128] K'
+  bf16 *Ph, *Pl;            // [nv][Tp][64]  P (row i of chunk c at row c·kC + i)
+  float* gC;                // [nv][nch] γ of the chunk's last token
+  int Tp, nch;
+};
+
+// Four floats split into hi / lo bf16, stored as 8 bytes each.
+__device__ __forceinline__ void store_split4(bf16* hi, bf16* lo, float4 v) {
+  bf16 h[4], l[4];
+  split_bf16(v.x, h[0], l[0]);
+  split_bf16(v.y, h[1], l[1]);
+  split_bf16(v.z, h[2], l[2]);
+  split_bf16(v.w, h[3], l[3]);
+  *reinterpret_cast<uint2*>(hi) = *reinterpret_cast<const uint2*>(h);
+  *reinterpret_cast<uint2*>(lo) = *reinterpret_cast<const uint2*>(l);
+}
+// Two floats split, stored as one bf16 pair each.
+__device__ __forceinline__ void store_split2(bf16* hi, bf16* lo, float a, float b) {
+  bf16 h[2], l[2];
+  split_bf16(a, h[0], l[0]);
+  split_bf16(b, h[1], l[1]);
+  *reinterpret_cast<uint32_t*>(hi) = *reinterpret_cast<const uint32_t*>(h);
+  *reinterpret_cast<uint32_t*>(lo) = *reinterpret_cast<const uint32_t*>(l);
+}
+
+struct IntraArgs {
+  GdnDims d;
+  const float *u, *beta, *g;
+  int T;
+  ChunkBufs b;
+};
+constexpr size_t kIntraSmem = sizeof(bf16) * 4 * kC * kRS + sizeof(float) * kC * kAS + sizeof(double) * kC +
+                              sizeof(float) * 4 * kC;
+
+// grid (nch, nv), block 256 (8 warps), 2 CTAs per SM.
+__global__ void __launch_bounds__(256, 2) gdn_chunk_intra_kernel(const __grid_constant__ IntraArgs p) {
+  extern __shared__ __align__(16) unsigned char smraw[];
+  bf16* qh = reinterpret_cast<bf16*>(smraw);   // [kC][kRS] q̂ hi / lo, k̂ hi / lo
+  bf16* ql = qh + kC * kRS;
+  bf16* kh = ql + kC * kRS;
+  bf16* kl = kh + kC * kRS;
+  float* Am = reinterpret_cast<float*>(kl + kC * kRS);   // [kC][kAS] A (zero on and above the diagonal)
+  double* Gd = reinterpret_cast<double*>(Am + kC * kAS);  // [kC] G_i in double (differences of large sums)
+  float* bs = reinterpret_cast<float*>(Gd + kC);         // [kC] β
+  float* gs = bs + kC;                                    // [kC] g
+  float* gam = gs + kC;                                   // [kC] γ_i
+  float* kdec = gam + kC;                                 // [kC] e^{G_C − G_i}
+  pdl_trigger();
+  pdl_wait();
+  const GdnDims& d = p.d;
+  const int c = blockIdx.x, j = blockIdx.y, khd = j / (d.nv / d.nk);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int key_dim = d.nk * kHD;
+  const int64_t CD = d.conv_dim;
+  const int t0 = c * kC, n = min(kC, p.T - t0);
+  const int64_t rb = int64_t(j) * p.b.Tp + t0;   // first buffer row of this chunk
+
+  // Rows past T are zero (g = 0, β = 0): they add nothing and keep γ_C = γ_{n−1}.
+  if (tid < kC) {
+    const bool ok = tid < n;
+    gs[tid] = ok ? p.g[int64_t(t0 + tid) * d.nv + j] : 0.f;
+    bs[tid] = ok ? p.beta[int64_t(t0 + tid) * d.nv + j] : 0.f;
+  }
+  for (int idx = tid; idx < kC * (kHD / 4); idx += blockDim.x) {
+    const int r = idx / (kHD / 4), c4 = idx % (kHD / 4);
+    float4 qv = make_float4(0.f, 0.f, 0.f, 0.f), kv = qv;
+    if (r < n) {
+      const float* row = p.u + int64_t(t0 + r) * CD + khd * kHD + 4 * c4;
+      qv = *reinterpret_cast<const float4*>(row);
+      kv = *reinterpret_cast<const float4*>(row + key_dim);
+    }
+    store_split4(qh + r * kRS + 4 * c4, ql + r * kRS + 4 * c4, qv);
+    store_split4(kh + r * kRS + 4 * c4, kl + r * kRS + 4 * c4, kv);
+  }
+  __syncthreads();
+  if (tid < kC) {
+    double acc = 0.0;
+    for (int i = 0; i <= tid; ++i) acc += gs[i];
+    Gd[tid] = acc;
+  }
+  __syncthreads();
+  if (tid < kC) {
+    gam[tid] = expf(float(Gd[tid]));
+    kdec[tid] = expf(float(Gd[kC - 1] - Gd[tid]));
+  }
+
+  // K K̂ᵀ and Q K̂ᵀ (64×64, k = 128): warp = 16 rows (mt) × 32 columns (nh); blocks entirely above
+  // the diagonal skip the MMAs but still write their zeros.
+  {
+    const int mt = warp & 3, nh = warp >> 2;
+    float aK[4][4], aQ[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) aK[nt][e] = aQ[nt][e] = 0.f;
+    if (32 * nh <= 16 * mt + 15) {
+      const int lr = lane & 7, q = lane >> 3;
+      const int aoff = (16 * mt + lr + 8 * (q & 1)) * kRS + 8 * (q >> 1);   // A: rows × dims
+      const int boff = (32 * nh + lr + 8 * (q >> 1)) * kRS + 8 * (q & 1);   // B: keys (n) × dims (k)
+#pragma unroll
+      for (int kk = 0; kk < kHD / 16; ++kk) {
+        uint32_t akh[4], akl[4], aqh[4], aql[4];
+        ldsm_x4(akh[0], akh[1], akh[2], akh[3], kh + aoff + 16 * kk);
+        ldsm_x4(akl[0], akl[1], akl[2], akl[3], kl + aoff + 16 * kk);
+        ldsm_x4(aqh[0], aqh[1], aqh[2], aqh[3], qh + aoff + 16 * kk);
+        ldsm_x4(aql[0], aql[1], aql[2], aql[3], ql + aoff + 16 * kk);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          uint32_t bh[4], bl[4];
+          ldsm_x4(bh[0], bh[1], bh[2], bh[3], kh + boff + np * 16 * kRS + 16 * kk);
+          ldsm_x4(bl[0], bl[1], bl[2], bl[3], kl + boff + np * 16 * kRS + 16 * kk);
+          mma_bf16x3(aK[2 * np], akh, akl, bh[0], bh[1], bl[0], bl[1]);
+          mma_bf16x3(aK[2 * np + 1], akh, akl, bh[2], bh[3], bl[2], bl[3]);
+          mma_bf16x3(aQ[2 * np], aqh, aql, bh[0], bh[1], bl[0], bl[1]);
+          mma_bf16x3(aQ[2 * np + 1], aqh, aql, bh[2], bh[3], bl[2], bl[3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = 16 * mt + gq + 8 * r, s = 32 * nh + 8 * nt + 2 * tq;
+        float av[2], pv[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float dec = s + e <= i ? expf(float(Gd[i] - Gd[s + e])) : 0.f;
+          av[e] = s + e < i ? bs[i] * dec * aK[nt][2 * r + e] : 0.f;
+          pv[e] = dec * aQ[nt][2 * r + e];
+        }
+        *reinterpret_cast<float2*>(Am + i * kAS + s) = make_float2(av[0], av[1]);
+        store_split2(p.b.Ph + (rb + i) * kC + s, p.b.Pl + (rb + i) * kC + s, pv[0], pv[1]);
+      }
+  }
+  __syncthreads();
+
+  // (I + A) X = R by forward substitution, one column per thread, X in registers: columns 0..127 of
+  // R are β v (→ U), 128..255 are βγ k̂ (→ W). Row i only needs rows s < i (A is zero from s = i on,
+  // so whole float4s of A can be used).
+  {
+    const int col = tid;
+    const bool is_u = col < kHD;   // warp-uniform
+    const float* src = p.u + int64_t(t0) * CD + (is_u ? 2 * key_dim + j * kHD + col : key_dim + khd * kHD + col - kHD);
+    float X[kC];
+#pragma unroll
+    for (int i = 0; i < kC; ++i) X[i] = i < n ? src[int64_t(i) * CD] * bs[i] * (is_u ? 1.f : gam[i]) : 0.f;
+#pragma unroll
+    for (int i = 1; i < kC; ++i) {
+      const float4* Ar = reinterpret_cast<const float4*>(Am + i * kAS);
+      float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+      for (int q4 = 0; q4 < (i + 3) / 4; ++q4) {
+        const float4 av = Ar[q4];
+        a0 = fmaf(av.x, X[4 * q4], a0);
+        a1 = fmaf(av.y, X[4 * q4 + 1], a1);
+        a0 = fmaf(av.z, X[4 * q4 + 2], a0);
+        a1 = fmaf(av.w, X[4 * q4 + 3], a1);
+      }
+      X[i] -= a0 + a1;
+    }
+    if (is_u) {
+#pragma unroll
+      for (int i = 0; i < kC; ++i) p.b.U[(rb + i) * kHD + col] = X[i];
+    } else {
+#pragma unroll
+      for (int i = 0; i < kC; ++i) {
+        bf16 h, l;
+        split_bf16(X[i], h, l);
+        p.b.Wh[(rb + i) * kHD + col - kHD] = h;
+        p.b.Wl[(rb + i) * kHD + col - kHD] = l;
+      }
+    }
+  }
+
+  // diag(γ) Q and K' from the fp32 inputs (zero rows past T).
+  for (int idx = tid; idx < kC * (kHD / 4); idx += blockDim.x) {
+    const int r = idx / (kHD / 4), c4 = idx % (kHD / 4);
+    float4 qv = make_float4(0.f, 0.f, 0.f, 0.f), kv = qv;
+    if (r < n) {
+      const float* row = p.u + int64_t(t0 + r) * CD + khd * kHD + 4 * c4;
+      qv = *reinterpret_cast<const float4*>(row);
+      kv = *reinterpret_cast<const float4*>(row + key_dim);
+    }
+    const float fq = gam[r], fk = kdec[r];
+    qv = make_float4(qv.x * fq, qv.y * fq, qv.z * fq, qv.w * fq);
+    kv = make_float4(kv.x * fk, kv.y * fk, kv.z * fk, kv.w * fk);
+    const int64_t o = (rb + r) * kHD + 4 * c4;
+    store_split4(p.b.Qh + o, p.b.Ql + o, qv);
+    store_split4(p.b.Kh + o, p.b.Kl + o, kv);
+  }
+  if (tid == 0) p.b.gC[int64_t(j) * p.b.nch + c] = gam[kC - 1];
+}
+
+struct CScanArgs {
+  GdnDims d;
+  float *conv_state, *S;
+  const float* qkv;
+  int T;
+  ChunkBufs b;
+  float* y;
+};
+constexpr size_t kCScanSmem = sizeof(bf16) * (4 * kC * kRS          // W, diag(γ)Q hi / lo
+                                              + 4 * kC * kRS        // K' hi / lo, two chunks
+                                              + 4 * kC * kPS        // P hi / lo, two chunks
+                                              + 2 * kHD * kNS       // S hi / lo
+                                              + 2 * kC * kNS)       // Δ hi / lo
+                              + sizeof(float) * kC * kNS;           // U
+static_assert(kCScanSmem <= 227 * 1024, "chunk scan: shared memory");
+
+// grid nv · (128 / kNB), block 256 (8 warps); CTA (j, cb) carries columns c0..c0+31 of head j's
+// state over all chunks. Per chunk: Δ = U − W S and O = diag(γ)Q S (warp = 16 tokens × 16 columns),
+// then O += P Δ, then S = γ_C S + K'ᵀ Δ (warp = 16 state rows × 32 columns, S held as its
+// accumulator). S and Δ go to shared memory (split) as B operands. W, diag(γ)Q, U of chunk c+1 load
+// during the second half of chunk c; K' and P (double-buffered) one chunk ahead.
+__global__ void __launch_bounds__(256, 1) gdn_chunk_scan_kernel(const __grid_constant__ CScanArgs p) {
+  extern __shared__ __align__(16) unsigned char smraw[];
+  bf16* Wh = reinterpret_cast<bf16*>(smraw);   // [kC][kRS]
+  bf16* Wl = Wh + kC * kRS;
+  bf16* Qh = Wl + kC * kRS;
+  bf16* Ql = Qh + kC * kRS;
+  bf16* Kh0 = Ql + kC * kRS;                   // [2][kC][kRS]
+  bf16* Kl0 = Kh0 + 2 * kC * kRS;
+  bf16* Ph0 = Kl0 + 2 * kC * kRS;              // [2][kC][kPS]
+  bf16* Pl0 = Ph0 + 2 * kC * kPS;
+  bf16* Sh = Pl0 + 2 * kC * kPS;               // [kHD][kNS] (state row = dk, column = value)
+  bf16* Sl = Sh + kHD * kNS;
+  bf16* Dh = Sl + kHD * kNS;                   // [kC][kNS] Δ (token × value column)
+  bf16* Dl = Dh + kC * kNS;
+  float* Us = reinterpret_cast<float*>(Dl + kC * kNS);   // [kC][kNS]
+  pdl_trigger();
+  pdl_wait();
+  const GdnDims& d = p.d;
+  const int nblk = kHD / kNB;
+  const int j = blockIdx.x / nblk, c0 = (blockIdx.x % nblk) * kNB;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int lr = lane & 7, q = lane >> 3;
+  const int nch = p.b.nch;
+  const int64_t hb = int64_t(j) * p.b.Tp;
+  const int64_t value_dim = int64_t(d.nv) * kHD;
+
+  auto issue_a = [&](int c) {   // W, diag(γ)Q, U slice of chunk c
+    const int64_t rb = hb + int64_t(c) * kC;
+    for (int idx = tid; idx < kC * (kHD / 8); idx += blockDim.x) {
+      const int r = idx / (kHD / 8), ch = idx % (kHD / 8);
+      const int64_t go = (rb + r) * kHD + 8 * ch;
+      const int so = r * kRS + 8 * ch;
+      cp_async16(Wh + so, p.b.Wh + go);
+      cp_async16(Wl + so, p.b.Wl + go);
+      cp_async16(Qh + so, p.b.Qh + go);
+      cp_async16(Ql + so, p.b.Ql + go);
+    }
+    for (int idx = tid; idx < kC * (kNB / 4); idx += blockDim.x) {
+      const int r = idx / (kNB / 4), ch = idx % (kNB / 4);
+      cp_async16(Us + r * kNS + 4 * ch, p.b.U + (rb + r) * kHD + c0 + 4 * ch);
+    }
+  };
+  auto issue_b = [&](int c) {   // K', P of chunk c into buffer c & 1
+    const int64_t rb = hb + int64_t(c) * kC;
+    bf16* kh = Kh0 + (c & 1) * kC * kRS;
+    bf16* kl = Kl0 + (c & 1) * kC * kRS;
+    bf16* ph = Ph0 + (c & 1) * kC * kPS;
+    bf16* pl = Pl0 + (c & 1) * kC * kPS;
+    for (int idx = tid; idx < kC * (kHD / 8); idx += blockDim.x) {
+      const int r = idx / (kHD / 8), ch = idx % (kHD / 8);
+      const int64_t go = (rb + r) * kHD + 8 * ch;
+      cp_async16(kh + r * kRS + 8 * ch, p.b.Kh + go);
+      cp_async16(kl + r * kRS + 8 * ch, p.b.Kl + go);
+    }
+    for (int idx = tid; idx < kC * (kC / 8); idx += blockDim.x) {
+      const int r = idx / (kC / 8), ch = idx % (kC / 8);
+      const int64_t go = (rb + r) * kC + 8 * ch;
+      cp_async16(ph + r * kPS + 8 * ch, p.b.Ph + go);
+      cp_async16(pl + r * kPS + 8 * ch, p.b.Pl + go);
+    }
+  };
+
+  issue_b(0);
+  cp_async_commit();
+  issue_a(0);
+  cp_async_commit();
+
+  // This warp's 16 state rows (dk) × 32 columns as an MMA accumulator: row 16·warp + gq (+8),
+  // columns 8·nt + 2·tq (+1).
+  float* Sg = p.S + int64_t(j) * kHD * kHD;
+  float acc_s[4][4];
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      acc_s[nt][e] = Sg[(16 * warp + gq + 8 * (e >> 1)) * kHD + c0 + 8 * nt + 2 * tq + (e & 1)];
+  auto write_s = [&] {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int o = (16 * warp + gq + 8 * r) * kNS + 8 * nt + 2 * tq;
+        store_split2(Sh + o, Sl + o, acc_s[nt][2 * r], acc_s[nt][2 * r + 1]);
+      }
+  };
+  write_s();
+
+  const int mt = warp & 3, nh = warp >> 2;   // steps 1-2: 16 tokens × 16 columns
+  const int aoff = (16 * mt + lr + 8 * (q & 1)) * kRS + 8 * (q >> 1);   // A rows × k (ldmatrix)
+  const int poff = (16 * mt + lr + 8 * (q & 1)) * kPS + 8 * (q >> 1);
+  const int boff = (lr + 8 * (q & 1)) * kNS + 16 * nh + 8 * (q >> 1);   // B [k][n] (ldmatrix.trans)
+  const int koff = (lr + 8 * (q >> 1)) * kRS + 16 * warp + 8 * (q & 1);  // A = K'ᵀ from [token][dk] (.trans)
+  const int doff = (lr + 8 * (q & 1)) * kNS + 8 * (q >> 1);             // B = Δ, all 32 columns
+
+  for (int c = 0; c < nch; ++c) {
+    const int t0 = c * kC, n = min(kC, p.T - t0);
+    __syncthreads();   // S written; the previous chunk is done with Δ and with buffer (c+1)&1
+    if (c + 1 < nch) issue_b(c + 1);
+    cp_async_commit();
+    cp_async_wait<1>();   // everything but K', P of chunk c+1
+    __syncthreads();
+
+    float aD[2][4], aO[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) aD[nt][e] = aO[nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kHD / 16; ++kk) {
+      uint32_t sh[4], sl[4], wh[4], wl[4], qh[4], ql[4];
+      ldsm_x4_t(sh[0], sh[1], sh[2], sh[3], Sh + boff + 16 * kk * kNS);
+      ldsm_x4_t(sl[0], sl[1], sl[2], sl[3], Sl + boff + 16 * kk * kNS);
+      ldsm_x4(wh[0], wh[1], wh[2], wh[3], Wh + aoff + 16 * kk);
+      ldsm_x4(wl[0], wl[1], wl[2], wl[3], Wl + aoff + 16 * kk);
+      ldsm_x4(qh[0], qh[1], qh[2], qh[3], Qh + aoff + 16 * kk);
+      ldsm_x4(ql[0], ql[1], ql[2], ql[3], Ql + aoff + 16 * kk);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        mma_bf16x3(aD[nt], wh, wl, sh[2 * nt], sh[2 * nt + 1], sl[2 * nt], sl[2 * nt + 1]);
+        mma_bf16x3(aO[nt], qh, ql, sh[2 * nt], sh[2 * nt + 1], sl[2 * nt], sl[2 * nt + 1]);
+      }
+    }
+    // Δ = U − W S (zero on rows past T: U and W are).
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = 16 * mt + gq + 8 * r, col = 16 * nh + 8 * nt + 2 * tq;
+        const float2 uv = *reinterpret_cast<const float2*>(Us + i * kNS + col);
+        store_split2(Dh + i * kNS + col, Dl + i * kNS + col, uv.x - aD[nt][2 * r], uv.y - aD[nt][2 * r + 1]);
+      }
+    __syncthreads();   // Δ complete; W, Q, U free
+    if (c + 1 < nch) issue_a(c + 1);
+    cp_async_commit();
+
+    // O += P Δ over the tokens s ≤ i (P is zero above the diagonal: k-steps past mt are skipped).
+    const bf16* ph = Ph0 + (c & 1) * kC * kPS;
+    const bf16* pl = Pl0 + (c & 1) * kC * kPS;
+#pragma unroll
+    for (int ks = 0; ks < kC / 16; ++ks) {
+      if (ks > mt) break;
+      uint32_t pah[4], pal[4], dh[4], dl[4];
+      ldsm_x4(pah[0], pah[1], pah[2], pah[3], ph + poff + 16 * ks);
+      ldsm_x4(pal[0], pal[1], pal[2], pal[3], pl + poff + 16 * ks);
+      ldsm_x4_t(dh[0], dh[1], dh[2], dh[3], Dh + boff + 16 * ks * kNS);
+      ldsm_x4_t(dl[0], dl[1], dl[2], dl[3], Dl + boff + 16 * ks * kNS);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) mma_bf16x3(aO[nt], pah, pal, dh[2 * nt], dh[2 * nt + 1], dl[2 * nt], dl[2 * nt + 1]);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = 16 * mt + gq + 8 * r, col = 16 * nh + 8 * nt + 2 * tq;
+        if (i < n)
+          *reinterpret_cast<float2*>(p.y + int64_t(t0 + i) * value_dim + j * kHD + c0 + col) =
+              make_float2(aO[nt][2 * r], aO[nt][2 * r + 1]);
+      }
+
+    // S = γ_C S + K'ᵀ Δ.
+    const float gc = p.b.gC[int64_t(j) * nch + c];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_s[nt][e] *= gc;
+    const bf16* kh = Kh0 + (c & 1) * kC * kRS;
+    const bf16* kl = Kl0 + (c & 1) * kC * kRS;
+#pragma unroll
+    for (int ks = 0; ks < kC / 16; ++ks) {
+      uint32_t ah[4], al[4];
+      ldsm_x4_t(ah[0], ah[1], ah[2], ah[3], kh + koff + 16 * ks * kRS);
+      ldsm_x4_t(al[0], al[1], al[2], al[3], kl + koff + 16 * ks * kRS);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        uint32_t dh[4], dl[4];
+        ldsm_x4_t(dh[0], dh[1], dh[2], dh[3], Dh + doff + 16 * ks * kNS + 16 * np);
+        ldsm_x4_t(dl[0], dl[1], dl[2], dl[3], Dl + doff + 16 * ks * kNS + 16 * np);
+        mma_bf16x3(acc_s[2 * np], ah, al, dh[0], dh[1], dl[0], dl[1]);
+        mma_bf16x3(acc_s[2 * np + 1], ah, al, dh[2], dh[3], dl[2], dl[3]);
+      }
+    }
+    write_s();   // S hi / lo were last read before the mid-chunk barrier
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      Sg[(16 * warp + gq + 8 * (e >> 1)) * kHD + c0 + 8 * nt + 2 * tq + (e & 1)] = acc_s[nt][e];
+
+  conv_shift(d, p.conv_state, p.qkv, p.T);
+}
+
+ChunkBufs chunk_bufs(const GdnDims& d, int T, float* work) {
+  ChunkBufs b;
+  b.nch = (T + kC - 1) / kC;
+  b.Tp = b.nch * kC;
+  const int64_t rows = int64_t(d.nv) * b.Tp;
+  float* f = work + ((gdn_prefill_workspace_floats(d, T) + 63) / 64) * 64;
+  b.U = f;
+  f += rows * kHD;
+  bf16* h = reinterpret_cast<bf16*>(f);
+  b.Wh = h; h += rows * kHD;
+  b.Wl = h; h += rows * kHD;
+  b.Qh = h; h += rows * kHD;
+  b.Ql = h; h += rows * kHD;
+  b.Kh = h; h += rows * kHD;
+  b.Kl = h; h += rows * kHD;
+  b.Ph = h; h += rows * kC;
+  b.Pl = h; h += rows * kC;
+  b.gC = reinterpret_cast<float*>(h);
+  return b;
 }
 
 template <int NC>
@@ -272,10 +732,48 @@ void gdn_prefill_scan(const GdnDims& d, const float* norm_w, float* conv_state, 
   const float* g = beta + int64_t(T) * d.nv;
   ScanArgs a{d, conv_state, S, qkv, u, beta, g, T, y};
   switch (nc) {
-    case 1: launch_scan<1>(a, s); break;
+    case 2: launch_scan<2>(a, s); break;
     case 4: launch_scan<4>(a, s); break;
-    default: launch_scan<2>(a, s); break;
+    default: launch_scan<1>(a, s); break;   // measured fastest at T = 512..8192 (256 CTAs)
   }
+  launch(gdn_norm_kernel, dim3(T, d.nv), dim3(kHD), 0, s, d, norm_w, z, T, y);
+  CUDA_LAUNCH_CHECK();
+}
+
+int64_t gdn_chunked_workspace_floats(const GdnDims& d, int T) {
+  const int64_t nch = (T + kC - 1) / kC, rows = int64_t(d.nv) * nch * kC;
+  // U (f32) + six bf16 planes of 128 + two bf16 planes of 64 per row, γ_C per (head, chunk).
+  return ((gdn_prefill_workspace_floats(d, T) + 63) / 64) * 64 + rows * (kHD + 3 * kHD + kC) + d.nv * nch + 64;
+}
+
+void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s) {
+  LILY_CHECK(gdn_prefill_ok(d), "gdn prefill: unsupported shapes");
+  const ChunkBufs b = chunk_bufs(d, T, work);
+  const float* u = work;
+  const float* beta = u + int64_t(T) * d.conv_dim;
+  const float* g = beta + int64_t(T) * d.nv;
+  static bool attr_set = false;
+  if (!attr_set) {
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kIntraSmem)));
+    attr_set = true;
+  }
+  IntraArgs a{d, u, beta, g, T, b};
+  launch(gdn_chunk_intra_kernel, dim3(b.nch, d.nv), dim3(256), kIntraSmem, s, a);
+  CUDA_LAUNCH_CHECK();
+}
+
+void gdn_chunked_scan(const GdnDims& d, const float* norm_w, float* conv_state, float* S, const float* qkv,
+                      const float* z, int T, float* work, float* y, cudaStream_t s) {
+  LILY_CHECK(gdn_prefill_ok(d), "gdn prefill: unsupported shapes");
+  const ChunkBufs b = chunk_bufs(d, T, work);
+  static bool attr_set = false;
+  if (!attr_set) {
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCScanSmem)));
+    attr_set = true;
+  }
+  CScanArgs a{d, conv_state, S, qkv, T, b, y};
+  launch(gdn_chunk_scan_kernel, dim3(d.nv * (kHD / kNB)), dim3(256), kCScanSmem, s, a);
+  CUDA_LAUNCH_CHECK();
   launch(gdn_norm_kernel, dim3(T, d.nv), dim3(kHD), 0, s, d, norm_w, z, T, y);
   CUDA_LAUNCH_CHECK();
 }

@@ -4,6 +4,8 @@
 // bf16 tensor-core MMA (attention_prefill.cu). Decode (T = 1) keeps the kernels of gdn.cu and
 // attention.cu. Like cuda_ops.h: every launcher only enqueues on `s`.
 #pragma once
+#include <cuda_bf16.h>
+
 #include "backend/cuda/cuda_ops.h"
 
 namespace lily::cuda {
@@ -24,6 +26,44 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// ---- bf16 tensor-core fragments (mma.sync m16n8k16, operands through ldmatrix) --------------
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const void* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const void* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(a));
+}
+__device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Split precision: x ≈ hi + lo with both bf16 (~16-bit mantissa; bf16 keeps the fp32 exponent range).
+__device__ __forceinline__ void split_bf16(float x, __nv_bfloat16& hi, __nv_bfloat16& lo) {
+  hi = __float2bfloat16_rn(x);
+  lo = __float2bfloat16_rn(x - __bfloat162float(hi));
+}
+// acc += a·b with a = ah + al, b = bh + bl (al·bl dropped: ~2^-16 relative), small terms first.
+__device__ __forceinline__ void mma_bf16x3(float* c, const uint32_t* ah, const uint32_t* al, uint32_t bh0, uint32_t bh1,
+                                           uint32_t bl0, uint32_t bl1) {
+  mma_bf16(c, al[0], al[1], al[2], al[3], bh0, bh1);
+  mma_bf16(c, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+  mma_bf16(c, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+}
+
 // ---- gdn_prefill.cu ------------------------------------------------------------------------
 // Shapes the prefill kernels handle (dk == dv == 128, conv kernel <= 8); others use gdn().
 bool gdn_prefill_ok(const GdnDims& d);
@@ -36,20 +76,32 @@ void gdn_prefill_prep(const GdnDims& d, const float* conv_w, const float* A_log,
                       float* work, cudaStream_t s);
 // The delta rule over the T tokens with S in registers (read and written once), then the gated
 // RMSNorm with silu(z) into y; also shifts the carried conv state (last K-1 raw rows of qkv).
-// `nc`: state columns per lane of the scan (1, 2 or 4; 0 = default).
+// `nc`: state columns per lane of the scan (1, 2 or 4; 0 = default = 1).
 void gdn_prefill_scan(const GdnDims& d, const float* norm_w, float* conv_state, float* S, const float* qkv,
                       const float* z, int T, const float* work, float* y, int nc, cudaStream_t s);
+
+// Chunked form (P4c; chunks of 64 tokens, tensor cores in split bf16 precision), after
+// gdn_prefill_prep on the same workspace: the per-chunk pass (U, W, P, scaled Q and K', all chunks
+// and heads in parallel), then the state over the chunks + the gated RMSNorm (+ conv-state shift).
+// Workspace: gdn_chunked_workspace_floats (includes the prep's part).
+int64_t gdn_chunked_workspace_floats(const GdnDims& d, int T);
+void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s);
+void gdn_chunked_scan(const GdnDims& d, const float* norm_w, float* conv_state, float* S, const float* qkv,
+                      const float* z, int T, float* work, float* y, cudaStream_t s);
 
 // ---- attention_prefill.cu --------------------------------------------------------------------
 // Shapes the flash kernel handles (head_dim 256, 8 query heads per KV head); others use attention().
 bool attention_prefill_ok(const AttnDims& d);
-// Workspace floats for T tokens (prepared queries + partial softmaxes of a split KV range).
-int64_t attention_prefill_workspace_floats(const AttnDims& d, int T);
+// Workspace floats for T tokens at pos0 (prepared queries + partial softmaxes of a split KV range
+// + with bf16_kv a bf16 copy of the cache rows [0, pos0 + T)).
+int64_t attention_prefill_workspace_floats(const AttnDims& d, int T, int pos0, bool bf16_kv);
 // Causal attention of T tokens at positions pos0.. over the cache [0, pos0 + T): prep (norms, RoPE,
 // KV append; attention.cu) then the flash kernel (and a merge when the KV range is split over CTAs
-// to fill the GPU), output × σ(gate). Requires pos0 + T <= capacity.
+// to fill the GPU), output × σ(gate). Requires pos0 + T <= capacity. bf16_kv: the cache rows are
+// converted to bf16 once per call (the f32 path converts every K/V tile in every CTA).
 void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_norm, float* kc, float* vc, int pos0,
-                       const float* q, const float* k, const float* v, int T, float* o, float* work, cudaStream_t s);
+                       const float* q, const float* k, const float* v, int T, float* o, float* work, bool bf16_kv,
+                       cudaStream_t s);
 
 // ---- attention.cu (shared with the decode path) ----------------------------------------------
 // The decode path's prep kernel alone: queries (normalised, rotated, × hd^-1/2) to qbuf [T, heads, hd],
