@@ -57,24 +57,25 @@ struct Ws {
 __host__ __device__ inline int64_t align16(int64_t b) { return (b + 15) / 16 * 16; }
 __host__ __device__ inline int num_blocks(int n) { return (n + kChunk - 1) / kChunk; }
 
-// Byte offsets of the workspace parts; returns the total size.
+// Byte offsets of the workspace parts; returns the total size. The parts that must stay zero
+// between calls (control block, histogram) come first, at offsets independent of n.
 __host__ __device__ inline int64_t ws_layout(void* base, int n, Ws* w) {
   const int nb = num_blocks(n);
   int64_t off[9];
-  const int64_t sizes[8] = {int64_t(sizeof(Ctl)), 4LL * n, 8LL * nb, 8LL * nb, 8LL * nb,
-                            4LL * kBins, 8LL * kBins, 4LL * kCap};
+  const int64_t sizes[8] = {int64_t(sizeof(Ctl)), 4LL * kBins, 8LL * kBins, 4LL * kCap,
+                            8LL * nb, 8LL * nb, 8LL * nb, 4LL * n};
   off[0] = 0;
   for (int i = 0; i < 8; ++i) off[i + 1] = off[i] + align16(sizes[i]);
   if (w) {
     char* p = static_cast<char*>(base);
     w->ctl = reinterpret_cast<Ctl*>(p + off[0]);
-    w->keys = reinterpret_cast<uint32_t*>(p + off[1]);
-    w->bmax = reinterpret_cast<u64*>(p + off[2]);
-    w->bsum_all = reinterpret_cast<u64*>(p + off[3]);
-    w->bsum_kept = reinterpret_cast<u64*>(p + off[4]);
-    w->hcnt = reinterpret_cast<uint32_t*>(p + off[5]);
-    w->hmass = reinterpret_cast<u64*>(p + off[6]);
-    w->list = reinterpret_cast<uint32_t*>(p + off[7]);
+    w->hcnt = reinterpret_cast<uint32_t*>(p + off[1]);
+    w->hmass = reinterpret_cast<u64*>(p + off[2]);
+    w->list = reinterpret_cast<uint32_t*>(p + off[3]);
+    w->bmax = reinterpret_cast<u64*>(p + off[4]);
+    w->bsum_all = reinterpret_cast<u64*>(p + off[5]);
+    w->bsum_kept = reinterpret_cast<u64*>(p + off[6]);
+    w->keys = reinterpret_cast<uint32_t*>(p + off[7]);
   }
   return off[8];
 }
