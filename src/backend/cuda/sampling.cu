@@ -234,8 +234,13 @@ __global__ void __launch_bounds__(kThreads) sample_prep_kernel(const float* logi
 // ---- kernel 2: weight histogram; plain draws; the gather range ------------------------------
 __global__ void __launch_bounds__(kThreads) sample_hist_kernel(int n, SampleConfig* cfg, int32_t* counts,
                                                                int32_t* out, void* wsp) {
-  __shared__ uint32_t s_cnt[kBins];
-  __shared__ u64 s_mass[kBins];
+  // Per-block histogram: counts and the weights as three 15-bit limbs (32-bit shared atomics are
+  // native; 64-bit ones would be CAS loops under heavy contention). The last block reuses the limb
+  // space for the global 64-bit masses.
+  __shared__ __align__(16) uint32_t s_raw[4 * kBins];
+  uint32_t* s_cnt = s_raw;
+  uint32_t* s_limb = s_raw + kBins;   // [3][kBins]
+  u64* s_mass = reinterpret_cast<u64*>(s_raw + 2 * kBins);
   __shared__ u64 red[32];
   __shared__ u64 s_u64[2];
   __shared__ int s_int[2];
@@ -248,10 +253,7 @@ __global__ void __launch_bounds__(kThreads) sample_hist_kernel(int n, SampleConf
   if (ctl->path != 1) return;
   const uint32_t mk = ctl->max_key, kp = ctl->kp;
   const float inv_t = ctl->inv_t, lmin = cfg->log_min_p;
-  for (int b = threadIdx.x; b < kBins; b += kThreads) {
-    s_cnt[b] = 0;
-    s_mass[b] = 0;
-  }
+  for (int b = threadIdx.x; b < 4 * kBins; b += kThreads) s_raw[b] = 0;
   __syncthreads();
   u64 all = 0, kept = 0;
   const int base = blockIdx.x * kChunk;
@@ -265,7 +267,10 @@ __global__ void __launch_bounds__(kThreads) sample_hist_kernel(int n, SampleConf
     const u64 wt = weight(x);
     const int b = x_bin(x);
     atomicAdd(&s_cnt[b], 1u);
-    atomicAdd(&s_mass[b], wt);
+    const uint32_t l0 = uint32_t(wt) & 0x7FFFu, l1 = uint32_t(wt >> 15) & 0x7FFFu, l2 = uint32_t(wt >> 30);
+    if (l0) atomicAdd(&s_limb[b], l0);
+    if (l1) atomicAdd(&s_limb[kBins + b], l1);
+    if (l2) atomicAdd(&s_limb[2 * kBins + b], l2);
     all += wt;
     if (x >= lmin) kept += wt;
   }
@@ -273,7 +278,7 @@ __global__ void __launch_bounds__(kThreads) sample_hist_kernel(int n, SampleConf
   for (int b = threadIdx.x; b < kBins; b += kThreads)
     if (s_cnt[b]) {
       atomicAdd(&w.hcnt[b], s_cnt[b]);
-      atomicAdd(&w.hmass[b], s_mass[b]);
+      atomicAdd(&w.hmass[b], u64(s_limb[b]) + (u64(s_limb[kBins + b]) << 15) + (u64(s_limb[2 * kBins + b]) << 30));
     }
   all = block_sum_u64(all, red);
   kept = block_sum_u64(kept, red);
@@ -496,7 +501,7 @@ __global__ void __launch_bounds__(kThreads) sample_select_kernel(int n, SampleCo
   const u64 r = draw_bits(cfg->seed, cfg->step);
   int32_t pick;
   if (path == 2) {
-    const int C = min(ctl->C, kCap);
+    const int C = min(min(ctl->C, int(atomicAdd(&ctl->list_n, 0u))), kCap);   // equal unless a bug
     int S = 1;
     while (S < C) S <<= 1;
     u64* sk = reinterpret_cast<u64*>(smem);
