@@ -28,6 +28,7 @@ int serve_main(int argc, char** argv) {
              {"snapshot-every", "2048", "also snapshot every N prompt tokens (0 = only turn boundaries)", ""},
              {"no-prefix-cache", "false", "never reuse earlier requests' state (every request cold)", "", true},
              {"chunk", "512", "prefill chunk size in tokens", ""},
+             {"device-sampling", "auto", "decode loop with sampling on the backend (D2): auto (cuda) | on | off", ""},
              {"max-tokens", "0", "default max_tokens when a request gives none (0 = until the context is full)", ""},
              {"host", "127.0.0.1", "address to bind", ""},
              {"port", "8080", "port to bind (0 = any free port)", ""},
@@ -101,6 +102,9 @@ int serve_main(int argc, char** argv) {
     eo.cache_bytes = int64_t(o.real("cache-mb") * (1 << 20));
     eo.snapshot_every = o.num("snapshot-every");
     eo.prefix_reuse = !o.flag("no-prefix-cache");
+    const std::string ds = o.str("device-sampling");
+    if (ds != "auto" && ds != "on" && ds != "off") throw Error("--device-sampling must be auto, on or off");
+    eo.device_sampling = ds == "auto" ? -1 : ds == "on" ? 1 : 0;
     auto engine = std::make_unique<Engine>(loaded->lm(), loaded->tokenizer(), eo);
     SamplingDefaults defaults = load_sampling_defaults(dir);
     if (o.num("max-tokens") > 0) defaults.max_tokens = o.num("max-tokens");

@@ -2,6 +2,8 @@
 #include "backend/backend.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/common.h"
@@ -14,6 +16,29 @@ namespace lily {
 bool Ablations::has(const std::string& id) const {
   return std::find(off.begin(), off.end(), id) != off.end();
 }
+
+SampleConfig make_sample_config(float temperature, float top_p, int top_k, float min_p, float presence,
+                                float frequency, float repetition, uint64_t seed, int n_valid) {
+  SampleConfig c;
+  c.temperature = temperature;
+  c.top_p = top_p;
+  c.top_k = top_k;
+  c.min_p = min_p;
+  c.log_min_p = min_p > 0.0f ? std::log(min_p) : -INFINITY;
+  c.presence_penalty = presence;
+  c.frequency_penalty = frequency;
+  c.repetition_penalty = repetition;
+  c.seed = seed;
+  c.n_valid = n_valid;
+  return c;
+}
+
+void* Backend::alloc_host(int64_t bytes) {
+  void* p = std::calloc(size_t(std::max<int64_t>(bytes, 1)), 1);
+  if (!p) throw Error("out of host memory allocating " + std::to_string(bytes) + " bytes");
+  return p;
+}
+void Backend::free_host(void* p) { std::free(p); }
 
 std::unique_ptr<Backend> make_backend(const BackendOptions& opt) {
   if (opt.name == "cpu") return make_cpu_backend(opt);

@@ -2,6 +2,7 @@
 // written only against this interface; pointers passed to ops live in the backend's memory
 // (host memory for cpu, device memory for cuda). Activations are f32, row-major [T, n].
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -26,6 +27,28 @@ struct KvCache {
 
 // Optimization switches shared by all backends (BENCHMARK.md ablations); a backend ignores the
 // ones that do not apply to it.
+// Sampling parameters of the sample op (D2), kept in backend memory: the host rewrites them with
+// copy_from_host between steps and a captured step reads them at replay time. Semantics follow the
+// host Sampler (engine/sampler.h): logit_bias, repetition / presence / frequency penalties, then
+// temperature (0 = greedy), top-k, top-p, min-p. Plain old data; build with make_sample_config.
+constexpr int kMaxLogitBias = 64;
+struct SampleConfig {
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float log_min_p = -INFINITY;   // ln(min_p), computed once by the host so backends agree bitwise
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f, repetition_penalty = 1.0f;
+  int32_t top_k = 0;
+  int32_t n_valid = 0;           // ids >= n_valid are never picked (0 = the whole row)
+  int32_t n_bias = 0;
+  uint64_t seed = 0;
+  uint64_t step = 0;             // draw counter: the random number is hash(seed, step); the op adds 1
+  int32_t bias_id[kMaxLogitBias] = {};
+  float bias[kMaxLogitBias] = {};
+};
+SampleConfig make_sample_config(float temperature, float top_p, int top_k, float min_p, float presence,
+                                float frequency, float repetition, uint64_t seed, int n_valid);
+
 struct Ablations {
   std::vector<std::string> off;   // ids switched off, e.g. {"D2", "P1"}
   bool has(const std::string& id) const;
@@ -83,6 +106,26 @@ class Backend {
   virtual void argmax(const float* logits, int T, int n, int32_t* ids) = 0;
   // *p += by for a scalar in backend memory (advances pos_dev inside a captured step).
   virtual void increment(int32_t* p, int by) = 0;
+
+  // Picks one id from logits[0, n) with the parameters in *cfg (backend memory), writes it to *id,
+  // records it in counts[id] (+2, and bit 0 "seen") and advances cfg->step. counts [n] in backend
+  // memory: bit 0 = seen (prompt or generated: repetition penalty), bits 1.. = times generated
+  // (presence / frequency). Every backend picks the same id for the same inputs (sample_math.h);
+  // the exact rule is written in docs/CUDA.md "Sampling on the device". No host synchronisation.
+  virtual void sample(const float* logits, int n, SampleConfig* cfg, int32_t* counts, int32_t* id) = 0;
+
+  // ---- asynchronous hand-off of ids to the host (D2); the defaults are synchronous ------------
+  // Host memory that copy_to_host_async may target (pinned on cuda).
+  virtual void* alloc_host(int64_t bytes);
+  virtual void free_host(void* p);
+  // Enqueues a copy into host memory from alloc_host; complete once wait_event(slot) returned for
+  // an event recorded after it.
+  virtual void copy_to_host_async(void* dst, const void* src, int64_t bytes) { copy_to_host(dst, src, bytes); }
+  // Marks the current end of the backend's queue as event `slot` (0 <= slot < 8); wait_event blocks
+  // the host until everything enqueued before that mark has finished.
+  virtual void record_event(int slot) {}
+  virtual void wait_event(int slot) {}
+  virtual bool can_capture() const { return false; }   // whether begin_capture would succeed
 
   // ---- optional: capture of one decode step for replay (D2); cpu returns false ---------------
   virtual bool begin_capture() { return false; }

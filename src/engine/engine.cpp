@@ -68,6 +68,37 @@ void Engine::forward_live(std::span<const int32_t> tokens) {
   live_tokens_.insert(live_tokens_.end(), tokens.begin(), tokens.end());
 }
 
+void Engine::decode_on_device(const GenerationRequest& req, int max_tokens, int n_valid,
+                              const std::function<bool(int32_t)>& take) {
+  // The picks that the device will feed back are unknown until they are made, so KV rows from
+  // the current position on count as overwritten (shared snapshots past it are promoted or
+  // dropped first); the history is then fixed to what was really consumed.
+  const int q = live_->pos();
+  const int32_t unknown = -1;
+  if (max_tokens > 1) overwrite_kv(q, {&unknown, 1});
+  std::vector<int32_t> picks;
+  int consumed = 0;
+  try {
+    consumed = lm_.generate(*live_, logits_.data(), max_tokens, req.sampling, n_valid, req.prompt,
+                            [&](int32_t id) {
+                              picks.push_back(id);
+                              return take(id);
+                            });
+  } catch (...) {
+    live_valid_ = false;
+    live_tokens_.clear();
+    live_kv_.clear();
+    cache_.drop_shared();
+    throw;
+  }
+  LILY_CHECK(consumed >= 0 && consumed <= int(picks.size()) && live_->pos() == q + consumed,
+             "device decode: inconsistent consumed-token count");
+  live_kv_.resize(std::min(live_kv_.size(), size_t(q)));
+  live_kv_.insert(live_kv_.end(), picks.begin(), picks.begin() + consumed);
+  live_tokens_.insert(live_tokens_.end(), picks.begin(), picks.begin() + consumed);
+  stats_.decode_tokens += consumed;
+}
+
 int Engine::restore_prefix(const std::vector<int32_t>& prompt) {
   const bool snaps = opt_.prefix_reuse && cache_.budget() > 0;
   const Snapshot* s = snaps ? cache_.find(prompt, live_valid_ ? std::span<const int32_t>(live_kv_)
@@ -190,46 +221,59 @@ GenerationResult Engine::generate(const GenerationRequest& req, const EventSink&
   };
 
   auto t1 = Clock::now();
-  const int V = lm_.vocab_size();
-  while (true) {
-    std::copy(logits_.begin(), logits_.end(), scratch_.begin());
+  // One pick: record it, stream what became final, and say whether generation goes on.
+  auto take = [&](int32_t id, const TokenLogprob* lp) {
     GenerationEvent ev;
-    TokenLogprob lp;
-    const int32_t id = sampler.sample(scratch_.data(), V, req.logprobs >= 0 ? &lp : nullptr,
-                                      std::max(0, req.logprobs));
-    sampler.accept(id);
     r.tokens.push_back(id);
     ev.tokens.push_back(id);
-    if (req.logprobs >= 0) {
-      r.logprobs.push_back(lp);
-      ev.logprobs.push_back(lp);
+    if (lp) {
+      r.logprobs.push_back(*lp);
+      ev.logprobs.push_back(*lp);
     }
     if (parser && parser->in_reasoning()) ++r.reasoning_tokens;
     if (stop_ids.count(id)) {
       r.finish_reason = "stop";
       emit(ev, "");
-      break;
+      return false;
     }
     emit(ev, stops.push(dec.push(id)));
     if (stops.stopped()) {
       r.finish_reason = "stop";
       r.stop_reason = stops.matched();
-      break;
+      return false;
     }
     if (int(r.tokens.size()) >= max_tokens) {
       r.finish_reason = "length";
-      break;
+      return false;
     }
     if (req.cancel && req.cancel->load()) {
       r.finish_reason = "cancelled";
-      break;
+      return false;
     }
     if (Clock::now() > req.deadline) {
       r.finish_reason = "timeout";
-      break;
+      return false;
     }
-    forward_live({&id, 1});
-    ++stats_.decode_tokens;
+    return true;
+  };
+  const auto loop = lm_.device_loop(req.sampling);
+  const bool on_device = req.logprobs < 0 && loop != LanguageModel::DeviceLoop::kNone &&
+                         (opt_.device_sampling > 0 ||
+                          (opt_.device_sampling < 0 && loop == LanguageModel::DeviceLoop::kPreferred));
+  if (on_device) {
+    decode_on_device(req, max_tokens, n_valid, [&](int32_t id) { return take(id, nullptr); });
+  } else {
+    const int V = lm_.vocab_size();
+    while (true) {
+      std::copy(logits_.begin(), logits_.end(), scratch_.begin());
+      TokenLogprob lp;
+      const int32_t id = sampler.sample(scratch_.data(), V, req.logprobs >= 0 ? &lp : nullptr,
+                                        std::max(0, req.logprobs));
+      sampler.accept(id);
+      if (!take(id, req.logprobs >= 0 ? &lp : nullptr)) break;
+      forward_live({&id, 1});
+      ++stats_.decode_tokens;
+    }
   }
   if (!stops.stopped()) {
     GenerationEvent ev;

@@ -26,6 +26,10 @@ struct EngineOptions {
   int snapshot_every = 2048;            // also snapshot every N prompt tokens (0 = off)
   bool prefix_reuse = true;             // false = every request starts cold (testing, A/B)
   bool shared_kv_snapshots = true;      // snapshots keep only the recurrent state when possible
+  // Decode with sampling inside the model's backend (D2: captured steps, ids handed over
+  // asynchronously) for requests without logprobs: -1 where the model prefers it (cuda), 0 never,
+  // 1 whenever available (e.g. the cpu backend: tests of the same code path).
+  int device_sampling = -1;
 };
 
 struct GenerationRequest {
@@ -98,6 +102,10 @@ class Engine {
   // false if cancelled or past the deadline.
   bool prefill(const GenerationRequest& req, int from, const EventSink& sink);
   void forward_live(std::span<const int32_t> tokens);
+  // The decode loop inside the model (LanguageModel::generate); `take` handles each pick and says
+  // whether to go on. Keeps live_tokens_ / live_kv_ equal to what the state really consumed.
+  void decode_on_device(const GenerationRequest& req, int max_tokens, int n_valid,
+                        const std::function<bool(int32_t)>& take);
   // Makes the session cache give up (or copy out) shared snapshots whose KV rows are about to be
   // rewritten from position q with `incoming`, then records the new KV history.
   void overwrite_kv(int q, std::span<const int32_t> incoming, const Snapshot* protect = nullptr);

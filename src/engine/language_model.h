@@ -2,12 +2,14 @@
 // forward call returning the last token's logits. Qwen36 is adapted to it; tests plug in fakes.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 
 namespace lily {
 
 class Qwen36;
+struct SamplingParams;
 
 // One sequence's state (KV cache + recurrent state for Qwen36).
 class LmState {
@@ -42,6 +44,21 @@ class LanguageModel {
     return nullptr;
   }
   virtual int64_t recurrent_bytes() const { return 0; }
+
+  // Optional decode loop with sampling inside the model's backend (D2). kNone: not available (or
+  // not for these parameters); kAvailable: works but does not pay (cpu); kPreferred: use it.
+  enum class DeviceLoop { kNone, kAvailable, kPreferred };
+  virtual DeviceLoop device_loop(const SamplingParams& p) const { return DeviceLoop::kNone; }
+  // Samples the first token from `logits` ([vocab], the logits after st's last token), then feeds
+  // each pick and samples the next, calling on_token(id) for every pick in order until it returns
+  // false or max_tokens picks were made. n_valid: ids >= n_valid are never picked; prompt seeds
+  // the repetition penalty. Returns c, the number of picks st consumed (picks[0, c), in order):
+  // max_tokens - 1 when all were made, else the number accepted (the step feeding the last
+  // accepted pick was already queued). On return `logits` holds the logits after st's last token.
+  virtual int generate(LmState& st, float* logits, int max_tokens, const SamplingParams& p, int n_valid,
+                       std::span<const int32_t> prompt, const std::function<bool(int32_t)>& on_token) {
+    return 0;
+  }
 };
 
 // Adapts a Qwen36 model (which must outlive the adapter).

@@ -1,7 +1,10 @@
 // LanguageModel adapter over the Qwen36 forward pass.
 #include "engine/language_model.h"
 
+#include <random>
+
 #include "core/common.h"
+#include "engine/sampler.h"
 #include "model/qwen36.h"
 
 namespace lily {
@@ -76,6 +79,24 @@ class Qwen36Lm : public LanguageModel {
     copy_gdn(s, *st);
     st->pos = s.pos;
     return std::make_unique<Qwen36LmState>(std::move(st));
+  }
+  DeviceLoop device_loop(const SamplingParams& p) const override {
+    if (p.logit_bias.size() > size_t(kMaxLogitBias)) return DeviceLoop::kNone;
+    return m_.backend().can_capture() ? DeviceLoop::kPreferred : DeviceLoop::kAvailable;
+  }
+  int generate(LmState& st, float* logits, int max_tokens, const SamplingParams& p, int n_valid,
+               std::span<const int32_t> prompt, const std::function<bool(int32_t)>& on_token) override {
+    LILY_CHECK(p.logit_bias.size() <= size_t(kMaxLogitBias), "generate: too many logit_bias entries");
+    uint64_t seed = p.seed;
+    if (!p.has_seed) seed = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+    SampleConfig c = make_sample_config(p.temperature, p.top_p, p.top_k, p.min_p, p.presence_penalty,
+                                        p.frequency_penalty, p.repetition_penalty, seed, n_valid);
+    for (const auto& [id, b] : p.logit_bias) {
+      c.bias_id[c.n_bias] = id;
+      c.bias[c.n_bias] = b;
+      ++c.n_bias;
+    }
+    return m_.generate_from_logits(cast(st), logits, max_tokens, c, prompt, on_token);
   }
   int64_t recurrent_bytes() const override {
     const ModelConfig& c = m_.config();

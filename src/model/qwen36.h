@@ -3,6 +3,7 @@
 // lives in the backend and is owned by a Qwen36State.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -35,6 +36,7 @@ class Qwen36 {
  public:
   // `host` stays alive as long as the model (it owns the mmap'd files).
   Qwen36(std::shared_ptr<const ModelWeights> host, Backend& backend, ModelOptions opt = {});
+  ~Qwen36();
 
   const ModelConfig& config() const { return w_.config; }
   Backend& backend() { return be_; }
@@ -61,12 +63,36 @@ class Qwen36 {
   // to out. Uses a captured decode step (D2) when the backend supports it (qwen36_decode.cpp).
   void generate_greedy(Qwen36State& st, int32_t first_token, int n, std::vector<int32_t>& out);
 
+  // Decode loop with sampling on the backend (D2, qwen36_decode.cpp): each step feeds the previous
+  // pick, runs layers → lm_head → the sample op (which writes the next pick into the input slot)
+  // as one captured graph, and the picks reach the host through a pinned two-slot ring with
+  // events: step i+1 is queued before the host waits for pick i, so there is no host
+  // synchronisation inside a step. on_token(id) is called for every pick in order; returning
+  // false stops; at most n picks are made. `seen`: tokens that count as seen for the repetition
+  // penalty (the prompt). cfg.step is usually 0.
+  //
+  // The state consumed exactly picks[0, c) after the start (c is returned): c = n - 1 when n
+  // picks were made (the last pick is never fed, as in a host loop), else c = the number of picks
+  // accepted, because the step feeding the last accepted pick was already queued when the host
+  // saw it. st.pos advances by c (+1 for first_token).
+  //
+  // generate: feeds first_token, then decodes. generate_from_logits: the first pick is sampled
+  // from `logits` (host [vocab]: the logits after the state's last token); on return `logits`
+  // holds the logits after the state's last consumed token.
+  using TokenFn = std::function<bool(int32_t)>;
+  int generate(Qwen36State& st, int32_t first_token, int n, const SampleConfig& cfg,
+               std::span<const int32_t> seen, const TokenFn& on_token);
+  int generate_from_logits(Qwen36State& st, float* logits, int n, const SampleConfig& cfg,
+                           std::span<const int32_t> seen, const TokenFn& on_token);
+
  private:
   void forward_chunk(Qwen36State& st, const int32_t* tokens_host, int T, float* logits_out,
                      bool all_logits);
   // Runs embed → layers → final norm for the T tokens already in tok_ (positions st.pos…), leaving
   // the normalised hidden states in xn_. Enqueues backend ops only (capturable).
   void run_layers(Qwen36State& st, int T);
+  int decode_loop(Qwen36State& st, int32_t first_token, float* logits, int n, const SampleConfig& cfg,
+                  std::span<const int32_t> seen, const TokenFn& on_token);
 
   std::shared_ptr<const ModelWeights> host_;
   Backend& be_;
@@ -81,6 +107,10 @@ class Qwen36 {
   float *mix_ = nullptr;                                             // [C, 4096]
   float* logits_ = nullptr;            // [logits_rows_, vocab]
   int logits_rows_ = 1;
+  // Device sampling (allocated on first use): parameters, penalty counts, pinned id ring.
+  SampleConfig* sample_cfg_ = nullptr;
+  int32_t* sample_counts_ = nullptr;   // [vocab]
+  int32_t* ring_ = nullptr;            // host, [2]
 };
 
 }  // namespace lily

@@ -9,8 +9,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/backend.h"
 #include "core/common.h"
 #include "engine/engine.h"
+#include "model/qwen36.h"
+#include "tiny_model.h"
 #include "server/openai_response.h"
 #include "tokenizer/chat_template.h"
 
@@ -500,6 +503,136 @@ TEST(Engine, SharedSnapshotsCostOnlyTheRecurrentState) {
   EXPECT_EQ(st.snapshots, 2);   // the turn boundary and the end of the prompt
   // recurrent part (1000) + logits (270 floats) + tokens, independent of the 600-token length
   EXPECT_EQ(st.bytes, 2 * (1000 + 270 * 4) + 4 * (302 + int64_t(prompt.size())));
+}
+
+}  // namespace
+}  // namespace lily
+
+namespace lily {
+namespace {
+
+// The device decode loop (LanguageModel::generate, D2) forced on the cpu backend with a real tiny
+// Qwen36: the same code path as on cuda. Its live-state record must stay exact: the follow-up
+// request reusing the live state must decode exactly like a cold engine.
+struct DeviceEngines {
+  TinyModel tiny;
+  std::unique_ptr<Backend> be = make_backend(BackendOptions{});
+  Qwen36 model{tiny.w, *be, ModelOptions{16}};
+  std::unique_ptr<LanguageModel> lm = make_qwen36_lm(model);
+  std::shared_ptr<FakeTokenizer> tok = std::make_shared<FakeTokenizer>();
+  std::unique_ptr<Engine> eng(int device, bool reuse) {
+    EngineOptions o;
+    o.ctx = 256;
+    o.device_sampling = device;
+    o.prefix_reuse = reuse;
+    return std::make_unique<Engine>(*lm, tok, o);
+  }
+};
+
+TEST(EngineDevice, GreedyMatchesTheHostLoop) {
+  DeviceEngines d;
+  auto host = d.eng(0, true), dev = d.eng(1, true);
+  auto req = greedy(d.tok->encode("hello there", true), 24);
+  req.ignore_eos = true;
+  const auto a = host->generate(req);
+  const auto b = dev->generate(req);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(b.finish_reason, "length");
+  EXPECT_EQ(dev->stats().decode_tokens, 23);   // the last pick is never fed
+}
+
+TEST(EngineDevice, LiveStateRecordStaysExactForEveryStopReason) {
+  DeviceEngines d;
+  const auto prompt = d.tok->encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", true);
+  // The greedy continuation, to place stop ids and stop strings on it.
+  std::vector<int32_t> seq;
+  {
+    auto e = d.eng(0, false);
+    auto req = greedy(prompt, 20);
+    req.ignore_eos = true;
+    seq = e->generate(req).tokens;
+  }
+  ASSERT_EQ(seq.size(), 20u);
+  for (int mode = 0; mode < 5; ++mode) {
+    auto dev = d.eng(1, true);
+    auto cold = d.eng(0, false);
+    GenerationRequest req = greedy(prompt, 12);
+    req.ignore_eos = true;
+    std::atomic<bool> cancel{false};
+    int events = 0;
+    EventSink sink;
+    size_t want_tokens = 12;
+    if (mode == 1) {   // stop id at pick 4
+      req.stop_ids = {seq[4]};
+      want_tokens = size_t(std::find(seq.begin(), seq.end(), seq[4]) - seq.begin()) + 1;
+    } else if (mode == 2) {   // cancel after 5 picks
+      req.cancel = &cancel;
+      sink = [&](const GenerationEvent& e) {
+        if (!e.ping && ++events == 5) cancel = true;
+      };
+      want_tokens = 5;
+    } else if (mode == 3) {   // sampling with a seed and penalties
+      req.sampling.temperature = 0.9f;
+      req.sampling.top_p = 0.9f;
+      req.sampling.top_k = 30;
+      req.sampling.presence_penalty = 0.5f;
+      req.sampling.repetition_penalty = 1.2f;
+      req.sampling.has_seed = true;
+      req.sampling.seed = 4;
+      want_tokens = 0;
+    } else if (mode == 4) {   // max_tokens = 1: nothing is fed back
+      req.max_tokens = 1;
+      want_tokens = 1;
+    }
+    const auto r = dev->generate(req, sink);
+    if (want_tokens) {
+      EXPECT_EQ(r.tokens.size(), want_tokens) << "mode " << mode;
+    }
+    if (mode == 0) {
+      EXPECT_EQ(r.tokens, std::vector<int32_t>(seq.begin(), seq.begin() + 12));
+    }
+    const bool all = r.finish_reason == "length";
+    const int consumed = int(r.tokens.size()) - (all ? 1 : 0);
+    EXPECT_EQ(dev->stats().decode_tokens, consumed) << "mode " << mode;
+    // Follow-up turn: the prompt extends everything sampled; the live state is reused as far as
+    // it really got, and decoding matches a cold engine token for token.
+    std::vector<int32_t> next = prompt;
+    next.insert(next.end(), r.tokens.begin(), r.tokens.end());
+    for (int32_t t : d.tok->encode("<|im_end|>\n<|im_start|>user\nmore<|im_end|>\n", true)) next.push_back(t);
+    auto req2 = greedy(next, 8);
+    req2.ignore_eos = true;
+    const auto w = dev->generate(req2);
+    const auto c = cold->generate(req2);
+    EXPECT_EQ(w.tokens, c.tokens) << "mode " << mode;
+    EXPECT_GE(w.cached_tokens, int(prompt.size()) + consumed) << "mode " << mode;
+  }
+}
+
+TEST(EngineDevice, StopStringsAreHeldBack) {
+  DeviceEngines d;
+  const auto prompt = d.tok->encode("abc", true);
+  std::string text;
+  {
+    auto e = d.eng(0, false);
+    auto req = greedy(prompt, 16);
+    req.ignore_eos = true;
+    text = e->generate(req).text;
+  }
+  // Stop on the first printable ASCII character of the greedy text (the fake decodes bytes 1:1).
+  size_t at = 0;
+  while (at < text.size() && !(text[at] > ' ' && text[at] < 127)) ++at;
+  if (at == text.size()) GTEST_SKIP() << "no printable character in the greedy text";
+  const std::string stop = text.substr(at, 1);
+  const size_t first = at;
+  auto dev = d.eng(1, true);
+  auto req = greedy(prompt, 16);
+  req.ignore_eos = true;
+  req.stop = {stop};
+  std::string streamed;
+  const auto r = dev->generate(req, [&](const GenerationEvent& e) { streamed += e.text; });
+  EXPECT_EQ(r.finish_reason, "stop");
+  EXPECT_EQ(r.text, text.substr(0, first));
+  EXPECT_EQ(streamed, r.text);
 }
 
 }  // namespace

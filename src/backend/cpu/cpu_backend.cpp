@@ -87,6 +87,9 @@ class CpuBackend final : public Backend {
     }
   }
   void increment(int32_t* p, int by) override { *p += by; }
+  void sample(const float* logits, int n, SampleConfig* cfg, int32_t* counts, int32_t* id) override {
+    cpu_sample(logits, n, cfg, counts, id);
+  }
 
  private:
   static void rmsnorm_row(const float* x, const float* w, int64_t n, float eps, float* out) {

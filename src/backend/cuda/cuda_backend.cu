@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 
 #include "backend/cuda/cuda_ops.h"
@@ -101,6 +102,8 @@ class CudaBackend final : public Backend {
     if (exec_) cudaGraphExecDestroy(exec_);
     if (graph_) cudaGraphDestroy(graph_);
     for (auto& e : events_) cudaEventDestroy(e);
+    for (auto& e : slot_ev_)
+      if (e) cudaEventDestroy(e);
     for (void* p : allocs_) cudaFree(p);
     cudaStreamDestroy(s_);
   }
@@ -379,6 +382,44 @@ class CudaBackend final : public Backend {
     flush();
     timed("increment", 0, [&] { cuda::increment(p, by, s_); });
   }
+
+  // ---- sampling and the asynchronous id hand-off (D2) -------------------------------------
+  void sample(const float* logits, int n, SampleConfig* cfg, int32_t* counts, int32_t* id) override {
+    flush();
+    const int64_t need = cuda::sample_workspace_bytes(n);
+    if (need > sample_ws_bytes_) {
+      LILY_CHECK(!capturing_, "cuda backend: the sample workspace must grow before graph capture");
+      if (sample_ws_) free(sample_ws_);
+      sample_ws_ = alloc_bytes(need);   // zeroed: the kernels rely on it
+      sample_ws_bytes_ = need;
+    }
+    timed("sample", double(n) * 12, [&] { cuda::sample(logits, n, cfg, counts, id, sample_ws_, s_); });
+  }
+  void* alloc_host(int64_t bytes) override {
+    void* p = nullptr;
+    CUDA_CHECK(cudaMallocHost(&p, std::max<int64_t>(bytes, 16)));
+    std::memset(p, 0, std::max<int64_t>(bytes, 16));
+    return p;
+  }
+  void free_host(void* p) override {
+    if (p) CUDA_CHECK(cudaFreeHost(p));
+  }
+  void copy_to_host_async(void* dst, const void* src, int64_t bytes) override {
+    flush();
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s_));
+  }
+  void record_event(int slot) override {
+    flush();
+    LILY_CHECK(slot >= 0 && slot < 8, "cuda record_event: slot out of range");
+    if (!slot_ev_[slot]) CUDA_CHECK(cudaEventCreateWithFlags(&slot_ev_[slot], cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(slot_ev_[slot], s_));
+  }
+  void wait_event(int slot) override {
+    LILY_CHECK(slot >= 0 && slot < 8 && slot_ev_[slot], "cuda wait_event: slot never recorded");
+    CUDA_CHECK(cudaEventSynchronize(slot_ev_[slot]));
+  }
+  bool can_capture() const override { return !abl_.has("D2"); }
+  int last_sample_path() { return sample_ws_ ? cuda::sample_last_path(sample_ws_) : -1; }
 
   // ---- capture (D2) -----------------------------------------------------------------------
   bool begin_capture() override {
@@ -771,6 +812,9 @@ class CudaBackend final : public Backend {
   std::map<const void*, std::pair<const void*, int64_t>> uploaded_;
   int64_t bytes_ = 0;
   void* argmax_ws_ = nullptr;
+  void* sample_ws_ = nullptr;
+  int64_t sample_ws_bytes_ = 0;
+  cudaEvent_t slot_ev_[8] = {};
   float* ws_ = nullptr;
   int64_t ws_floats_ = 0;
   std::vector<GemvJob> pend_;
@@ -821,6 +865,10 @@ std::vector<double> time_ops(Backend& be, const std::function<void()>& op, int w
 }
 std::vector<int32_t> last_moe_ids(Backend& be) { return as_cuda(be).last_moe_ids(); }
 int64_t device_bytes(Backend& be) { return as_cuda(be).device_bytes(); }
+int last_sample_path(Backend& be) {
+  as_cuda(be).synchronize();
+  return as_cuda(be).last_sample_path();
+}
 
 double copy_bandwidth_gbs(Backend& be, int64_t bytes) {
   CudaBackend& cb = as_cuda(be);

@@ -39,6 +39,9 @@ std::string device_name();
 // Device time per node of a graph of dependent no-op kernels (the per-kernel floor of a step),
 // with or without programmatic dependent launch.
 double launch_floor_us(Backend& be, bool pdl);
+// How the last sample op picked: 0 greedy, 1 index-order draw, 2 sorted candidates, 3 radix
+// fallback (synchronises; for tests).
+int last_sample_path(Backend& be);
 // Switches optimizations off or on at run time (same ids as BackendOptions::ablations); a captured
 // step must be captured again afterwards.
 void set_ablations(Backend& be, const Ablations& a);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "backend/backend.h"
 #include "backend/cuda/cuda_common.cuh"
 
 namespace lily::cuda {
@@ -54,6 +55,15 @@ void increment(int32_t* p, int by, cudaStream_t s);
 void spin(uint64_t ns, cudaStream_t s);
 // Fills n floats with uniform values in [-scale, scale) from a counter-based hash (bench only).
 void fill_uniform(float* p, int64_t n, float scale, uint64_t seed, cudaStream_t s);
+
+// ---- sampling.cu ---------------------------------------------------------------------------
+// The sample op (backend.h Backend::sample): three kernels, no host synchronisation. `ws` from
+// sample_workspace_bytes(n), zeroed once at allocation (the kernels leave it ready for the next call).
+int64_t sample_workspace_bytes(int n);
+void sample(const float* logits, int n, SampleConfig* cfg, int32_t* counts, int32_t* id, void* ws, cudaStream_t s);
+// How the last pick was made: 0 greedy, 1 index-order draw, 2 sorted candidates, 3 radix fallback
+// (synchronous; tests only).
+int sample_last_path(const void* ws);
 
 // ---- gdn.cu --------------------------------------------------------------------------------
 struct GdnDims {
