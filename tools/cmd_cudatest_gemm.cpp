@@ -290,16 +290,24 @@ int run(const Options& o) {
     const int N = int(s.host.rows), K = int(s.host.cols);
     const int T = s.big ? 128 : 4096;
     if (int64_t(T) * N > max_y) continue;
-    for (int v = 0; v < 3; ++v) {   // fp16, bf16, fp16 with P1 off
-      const bool p1 = v == 2;
+    // fp16 (auto tile), bf16, fp16 with P1 off, fp16 with the M-tile forced to 64 / 128; matrices
+    // under LILY_GEMM_SMALL_N rows run the f32 GEMV by default: also timed on the GEMM.
+    const char* names[6] = {"fp16", "bf16", "fp16 P1 off", "fp16 BM=64", "fp16 BM=128", "fp16 on GEMM"};
+    for (int v = 0; v < 6; ++v) {
+      const bool small = N < 64;
+      if ((small && (v == 3 || v == 4)) || (!small && v == 5)) continue;
       set_gemm_precision(v != 1);
-      set_abl(p1 ? std::vector<std::string>{"P1"} : std::vector<std::string>{});
+      set_abl(v == 2 ? std::vector<std::string>{"P1"} : std::vector<std::string>{});
+      setenv("LILY_GEMM_BM", v == 3 ? "64" : v == 4 ? "128" : "", 1);
+      setenv("LILY_GEMM_SMALL_N", v == 5 ? "0" : "", 1);
       const double ms = median(cuda_tools::time_ops(*gpu, [&] { gpu->matmul(s.dev, xd, T, yd); }, 3, 20));
       const double tf = 2.0 * T * N * K / (ms * 1e-3) / 1e12;
-      std::printf("gemm %-26s %6dx%-4d T=%-4d %s %s %8.3f ms  %6.1f TFLOP/s (%4.1f%% of peak)\n", s.name.c_str(), N, K,
-                  T, v == 1 ? "bf16" : "fp16", p1 ? "P1 off" : "      ", ms, tf, 100 * tf / peak);
+      std::printf("gemm %-26s %6dx%-4d T=%-4d %-12s %8.3f ms  %6.1f TFLOP/s (%4.1f%% of peak)\n", s.name.c_str(), N,
+                  K, T, small && v == 0 ? "f32 GEMV" : names[v], ms, tf, 100 * tf / peak);
     }
   }
+  unsetenv("LILY_GEMM_BM");
+  unsetenv("LILY_GEMM_SMALL_N");
   set_abl({});
   set_gemm_precision(true);
   const int H = c.hidden_size, I = c.moe_intermediate_size, k = c.num_experts_per_tok;

@@ -31,8 +31,10 @@ int gemm_emu_min_t() {
 }
 
 bool gemm_emu_applies(const QMatrix& W) {
+  const char* v = std::getenv("LILY_GEMM_SMALL_N");   // gemm_small_n() of the CUDA backend
+  const int small_n = v && *v ? std::atoi(v) : 64;
   return (W.type == WType::kAffine4 || W.type == WType::kAffine8) && W.group_size == 64 && !W.sb_f32 &&
-         W.cols % 512 == 0 && W.rows > 0;
+         W.cols % 512 == 0 && W.rows > 0 && W.rows >= small_n;
 }
 
 namespace {
@@ -46,9 +48,32 @@ double round_to(double v, int frac, int emin) {
 }
 }  // namespace
 
-float round_bf16(double v) { return float(round_to(v, 7, -126)); }
+// Fast paths: when v is exactly a float (always, for the products formed here), nearest-even
+// rounding of its f32 bits; the general path only for inexact, subnormal-fp16 or huge values.
+float round_bf16(double v) {
+  const float f = float(v);
+  if (double(f) == v && std::isfinite(f)) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+    float r;
+    std::memcpy(&r, &u, 4);
+    return r;
+  }
+  return float(round_to(v, 7, -126));
+}
 
 float round_fp16(double v) {
+  const float f = float(v);
+  if (double(f) == v && std::fabs(f) >= 0x1p-14f && std::fabs(f) <= 65504.f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u = (u + 0xFFFu + ((u >> 13) & 1u)) & 0xFFFFE000u;
+    float r;
+    std::memcpy(&r, &u, 4);
+    return r;
+  }
+  if (v == 0) return float(v);
   const double r = round_to(v, 10, -14);
   return std::fabs(r) > 65504.0 ? float(std::copysign(INFINITY, r)) : float(r);
 }
@@ -83,7 +108,8 @@ void qmatmul_emulated(GemmEmu mode, const QMatrix& W, const float* x, int T, flo
       float amax = 0;
       for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(xt[k]));
       const int s = fp16_row_exp(amax);
-      for (int64_t k = 0; k < K; ++k) at[k] = std::ldexp(round_fp16(std::ldexp(double(xt[k]), s)), -s);
+      const double up = std::ldexp(1.0, s), down = std::ldexp(1.0, -s);   // exact scalings
+      for (int64_t k = 0; k < K; ++k) at[k] = float(double(round_fp16(double(xt[k]) * up)) * down);
     } else {
       for (int64_t k = 0; k < K; ++k) at[k] = round_bf16(xt[k]);
     }
@@ -114,7 +140,7 @@ void qmatmul_emulated(GemmEmu mode, const QMatrix& W, const float* x, int T, flo
               wl[size_t(i * K + k)] = round_bf16(double(v) - hi);
             } else {
               const double q = double((wr[k / 8] >> (4 * (k % 8))) & 15u);
-              out[k] = f16 ? float(std::ldexp(double(round_fp16(q * s16 + b16)), -kFp16WExp))
+              out[k] = f16 ? float(double(round_fp16(q * s16 + b16)) * (1.0 / (1 << kFp16WExp)))
                            : round_bf16(q * s + b);
             }
           }

@@ -604,9 +604,16 @@ class CudaBackend final : public Backend {
   }
   void flush_mm() {
     if (pend_.empty()) return;
-    if (pend_T_ >= gemm_min_t_ &&
-        std::all_of(pend_.begin(), pend_.end(), [](const GemvJob& j) { return gemm_ok(j.w); }))
-      return flush_gemm();
+    if (pend_T_ >= gemm_min_t_) {   // prefill: the GEMM for what it takes, GEMV for the rest
+      std::vector<GemvJob> big, small;
+      for (const GemvJob& j : pend_) (gemm_takes(j.w) ? big : small).push_back(j);
+      if (!big.empty()) {
+        pend_.swap(big);
+        flush_gemm();   // empties pend_
+      }
+      pend_.swap(small);
+      if (pend_.empty()) return;
+    }
     std::string name = "gemv ";
     double bytes = 0;
     for (size_t i = 0; i < pend_.size(); ++i) {

@@ -197,9 +197,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   float* srf = reinterpret_cast<float*>(sgf + BM * (kMaxGrpK / 64));
 
   pdl_trigger();
-  pdl_wait();
+  // Plain mode: the tile is known without the previous kernel's results, so the first stages' weights
+  // (immutable) are requested before the PDL wait; grouped mode needs the tile list first.
+  const bool plain = a.tiles == nullptr;
+  if (!plain) pdl_wait();
   int group = 0, pos0, rows;
-  if (a.tiles) {
+  if (!plain) {
     if (int(blockIdx.x) >= *a.n_tiles) return;
     const int4 tl = a.tiles[blockIdx.x];
     group = tl.x;
@@ -255,6 +258,21 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     sbsrc = static_cast<const uint8_t*>(base) + gsoff + int64_t(sbval ? col : 0) * (K / 64) * 2;
     sbdst = smem_addr(((tid & 1) ? sbb : sbs) + r * 8);
   }
+  const uint32_t sm0 = smem_addr(smem);
+  auto load_b = [&](int kg) {
+    const uint32_t st = sm0 + (kg % kStages) * SB;
+#pragma unroll
+    for (int j = 0; j < BCH; ++j)
+      cp_async16(st + a_tiles<BT>() * BM * 128 + bdst[j], bsrc[j] + int64_t(kg) * RB, bval[j]);
+    if (BT != kBF && (kg & 7) == 0 && sbsrc)
+      cp_async16(sbdst + ((kg >> 3) & 1) * kBN * 16, sbsrc + (kg >> 3) * 16, sbval);
+  };
+  if (plain) {   // uncommitted: they join the first stage's commit group below
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s)
+      if (s < nk) load_b(s);
+    pdl_wait();
+  }
   constexpr int AT = a_tiles<BT>();
   const uint16_t* asrc[ACH];
   bool aval[ACH];
@@ -268,18 +286,17 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     asrc[j] = a.a + int64_t(src) * K + c * 8;
     adst[j] = swz(m, c);
   }
-  const uint32_t sm0 = smem_addr(smem);
-  auto load_stage = [&](int kg) {
+  auto load_a = [&](int kg) {
     const uint32_t st = sm0 + (kg % kStages) * SB;
 #pragma unroll
     for (int j = 0; j < ACH; ++j) {
       cp_async16(st + adst[j], asrc[j] + kg * kBK, aval[j]);
       if (AT == 2) cp_async16(st + BM * 128 + adst[j], asrc[j] + (a.a_lo - a.a) + kg * kBK, aval[j]);
     }
-#pragma unroll
-    for (int j = 0; j < BCH; ++j) cp_async16(st + AT * BM * 128 + bdst[j], bsrc[j] + int64_t(kg) * RB, bval[j]);
-    if (BT != kBF && (kg & 7) == 0 && sbsrc)
-      cp_async16(sbdst + ((kg >> 3) & 1) * kBN * 16, sbsrc + (kg >> 3) * 16, sbval);
+  };
+  auto load_stage = [&](int kg) {
+    load_a(kg);
+    load_b(kg);
   };
 
   // AM 2: the row's exponents per group -> factors 2^(s_row - s_g) <= 1 (s_row = min over groups,
@@ -310,9 +327,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
+  // Commit group s holds stage s (plain mode: group 0 also holds the early weights of stages 1, 2,
+  // which only completes them sooner than the wait for their own stage requires).
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < nk) load_stage(s);
+    if (s < nk) {
+      if (plain) load_a(s);
+      else load_stage(s);
+    }
     cp_commit();
   }
 
@@ -640,6 +662,10 @@ bool gemm_f16() {
 bool gemm_ok(const QMat& w) {
   return (w.type == kQ4 || w.type == kQ8) && w.gs == 64 && !w.sb_f32 && w.cols % 512 == 0 && w.rows > 0;
 }
+
+int gemm_small_n() { return env_int("LILY_GEMM_SMALL_N", 64); }
+
+bool gemm_takes(const QMat& w) { return gemm_ok(w) && w.rows >= gemm_small_n(); }
 
 void gemm_convert_a(const float* x, int T, int K, const GemmA& o, cudaStream_t s) {
   LILY_CHECK(!o.f16 || (o.a && o.rs), "gemm_convert_a: fp16 needs the row scales");

@@ -31,6 +31,12 @@ constexpr int kGemmF16WExp = 8;   // fp16: weights enter as (s·2^8)·q + b·2^8
 
 // True when the GEMM handles W: 4/8-bit affine with group 64 and bf16 scales, cols % 512 == 0.
 bool gemm_ok(const QMat& w);
+// Matrices with fewer rows than this (in_proj_a/b: 32, shared_expert_gate: 1) go to the f32 GEMV
+// kernels even in prefill: a GEMM CTA would walk all of K for a mostly empty 128-row tile, ~30
+// serial k-steps with little work in each. LILY_GEMM_SMALL_N (default 64; 0 = GEMM for all).
+int gemm_small_n();
+// gemm_ok(w) and w.rows >= gemm_small_n(): the prefill matmul path for W.
+bool gemm_takes(const QMat& w);
 
 // The GEMM's view of one input x [T, K], all in the mma k-order (device buffers of T·K halves,
 // rs of T floats):
