@@ -12,7 +12,7 @@
 namespace lily::cuda {
 
 // ---- gemm.cu -----------------------------------------------------------------------------
-// Activations enter the GEMM as bf16 in the "mma k-order": inside every 64-column group, column
+// Activations enter the GEMM as fp16/bf16 in the "mma k-order": inside every 64-column group, column
 // L of the staged row holds input column gemm_kperm(L). The order matches how a thread's packed
 // 4-bit (or 8-bit) codes map onto its mma B fragment, so codes are dequantised straight from the
 // shared-memory copy of the MLX layout into fragments; A is permuted instead of the weights.
