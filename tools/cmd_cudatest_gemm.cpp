@@ -1,8 +1,11 @@
 // `lily cuda-test-gemm`: the prefill matrix path of the cuda backend (tensor-core GEMM with fused
 // dequantisation, MoE prefill with device routing) against the cpu backend on the full-width
-// synthetic weights: every real matmul shape at several T with P1 on and off, the MoE block with
-// P2 on and off and every expert M-tile (P3). One PASS/FAIL line per case with its errors; exits
-// non-zero on any failure. `--bench` times the shapes at T=4096 and the MoE block with CUDA events.
+// synthetic weights: every real matmul shape at several T with P1 on and off, in fp16 and bf16
+// operands (LILY_GEMM_BF16), the MoE block with P2 on and off and every expert M-tile (P3). Each
+// case is compared with the exact f32 cpu result and with the cpu emulation of the GPU's operand
+// rounding (LILY_CPU_EMULATE, gemm_emulate.h): against the latter only summation order remains, so
+// its bound is tight and catches a wrong exponent, scale or rounding that the f32 bound would
+// tolerate. One PASS/FAIL line per case with its errors; exits non-zero on any failure. `--bench` times the shapes at T=4096 and the MoE block with CUDA events.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -56,17 +59,22 @@ Err compare(const float* got, int64_t ld_got, const float* ref, int64_t ld_ref, 
 // Bounds: bf16 rounding of activations and weights gives RMS ~2e-3 and max ~2e-3 of max|ref| on
 // these shapes; a wrong fragment, tile edge or group shows up far above both.
 constexpr double kRmsBound = 1e-2, kMaxBound = 5e-2;
+// Against the emulated rounding: f32 summation order (~1e-6) and rare one-ulp differences of a
+// rounded SwiGLU activation.
+constexpr double kEmuRmsBound = 1e-4, kEmuMaxBound = 2e-3;
 
 struct Tally {
   int pass = 0, fail = 0;
-  void report(const std::string& what, const Err& e, const std::string& extra = "") {
-    const bool ok = e.finite && e.rms <= kRmsBound && e.maxrel <= kMaxBound;
+  void report(const std::string& what, const Err& e, const Err& emu, const std::string& extra = "") {
+    const bool ok = e.finite && e.rms <= kRmsBound && e.maxrel <= kMaxBound && emu.finite && emu.rms <= kEmuRmsBound &&
+                    emu.maxrel <= kEmuMaxBound;
     (ok ? pass : fail) += 1;
-    std::printf("%-4s %-52s rms %.2e  max %.2e%s\n", ok ? "PASS" : "FAIL", what.c_str(), e.rms, e.maxrel,
-                extra.c_str());
+    std::printf("%-4s %-58s rms %.2e  max %.2e | vs emulated rms %.2e  max %.2e%s\n", ok ? "PASS" : "FAIL",
+                what.c_str(), e.rms, e.maxrel, emu.rms, emu.maxrel, extra.c_str());
     std::fflush(stdout);
   }
 };
+void set_gemm_precision(bool f16) { setenv("LILY_GEMM_BF16", f16 ? "0" : "1", 1); }
 
 std::vector<float> random_vec(int64_t n, uint32_t seed, float scale) {
   std::mt19937 rng(seed);
@@ -111,6 +119,15 @@ int run(const Options& o) {
   BackendOptions cuda_opt;
   cuda_opt.name = "cuda";
   auto cpu = make_backend(cpu_opt);
+  // Emulating cpu backends (they read LILY_CPU_EMULATE when made); [0] bf16, [1] fp16.
+  std::unique_ptr<Backend> emu[2];
+  const char* old_emu = std::getenv("LILY_CPU_EMULATE");
+  const std::string keep = old_emu ? old_emu : "";
+  setenv("LILY_CPU_EMULATE", "bf16", 1);
+  emu[0] = make_backend(cpu_opt);
+  setenv("LILY_CPU_EMULATE", "fp16", 1);
+  emu[1] = make_backend(cpu_opt);
+  setenv("LILY_CPU_EMULATE", keep.c_str(), 1);
   auto gpu = make_backend(cuda_opt);
   SyntheticOptions so;
   so.layers = 4;   // layer 0: GDN, layer 3: attention
@@ -159,31 +176,43 @@ int run(const Options& o) {
         // Reference: whole matrix, or two row slices of lm_head (first and last 8192 rows).
         std::vector<std::pair<int64_t, int64_t>> slices = {{0, N}};
         if (s.big) slices = {{0, 8192}, {N - 8192, 8192}};
-        std::vector<std::vector<float>> ref;
+        std::vector<std::vector<float>> ref, eref[2];
         for (auto [r0, n] : slices) {
+          const QMatrix w = s.big ? s.host.row_slice(r0, n) : s.host;
           ref.emplace_back(size_t(T) * n);
-          cpu->matmul(s.big ? s.host.row_slice(r0, n) : s.host, x.data(), T, ref.back().data());
+          cpu->matmul(w, x.data(), T, ref.back().data());
+          for (int f = 0; f < 2; ++f) {
+            eref[f].emplace_back(size_t(T) * n);
+            emu[f]->matmul(w, x.data(), T, eref[f].back().data());
+          }
         }
         gpu->copy_from_host(xd, x.data(), 4LL * T * K);
         std::vector<float> y(size_t(T) * N);
-        for (int p1 = 0; p1 < 2; ++p1) {
-          set_abl(p1 ? std::vector<std::string>{"P1"} : std::vector<std::string>{});
-          gpu->fill_zero(yd, 4LL * T * N);
-          gpu->matmul(s.dev, xd, T, yd);
-          gpu->copy_to_host(y.data(), yd, 4LL * T * N);
-          Err e{};
-          for (size_t i = 0; i < slices.size(); ++i) {
-            const Err ei = compare(y.data() + slices[i].first, N, ref[i].data(), slices[i].second,
-                                   slices[i].second, all_rows(T));
-            e.rms = std::max(e.rms, ei.rms);
-            e.maxrel = std::max(e.maxrel, ei.maxrel);
-            e.finite = e.finite && ei.finite;
+        for (int f16 = 1; f16 >= 0; --f16)
+          for (int p1 = 0; p1 < 2; ++p1) {
+            set_gemm_precision(f16);
+            set_abl(p1 ? std::vector<std::string>{"P1"} : std::vector<std::string>{});
+            gpu->fill_zero(yd, 4LL * T * N);
+            gpu->matmul(s.dev, xd, T, yd);
+            gpu->copy_to_host(y.data(), yd, 4LL * T * N);
+            Err e{}, ee{};
+            for (size_t i = 0; i < slices.size(); ++i) {
+              const Err ei = compare(y.data() + slices[i].first, N, ref[i].data(), slices[i].second,
+                                     slices[i].second, all_rows(T));
+              const Err ej = compare(y.data() + slices[i].first, N, eref[f16][i].data(), slices[i].second,
+                                     slices[i].second, all_rows(T));
+              e.rms = std::max(e.rms, ei.rms);
+              e.maxrel = std::max(e.maxrel, ei.maxrel);
+              e.finite = e.finite && ei.finite;
+              ee.rms = std::max(ee.rms, ej.rms);
+              ee.maxrel = std::max(ee.maxrel, ej.maxrel);
+              ee.finite = ee.finite && ej.finite;
+            }
+            char what[160];
+            std::snprintf(what, sizeof what, "gemm %-26s %6dx%-4d T=%-4d %s %s", s.name.c_str(), N, K, T,
+                          f16 ? "fp16" : "bf16", p1 ? "P1 off" : "");
+            tally.report(what, e, ee);
           }
-          char what[128];
-          std::snprintf(what, sizeof what, "gemm %-26s %6dx%-4d T=%-4d %s", s.name.c_str(), N, K, T,
-                        p1 ? "P1 off" : "");
-          tally.report(what, e);
-        }
       }
     }
     set_abl({});
@@ -194,52 +223,66 @@ int run(const Options& o) {
     for (int T : {16, 200, 1024}) {
       const std::vector<float> x = random_vec(int64_t(T) * H, uint32_t(T * 31 + 5), 1.7f);
       std::vector<float> ref(size_t(T) * H), logits(size_t(T) * E), y(size_t(T) * H);
+      std::vector<float> eref[2] = {std::vector<float>(size_t(T) * H), std::vector<float>(size_t(T) * H)};
+      std::vector<float> elogits(size_t(T) * E);
       cpu->moe(c, hm, x.data(), T, ref.data());
       cpu->matmul(hm.gate, x.data(), T, logits.data());
+      for (int f = 0; f < 2; ++f) emu[f]->moe(c, hm, x.data(), T, eref[f].data());
+      emu[0]->matmul(hm.gate, x.data(), T, elogits.data());   // 8-bit: the same split in both modes
       gpu->copy_from_host(xd, x.data(), 4LL * T * H);
       struct Variant {
         const char* tile;
         bool p2off;
+        bool f16;
       };
-      for (const Variant& v : {Variant{"", false}, Variant{"32", false}, Variant{"64", false}, Variant{"128", false},
-                               Variant{"", true}}) {
+      for (const Variant& v : {Variant{"", false, true}, Variant{"32", false, true}, Variant{"64", false, true},
+                               Variant{"128", false, true}, Variant{"", true, true}, Variant{"", false, false},
+                               Variant{"32", false, false}, Variant{"128", false, false}, Variant{"", true, false}}) {
         setenv("LILY_MOE_TILE", v.tile, 1);
+        set_gemm_precision(v.f16);
         set_abl(v.p2off ? std::vector<std::string>{"P2"} : std::vector<std::string>{});
         gpu->fill_zero(yd, 4LL * T * H);
         gpu->moe(c, dm, xd, T, yd);
         gpu->copy_to_host(y.data(), yd, 4LL * T * H);
         const std::vector<int32_t> ids = cuda_tools::last_moe_ids(*gpu);
-        // Tokens whose top-k set differs (router near-ties under bf16 rounding) are excluded
-        // from the error and counted; more than 2% of them is a failure by itself.
-        std::vector<int> same;
+        // Tokens whose top-k set differs (router near-ties) are excluded from the error and
+        // counted; more than 2% of them is a failure by itself. Against f32 routing (same) and
+        // against the emulated router's routing (esame, for the emulated comparison).
+        std::vector<int> same, esame;
         int diff = 0;
         for (int t = 0; t < T; ++t) {
           std::vector<int> a = topk_set(logits.data() + int64_t(t) * E, E, k);
-          std::vector<int> b(ids.begin() + int64_t(t) * k, ids.begin() + int64_t(t + 1) * k);
+          std::vector<int> ae = topk_set(elogits.data() + int64_t(t) * E, E, k);
+          std::vector<int> b;
+          if (ids.size() == size_t(T) * k) b.assign(ids.begin() + int64_t(t) * k, ids.begin() + int64_t(t + 1) * k);
           std::sort(b.begin(), b.end());
-          if (ids.size() == size_t(T) * k && a == b) same.push_back(t);
+          if (a == b) same.push_back(t);
           else ++diff;
+          if (ae == b) esame.push_back(t);
         }
         Err e = compare(y.data(), H, ref.data(), H, H, same);
+        const Err ee = compare(y.data(), H, eref[v.f16].data(), H, H, esame);
         if (diff > std::max(1, T / 50)) e.finite = false;
-        char what[128], extra[96];
-        std::snprintf(what, sizeof what, "moe T=%-4d tile %-4s %s", T, *v.tile ? v.tile : "auto",
-                      v.p2off ? "P2 off (host routing)" : "");
+        char what[160], extra[96];
+        std::snprintf(what, sizeof what, "moe T=%-4d tile %-4s %s %s", T, *v.tile ? v.tile : "auto",
+                      v.f16 ? "fp16" : "bf16", v.p2off ? "P2 off (host routing)" : "");
         std::snprintf(extra, sizeof extra, "  routing differs on %d/%d tokens%s", diff, T,
                       diff > std::max(1, T / 50) ? " (too many)" : "");
-        tally.report(what, e, extra);
+        tally.report(what, e, ee, extra);
       }
     }
     unsetenv("LILY_MOE_TILE");
     set_abl({});
-    std::printf("cuda-test-gemm: %s (%d passed, %d failed; bounds rms <= %.0e, max <= %.0e of max|ref|)\n",
-                tally.fail ? "FAIL" : "PASS", tally.pass, tally.fail, kRmsBound, kMaxBound);
+    unsetenv("LILY_GEMM_BF16");
+    std::printf("cuda-test-gemm: %s (%d passed, %d failed; bounds rms <= %.0e, max <= %.0e of max|ref|; "
+                "vs emulated rms <= %.0e, max <= %.0e)\n",
+                tally.fail ? "FAIL" : "PASS", tally.pass, tally.fail, kRmsBound, kMaxBound, kEmuRmsBound, kEmuMaxBound);
     return tally.fail ? 1 : 0;
   }
 
   // ---- bench ----
   const double peak = 790.0;   // H200 nominal dense bf16 tensor-core TFLOP/s
-  std::printf("bench: median of 20 after 3 warm-up calls; whole op = x->bf16 conversion + GEMM; "
+  std::printf("bench: median of 20 after 3 warm-up calls; whole op = x conversion + GEMM; "
               "nominal bf16 dense peak %.0f TFLOP/s\n", peak);
   gpu->fill_zero(xd, 4 * max_x);
   cuda_tools::fill_uniform(*gpu, xd, max_x, 1.7f, 7);
@@ -247,31 +290,44 @@ int run(const Options& o) {
     const int N = int(s.host.rows), K = int(s.host.cols);
     const int T = s.big ? 128 : 4096;
     if (int64_t(T) * N > max_y) continue;
-    for (int p1 = 0; p1 < 2; ++p1) {
-      set_abl(p1 ? std::vector<std::string>{"P1"} : std::vector<std::string>{});
+    // fp16 (auto tile), bf16, fp16 with P1 off, fp16 with the M-tile forced to 64 / 128; matrices
+    // under LILY_GEMM_SMALL_N rows run the f32 GEMV by default: also timed on the GEMM.
+    const char* names[6] = {"fp16", "bf16", "fp16 P1 off", "fp16 BM=64", "fp16 BM=128", "fp16 on GEMM"};
+    for (int v = 0; v < 6; ++v) {
+      const bool small = N < 64;
+      if ((small && (v == 3 || v == 4)) || (!small && v == 5)) continue;
+      set_gemm_precision(v != 1);
+      set_abl(v == 2 ? std::vector<std::string>{"P1"} : std::vector<std::string>{});
+      setenv("LILY_GEMM_BM", v == 3 ? "64" : v == 4 ? "128" : "", 1);
+      setenv("LILY_GEMM_SMALL_N", v == 5 ? "0" : "", 1);
       const double ms = median(cuda_tools::time_ops(*gpu, [&] { gpu->matmul(s.dev, xd, T, yd); }, 3, 20));
       const double tf = 2.0 * T * N * K / (ms * 1e-3) / 1e12;
-      std::printf("gemm %-26s %6dx%-4d T=%-4d %s %8.3f ms  %6.1f TFLOP/s (%4.1f%% of peak)\n", s.name.c_str(), N, K, T,
-                  p1 ? "P1 off" : "      ", ms, tf, 100 * tf / peak);
+      std::printf("gemm %-26s %6dx%-4d T=%-4d %-12s %8.3f ms  %6.1f TFLOP/s (%4.1f%% of peak)\n", s.name.c_str(), N,
+                  K, T, small && v == 0 ? "f32 GEMV" : names[v], ms, tf, 100 * tf / peak);
     }
   }
+  unsetenv("LILY_GEMM_BM");
+  unsetenv("LILY_GEMM_SMALL_N");
   set_abl({});
+  set_gemm_precision(true);
   const int H = c.hidden_size, I = c.moe_intermediate_size, k = c.num_experts_per_tok;
   for (int T : {512, 2048, 4096}) {
     const double flop = 2.0 * T * (double(k) * 3 * I * H + 3.0 * I * H + double(c.num_experts) * H);
-    for (const char* tile : {"", "32", "64", "128", "P2"}) {
-      const bool p2 = std::string(tile) == "P2";
-      setenv("LILY_MOE_TILE", p2 ? "" : tile, 1);
+    for (const char* tile : {"", "32", "64", "128", "P2", "bf16"}) {
+      const bool p2 = std::string(tile) == "P2", bf = std::string(tile) == "bf16";
+      setenv("LILY_MOE_TILE", p2 || bf ? "" : tile, 1);
+      set_gemm_precision(!bf);
       set_abl(p2 ? std::vector<std::string>{"P2"} : std::vector<std::string>{});
       const double ms =
           median(cuda_tools::time_ops(*gpu, [&] { gpu->moe(c, dev.layers[0].mlp, xd, T, yd); }, 3, 20));
       const double tf = flop / (ms * 1e-3) / 1e12;
       std::printf("moe T=%-4d %-14s %8.3f ms  %6.1f TFLOP/s (%4.1f%% of peak)  %8.0f tok/s per layer\n", T,
-                  p2 ? "P2 off" : *tile ? (std::string("tile ") + tile).c_str() : "tile auto", ms, tf,
+                  p2 ? "P2 off" : bf ? "bf16 tile auto" : *tile ? (std::string("tile ") + tile).c_str() : "tile auto", ms, tf,
                   100 * tf / peak, T / (ms * 1e-3));
     }
     // Per-stage split of the default configuration (profiler events, one call).
     unsetenv("LILY_MOE_TILE");
+    set_gemm_precision(true);
     set_abl({});
     cuda_tools::set_profiling(*gpu, true);
     gpu->moe(c, dev.layers[0].mlp, xd, T, yd);

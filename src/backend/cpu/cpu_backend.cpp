@@ -9,6 +9,7 @@
 #include <numeric>
 #include <vector>
 
+#include "backend/cpu/gemm_emulate.h"
 #include "backend/cpu/qmatmul.h"
 #include "core/common.h"
 #include "core/thread_pool.h"
@@ -28,7 +29,8 @@ inline float* scratch(std::vector<float>& v, int64_t n) {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(const BackendOptions& opt) : pool_(opt.threads) {}
+  explicit CpuBackend(const BackendOptions& opt)
+      : pool_(opt.threads), emu_(gemm_emu_from_env()), emu_min_t_(gemm_emu_min_t()) {}
   ~CpuBackend() override {
     for (void* p : allocs_) std::free(p);
   }
@@ -67,7 +69,7 @@ class CpuBackend final : public Backend {
     for (int t = 0; t < T; ++t) rmsnorm_row(x + t * n, w.data, n, eps, out + t * n);
   }
 
-  void matmul(const QMatrix& W, const float* x, int T, float* y) override { qmatmul(W, x, T, y, pool_); }
+  void matmul(const QMatrix& W, const float* x, int T, float* y) override { mm(W, x, T, y, T); }
 
   void add(float* h, const float* r, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) h[i] += r[i];
@@ -99,7 +101,17 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < n; ++i) out[i] = x[i] * inv * w[i];
   }
 
+  // TEST AID (LILY_CPU_EMULATE, gemm_emulate.h): ops with op_T >= the CUDA GEMM threshold round
+  // their matmul operands as the GPU GEMM does. op_T is the op's token count, not the rows of this
+  // product (an expert sees fewer rows than the MoE op's T).
+  void mm(const QMatrix& W, const float* x, int T, float* y, int op_T) {
+    if (emu_ != GemmEmu::kOff && op_T >= emu_min_t_ && gemm_emu_applies(W)) qmatmul_emulated(emu_, W, x, T, y, pool_);
+    else qmatmul(W, x, T, y, pool_);
+  }
+
   ThreadPool pool_;
+  GemmEmu emu_ = GemmEmu::kOff;
+  int emu_min_t_ = 16;
   std::vector<void*> allocs_;
   std::vector<float> conv_out_, gates_, router_, xe_, ge_, ue_, de_, sh_g_, sh_u_, sh_d_, sh_s_;
   std::vector<int32_t> topk_idx_;
@@ -266,7 +278,7 @@ void CpuBackend::moe(const ModelConfig& c, const MoeWeights& w, const float* x, 
   const int E = c.num_experts, k = c.num_experts_per_tok;
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
   float* logits = scratch(router_, int64_t(T) * E);
-  qmatmul(w.gate, x, T, logits, pool_);
+  mm(w.gate, x, T, logits, T);
   topk_idx_.resize(size_t(T) * k);
   topk_w_.resize(size_t(T) * k);
   order_.resize(size_t(E));
@@ -291,12 +303,12 @@ void CpuBackend::moe(const ModelConfig& c, const MoeWeights& w, const float* x, 
   // Shared expert: s = down(silu(gate x) * up x) * sigmoid(w_sg · x).
   float* sg = scratch(sh_g_, int64_t(T) * Is);
   float* su = scratch(sh_u_, int64_t(T) * Is);
-  qmatmul(w.shared_gate_proj, x, T, sg, pool_);
-  qmatmul(w.shared_up_proj, x, T, su, pool_);
+  mm(w.shared_gate_proj, x, T, sg, T);
+  mm(w.shared_up_proj, x, T, su, T);
   for (int64_t i = 0; i < int64_t(T) * Is; ++i) sg[i] = silu(sg[i]) * su[i];
-  qmatmul(w.shared_down_proj, sg, T, out, pool_);
+  mm(w.shared_down_proj, sg, T, out, T);
   float* gate = scratch(sh_s_, T);
-  qmatmul(w.shared_expert_gate, x, T, gate, pool_);
+  mm(w.shared_expert_gate, x, T, gate, T);
   for (int t = 0; t < T; ++t) {
     const float s = sigmoid(gate[t]);
     for (int64_t i = 0; i < H; ++i) out[t * H + i] *= s;
@@ -317,11 +329,11 @@ void CpuBackend::moe(const ModelConfig& c, const MoeWeights& w, const float* x, 
     for (int i = 0; i < n; ++i) std::memcpy(xe + i * H, x + (r[i] / k) * H, size_t(H) * 4);
     float* ge = scratch(ge_, n * I);
     float* ue = scratch(ue_, n * I);
-    qmatmul(w.experts_gate.expert(e), xe, n, ge, pool_);
-    qmatmul(w.experts_up.expert(e), xe, n, ue, pool_);
+    mm(w.experts_gate.expert(e), xe, n, ge, T);
+    mm(w.experts_up.expert(e), xe, n, ue, T);
     for (int64_t i = 0; i < n * I; ++i) ge[i] = silu(ge[i]) * ue[i];
     float* de = scratch(de_, n * H);
-    qmatmul(w.experts_down.expert(e), ge, n, de, pool_);
+    mm(w.experts_down.expert(e), ge, n, de, T);
     for (int i = 0; i < n; ++i) {
       float* o = out + (r[i] / k) * H;
       const float wt = topk_w_[size_t(r[i])];

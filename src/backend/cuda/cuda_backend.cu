@@ -665,9 +665,16 @@ class CudaBackend final : public Backend {
   }
   void flush_mm() {
     if (pend_.empty()) return;
-    if (pend_T_ >= gemm_min_t_ &&
-        std::all_of(pend_.begin(), pend_.end(), [](const GemvJob& j) { return gemm_ok(j.w); }))
-      return flush_gemm();
+    if (pend_T_ >= gemm_min_t_) {   // prefill: the GEMM for what it takes, GEMV for the rest
+      std::vector<GemvJob> big, small;
+      for (const GemvJob& j : pend_) (gemm_takes(j.w) ? big : small).push_back(j);
+      if (!big.empty()) {
+        pend_.swap(big);
+        flush_gemm();   // empties pend_
+      }
+      pend_.swap(small);
+      if (pend_.empty()) return;
+    }
     std::string name = "gemv ";
     double bytes = 0;
     for (size_t i = 0; i < pend_.size(); ++i) {
@@ -740,37 +747,50 @@ class CudaBackend final : public Backend {
     flush_norm();
     flush_mm();
   }
-  // Prefill matmuls (P1): each distinct input converted to bf16 once, one tensor-core GEMM per matrix.
+  // Prefill matmuls (P1): each distinct input converted once (fp16 + row scales, or bf16; bf16 hi/lo
+  // too when an 8-bit matrix reads it), one tensor-core GEMM per matrix.
   void flush_gemm() {
     std::vector<GemvJob> jobs;
     jobs.swap(pend_);
     const int T = pend_T_;
-    // xoff[i]: bf16 copy of job i's input (+ its remainders right after, for 8-bit matrices).
+    const bool f16 = gemm_f16();
+    auto al = [](int64_t b) { return (b + 255) / 256 * 256; };
     std::vector<int64_t> xoff(jobs.size());
     std::vector<int> first(jobs.size(), -1);   // job that converts this input
+    std::vector<char> split(jobs.size(), 0);    // input also read by an 8-bit matrix
     int64_t bytes = 0, wb_bytes = 0;
     for (size_t i = 0; i < jobs.size(); ++i) {
       for (size_t k = 0; k < i && first[i] < 0; ++k)
-        if (jobs[k].x == jobs[i].x && jobs[k].w.cols == jobs[i].w.cols) first[i] = first[k], xoff[i] = xoff[k];
-      if (first[i] < 0) first[i] = int(i), xoff[i] = bytes, bytes += 2 * ((int64_t(T) * jobs[i].w.cols * 2 + 255) / 256 * 256);
+        if (jobs[k].x == jobs[i].x && jobs[k].w.cols == jobs[i].w.cols) first[i] = first[k];
+      if (first[i] < 0) first[i] = int(i);
+      split[first[i]] = split[first[i]] || jobs[i].w.type == kQ8;
       if (p1_off_ && jobs[i].w.type == kQ4) wb_bytes = std::max(wb_bytes, gemm_dequant_bytes(jobs[i].w));
     }
+    for (size_t i = 0; i < jobs.size(); ++i)   // per input: a | rs | hi | lo
+      if (first[i] == int(i)) {
+        const int64_t h = al(int64_t(T) * jobs[i].w.cols * 2);
+        xoff[i] = bytes;
+        bytes += h + al(int64_t(T) * 4) + (split[i] ? 2 * h : 0);
+      }
     char* ws = reinterpret_cast<char*>(workspace((bytes + wb_bytes) / 4 + 1));
     for (size_t i = 0; i < jobs.size(); ++i) {
       const GemvJob& j = jobs[i];
-      const int64_t half = (int64_t(T) * j.w.cols * 2 + 255) / 256 * 256;
-      auto* xb = reinterpret_cast<uint16_t*>(ws + xoff[i]);
-      auto* xl = reinterpret_cast<uint16_t*>(ws + xoff[i] + half);
-      if (first[i] == int(i)) {
-        bool split = false;   // remainders only when an 8-bit matrix reads this input
-        for (size_t k = i; k < jobs.size(); ++k) split = split || (first[k] == int(i) && jobs[k].w.type == kQ8);
-        timed("gemm.convert", 6.0 * T * j.w.cols, [&] { gemm_convert_a(j.x, T, j.w.cols, xb, split ? xl : nullptr, s_); });
+      const int f = first[i];
+      const int64_t h = al(int64_t(T) * j.w.cols * 2), o = xoff[f];
+      GemmA x;
+      x.f16 = f16;
+      x.a = reinterpret_cast<uint16_t*>(ws + o);
+      x.rs = f16 ? reinterpret_cast<float*>(ws + o + h) : nullptr;
+      if (split[f]) {
+        x.hi = f16 ? reinterpret_cast<uint16_t*>(ws + o + h + al(int64_t(T) * 4)) : nullptr;
+        x.lo = reinterpret_cast<uint16_t*>(ws + o + 2 * h + al(int64_t(T) * 4));
       }
+      if (f == int(i)) timed("gemm.convert", 6.0 * T * j.w.cols, [&] { gemm_convert_a(j.x, T, j.w.cols, x, s_); });
       const std::string shape = std::to_string(j.w.rows) + "x" + std::to_string(j.w.cols);
       uint16_t* wb = p1_off_ && j.w.type == kQ4 ? reinterpret_cast<uint16_t*>(ws + bytes) : nullptr;
-      if (wb) timed("gemm.dequant " + shape, 2.5 * j.w.rows * j.w.cols, [&] { gemm_dequant(j.w, wb, s_); });
+      if (wb) timed("gemm.dequant " + shape, 2.5 * j.w.rows * j.w.cols, [&] { gemm_dequant(j.w, f16, wb, s_); });
       const double wbytes = double(j.w.rows) * j.w.cols * (j.w.type == kQ4 ? 0.5 : 1) + j.w.rows * (j.w.cols / 16.0);
-      timed("gemm " + shape, wbytes, [&] { gemm(j.w, xb, xl, T, j.y, j.w.rows, false, wb, 0, s_); });
+      timed("gemm " + shape, wbytes, [&] { gemm(j.w, x, T, j.y, j.w.rows, false, wb, 0, s_); });
     }
   }
   // Prefill MoE (P2, P3) when the weights suit it; false: use the decode kernels.

@@ -1,18 +1,27 @@
-// Prefill GEMM (P1): y = x · Wᵀ on bf16 tensor cores with the MLX 4/8-bit dequantisation fused into
-// the mainloop. A CTA computes a BM×128 output tile with 8 warps; per 64-column K step (one
+// Prefill GEMM (P1): y = x · Wᵀ on fp16 (default) or bf16 (LILY_GEMM_BF16=1) tensor cores with the
+// MLX 4/8-bit dequantisation fused into the mainloop. A CTA computes a BM×128 output tile with 8 warps; per 64-column K step (one
 // quantisation group) a cp.async stage brings BM rows of bf16 activations and 128 rows of packed
 // codes into shared memory (4 stages in flight), plus every 8th step the scales/biases of the next
 // 8 groups. Warps read A with ldmatrix and turn their codes into B fragments in registers: a nibble
-// OR-ed into the mantissa of bf16 128.0 is 128 + q exactly, one bf16x2 subtract and one bf16x2 FMA
-// with the group's scale/bias give the weight pair. The activations are staged in a permuted
+// OR-ed into the mantissa of bf16 128.0 (fp16 1024.0) is 128 + q (1024 + q) exactly, one x2 subtract
+// and one x2 FMA with the group's scale/bias give the weight pair, rounded once.
+// fp16 has 3 more mantissa bits than bf16 (8x smaller rounding error) but a range of ±65504, so:
+// activations are converted with a per-row power-of-two scale 2^s (max|x|·2^s in [2^14, 2^15)),
+// weights use s·2^8 and b·2^8 (small scales stay out of fp16 subnormals), and the f32 epilogue
+// multiplies by 2^-(s+8). The SwiGLU activations of the MoE (written by the gate/up epilogue, whose
+// row maximum no single CTA sees) get one exponent per (row, 64-column group); the down GEMM
+// (AM = 2) rescales each group's A fragments to the row's largest-group exponent with one HMUL2
+// (exact: powers of two ≤ 1) and undoes the row exponent in its epilogue. The activations are staged in a permuted
 // k-order (gemm.h) so that the 16 codes a thread owns per group are exactly its fragment elements.
 // No dequantised matrix is ever written to global memory except by the P1-off ablation.
 // 8-bit matrices (the router and the shared-expert gate) run in split precision: x = x_hi + x_lo
 // and w = w_hi + w_lo as bf16 pairs, three MMAs per fragment (hi·hi + lo·hi + hi·lo), ~16-bit
 // mantissas, so that top-k routing agrees with the f32 reference except at exact near-ties.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/gemm.h"
 
@@ -34,9 +43,18 @@ constexpr int kThreads = 256;
 
 enum : int { kStore = 0, kAccum = 1, kSwiGLU = 2, kScatter = 3 };
 
+// A operand modes: bf16; fp16 with a per-row scale (a_scale[row] = 2^-s); fp16 with per-(row, group)
+// exponents act_exp (the down GEMM of the MoE).
+enum : int { kAmBf16 = 0, kAmF16 = 1, kAmF16Grp = 2 };
+constexpr float kInvW = 1.f / float(1 << kGemmF16WExp);   // undoes the 2^8 weight scale
+constexpr int kMaxGrpK = 1024;                             // AM = 2: K / 64 <= 16 groups
+
 struct GemmArgs {
-  const uint16_t* a;            // bf16 [rows, K] in mma k-order
+  const uint16_t* a;            // bf16/fp16 [rows, K] in mma k-order
   const uint16_t* a_lo;         // 8-bit B only: the bf16 remainders x - x_hi, same layout
+  const float* a_scale;         // fp16: 2^-s per A row
+  int8_t* act_exp;              // SwiGLU (fp16): out, exponent per (row, 64-column group); AM 2: in
+  int ld_exp;                   // groups per row of act_exp
   const int* a_rows;            // optional gather: position p reads A row a_rows[p]
   int K;
   int M;                        // plain mode: rows of A / y
@@ -77,16 +95,41 @@ __device__ __forceinline__ void mma_bf16(float* c, const uint32_t* a, uint32_t b
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+__device__ __forceinline__ void mma_f16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t h2_bits(__half2 v) { return *reinterpret_cast<uint32_t*>(&v); }
+__device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
 __device__ __forceinline__ uint32_t bf2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
 __device__ __forceinline__ __nv_bfloat162 bits_bf2(uint32_t u) { return *reinterpret_cast<__nv_bfloat162*>(&u); }
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) { return bf2_bits(__floats2bfloat162_rn(lo, hi)); }
 
-// Weight pair (nibble p, nibble p+4) of word w as bf16x2: (128 + q) - 128 is exact, then q·s + b
-// with one rounding.
-__device__ __forceinline__ uint32_t dq4_pair(uint32_t w, int p, __nv_bfloat162 s2, __nv_bfloat162 b2) {
-  const uint32_t v = ((w >> (4 * p)) & 0x000F000Fu) | 0x43004300u;
-  const __nv_bfloat162 q = __hsub2(bits_bf2(v), bits_bf2(0x43004300u));
-  return bf2_bits(__hfma2(q, s2, b2));
+// Weight pair (nibble p, nibble p+4) of word w as bf16x2 / fp16x2: (128 + q) - 128 (fp16:
+// (1024 + q) - 1024) is exact, then q·s + b with one rounding. s2, b2: the pair's scale and bias.
+template <bool F16>
+__device__ __forceinline__ uint32_t dq4_pair(uint32_t w, int p, uint32_t s2, uint32_t b2) {
+  if constexpr (F16) {
+    const uint32_t v = ((w >> (4 * p)) & 0x000F000Fu) | 0x64006400u;
+    const __half2 q = __hsub2(bits_h2(v), bits_h2(0x64006400u));
+    return h2_bits(__hfma2(q, bits_h2(s2), bits_h2(b2)));
+  } else {
+    const uint32_t v = ((w >> (4 * p)) & 0x000F000Fu) | 0x43004300u;
+    const __nv_bfloat162 q = __hsub2(bits_bf2(v), bits_bf2(0x43004300u));
+    return bf2_bits(__hfma2(q, bits_bf2(s2), bits_bf2(b2)));
+  }
+}
+
+// fp16 path: the exponent s of a row with maximum |x| = amax (max|x|·2^s in [2^14, 2^15); the
+// cpu emulation, fp16_row_exp in gemm_emulate.cpp, is the same function).
+__device__ __forceinline__ int f16_row_exp(float amax) {
+  if (!(amax > 0.f) || !isfinite(amax)) return 0;
+  int e;
+  frexpf(amax, &e);
+  return min(max(15 - e, -100), 100);
 }
 
 // Byte `bt` of words wl/wh dequantised in f32, returned as bf16 pair `hi` and remainder pair `lo`.
@@ -120,17 +163,27 @@ template <int BM, int BT>
 constexpr int stage_bytes() {
   return a_tiles<BT>() * BM * 128 + kBN * brow_bytes<BT>();
 }
-template <int BM, int BT>
-constexpr int smem_bytes() {
-  return kStages * stage_bytes<BM, BT>() + (BT == kBF ? 0 : 2 * 2 * kBN * 16);
+// Extra shared memory of the AM = 2 mode: per row 16 group factors (fp16) and the epilogue factor.
+template <int BM, int AM>
+constexpr int grp_bytes() {
+  return AM == kAmF16Grp ? BM * (kMaxGrpK / 64) * 2 + BM * 4 : 0;
 }
+template <int BM, int BT, int AM>
+constexpr int smem_bytes() {
+  return kStages * stage_bytes<BM, BT>() + (BT == kBF ? 0 : 2 * 2 * kBN * 16) + grp_bytes<BM, AM>();
+}
+constexpr int kSvLd = 68;   // SwiGLU staging tile row stride in floats (64 + 4: fewer bank conflicts)
 
 // Swizzled offset of 16-byte chunk c of a 128-byte row r (conflict-free ldmatrix and cp.async).
 __device__ __forceinline__ int swz(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
-template <int BM, int BT>
+template <int BM, int BT, int AM>
 __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant__ GemmArgs a) {
   using C = Cfg<BM>;
+  constexpr bool F16 = AM != kAmBf16;
+  static_assert(!(F16 && BT == kQ8), "8-bit matrices run in bf16 split precision");
+  static_assert(AM != kAmF16Grp || BT == kQ4, "per-group A exponents: 4-bit B only");
+  static_assert(BM * kSvLd * 4 <= kStages * stage_bytes<BM, BT>(), "SwiGLU staging tile");
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int RB = brow_bytes<BT>();
   constexpr int SB = stage_bytes<BM, BT>();
@@ -139,11 +192,17 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   static_assert(BCH >= 1 && ACH >= 1, "chunking");
   uint16_t* sbs = reinterpret_cast<uint16_t*>(smem + kStages * SB);   // [2][kBN][8] scales
   uint16_t* sbb = sbs + 2 * kBN * 8;                                  // [2][kBN][8] biases
+  // AM 2: [BM][16] fp16 factors 2^(s_row - s_group) and [BM] epilogue factors 2^-(s_row + 8).
+  uint16_t* sgf = sbb + 2 * kBN * 8;
+  float* srf = reinterpret_cast<float*>(sgf + BM * (kMaxGrpK / 64));
 
   pdl_trigger();
-  pdl_wait();
+  // Plain mode: the tile is known without the previous kernel's results, so the first stages' weights
+  // (immutable) are requested before the PDL wait; grouped mode needs the tile list first.
+  const bool plain = a.tiles == nullptr;
+  if (!plain) pdl_wait();
   int group = 0, pos0, rows;
-  if (a.tiles) {
+  if (!plain) {
     if (int(blockIdx.x) >= *a.n_tiles) return;
     const int4 tl = a.tiles[blockIdx.x];
     group = tl.x;
@@ -199,6 +258,21 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     sbsrc = static_cast<const uint8_t*>(base) + gsoff + int64_t(sbval ? col : 0) * (K / 64) * 2;
     sbdst = smem_addr(((tid & 1) ? sbb : sbs) + r * 8);
   }
+  const uint32_t sm0 = smem_addr(smem);
+  auto load_b = [&](int kg) {
+    const uint32_t st = sm0 + (kg % kStages) * SB;
+#pragma unroll
+    for (int j = 0; j < BCH; ++j)
+      cp_async16(st + a_tiles<BT>() * BM * 128 + bdst[j], bsrc[j] + int64_t(kg) * RB, bval[j]);
+    if (BT != kBF && (kg & 7) == 0 && sbsrc)
+      cp_async16(sbdst + ((kg >> 3) & 1) * kBN * 16, sbsrc + (kg >> 3) * 16, sbval);
+  };
+  if (plain) {   // uncommitted: they join the first stage's commit group below
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s)
+      if (s < nk) load_b(s);
+    pdl_wait();
+  }
   constexpr int AT = a_tiles<BT>();
   const uint16_t* asrc[ACH];
   bool aval[ACH];
@@ -212,19 +286,35 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     asrc[j] = a.a + int64_t(src) * K + c * 8;
     adst[j] = swz(m, c);
   }
-  const uint32_t sm0 = smem_addr(smem);
-  auto load_stage = [&](int kg) {
+  auto load_a = [&](int kg) {
     const uint32_t st = sm0 + (kg % kStages) * SB;
 #pragma unroll
     for (int j = 0; j < ACH; ++j) {
       cp_async16(st + adst[j], asrc[j] + kg * kBK, aval[j]);
       if (AT == 2) cp_async16(st + BM * 128 + adst[j], asrc[j] + (a.a_lo - a.a) + kg * kBK, aval[j]);
     }
-#pragma unroll
-    for (int j = 0; j < BCH; ++j) cp_async16(st + AT * BM * 128 + bdst[j], bsrc[j] + int64_t(kg) * RB, bval[j]);
-    if (BT != kBF && (kg & 7) == 0 && sbsrc)
-      cp_async16(sbdst + ((kg >> 3) & 1) * kBN * 16, sbsrc + (kg >> 3) * 16, sbval);
   };
+  auto load_stage = [&](int kg) {
+    load_a(kg);
+    load_b(kg);
+  };
+
+  // AM 2: the row's exponents per group -> factors 2^(s_row - s_g) <= 1 (s_row = min over groups,
+  // from the group with the largest values), 0 below fp16's smallest subnormal 2^-24. Visible to
+  // all warps after the first barrier of the mainloop.
+  if constexpr (AM == kAmF16Grp) {
+    if (tid < BM) {
+      const int G = K / 64;
+      const int8_t* e = a.act_exp + int64_t(pos0 + tid) * a.ld_exp;
+      int smin = 127;
+      for (int gi = 0; gi < G; ++gi) smin = min(smin, tid < rows ? int(e[gi]) : 0);
+      for (int gi = 0; gi < G; ++gi) {
+        const int d = smin - (tid < rows ? int(e[gi]) : 0);
+        sgf[tid * (kMaxGrpK / 64) + gi] = __half_as_ushort(__float2half_rn(d < -24 ? 0.f : ldexpf(1.f, d)));
+      }
+      srf[tid] = ldexpf(kInvW, -smin);
+    }
+  }
 
   // ---- warp tile ----
   const int wm0 = (warp / C::WN) * C::WTM, wn0 = (warp % C::WN) * C::WTN;
@@ -237,9 +327,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
+  // Commit group s holds stage s (plain mode: group 0 also holds the early weights of stages 1, 2,
+  // which only completes them sooner than the wait for their own stage requires).
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < nk) load_stage(s);
+    if (s < nk) {
+      if (plain) load_a(s);
+      else load_stage(s);
+    }
     cp_commit();
   }
 
@@ -254,7 +349,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     const uint8_t* bst = st + AT * BM * 128;
     // This group's codes and scales for the warp's NT n8-tiles (row wn0 + 8j + g).
     uint32_t cw[C::NT][BT == kQ8 ? 4 : 2];
-    __nv_bfloat162 s2[C::NT], b2[C::NT];
+    uint32_t s2[C::NT], b2[C::NT];
     float sf[C::NT], bf[C::NT];
     if constexpr (BT != kBF) {
       const int sbi = ((kg >> 3) & 1) * kBN * 8 + (kg & 7);
@@ -273,11 +368,25 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
           cw[j][3] = v.w;
         }
         const uint16_t sv = sbs[sbi + r * 8], bv = sbb[sbi + r * 8];
-        s2[j] = bits_bf2(uint32_t(sv) * 0x10001u);
-        b2[j] = bits_bf2(uint32_t(bv) * 0x10001u);
         sf[j] = __uint_as_float(uint32_t(sv) << 16);
         bf[j] = __uint_as_float(uint32_t(bv) << 16);
+        if constexpr (F16) {
+          s2[j] = h2_bits(__float2half2_rn(sf[j] * float(1 << kGemmF16WExp)));
+          b2[j] = h2_bits(__float2half2_rn(bf[j] * float(1 << kGemmF16WExp)));
+        } else {
+          s2[j] = uint32_t(sv) * 0x10001u;
+          b2[j] = uint32_t(bv) * 0x10001u;
+        }
       }
+    }
+    // AM 2: this group's A factors for the rows g and g + 8 of each m16 tile.
+    uint32_t gf[AM == kAmF16Grp ? C::MT : 1][2];
+    if constexpr (AM == kAmF16Grp) {
+#pragma unroll
+      for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+          gf[mt][hh] = uint32_t(sgf[(wm0 + mt * 16 + g + 8 * hh) * (kMaxGrpK / 64) + kg]) * 0x10001u;
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {   // k16 steps of the group
@@ -287,6 +396,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
         const int r = wm0 + mt * 16 + (lane & 15), c = 2 * i + (lane >> 4);
         ldsm_x4(a_base + swz(r, c), af[mt]);
         if constexpr (AT == 2) ldsm_x4(a_base + BM * 128 + swz(r, c), afl[mt]);
+        if constexpr (AM == kAmF16Grp) {   // a0, a2: row g; a1, a3: row g + 8
+#pragma unroll
+          for (int e = 0; e < 4; ++e) af[mt][e] = h2_bits(__hmul2(bits_h2(af[mt][e]), bits_h2(gf[mt][e & 1])));
+        }
       }
       uint32_t bfr[C::NT][2], bfl[AT == 2 ? C::NT : 1][2];
       if constexpr (BT == kBF) {
@@ -305,8 +418,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
 #pragma unroll
         for (int j = 0; j < C::NT; ++j) {
           const uint32_t w = cw[j][i >> 1];
-          bfr[j][0] = dq4_pair(w, 2 * (i & 1), s2[j], b2[j]);
-          bfr[j][1] = dq4_pair(w, 2 * (i & 1) + 1, s2[j], b2[j]);
+          bfr[j][0] = dq4_pair<F16>(w, 2 * (i & 1), s2[j], b2[j]);
+          bfr[j][1] = dq4_pair<F16>(w, 2 * (i & 1) + 1, s2[j], b2[j]);
         }
       } else {
 #pragma unroll
@@ -320,10 +433,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
       for (int mt = 0; mt < C::MT; ++mt)
 #pragma unroll
         for (int j = 0; j < C::NT; ++j) {
-          mma_bf16(acc[mt][j], af[mt], bfr[j][0], bfr[j][1]);
-          if constexpr (AT == 2) {
-            mma_bf16(acc[mt][j], afl[mt], bfr[j][0], bfr[j][1]);
-            mma_bf16(acc[mt][j], af[mt], bfl[j][0], bfl[j][1]);
+          if constexpr (F16) {
+            mma_f16(acc[mt][j], af[mt], bfr[j][0], bfr[j][1]);
+          } else {
+            mma_bf16(acc[mt][j], af[mt], bfr[j][0], bfr[j][1]);
+            if constexpr (AT == 2) {
+              mma_bf16(acc[mt][j], afl[mt], bfr[j][0], bfr[j][1]);
+              mma_bf16(acc[mt][j], af[mt], bfl[j][0], bfl[j][1]);
+            }
           }
         }
     }
@@ -331,6 +448,60 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   cp_wait<0>();
 
   // ---- epilogue ----
+  // Row factor undoing the operand scales: fp16 2^-(s + 8) (s of the gathered A row), AM 2 from
+  // shared memory, bf16 1.
+  auto row_factor = [&](int m) -> float {
+    if constexpr (AM == kAmF16Grp) return srf[m];
+    if constexpr (AM == kAmF16) return a.a_scale[a.a_rows ? a.a_rows[pos0 + m] : pos0 + m] * kInvW;
+    return 1.f;
+  };
+  if (BT == kQ4 && a.mode == kSwiGLU) {
+    // 1. silu(gate)·up of the warp's fragments into an f32 [BM][64] tile (pipeline smem reused).
+    __syncthreads();
+    float* sv = reinterpret_cast<float*>(smem);
+#pragma unroll
+    for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int m = wm0 + mt * 16 + g + 8 * hh;
+        const float rf = m < rows ? row_factor(m) : 0.f;
+#pragma unroll
+        for (int p = 0; p < C::NT / 2; ++p) {
+          const float g0 = rf * acc[mt][2 * p][2 * hh], g1 = rf * acc[mt][2 * p][2 * hh + 1];
+          const float u0 = rf * acc[mt][2 * p + 1][2 * hh], u1 = rf * acc[mt][2 * p + 1][2 * hh + 1];
+          const float v0 = g0 / (1.f + __expf(-g0)) * u0, v1 = g1 / (1.f + __expf(-g1)) * u1;
+          *reinterpret_cast<float2*>(sv + m * kSvLd + wn0 / 2 + p * 8 + 2 * t) = make_float2(v0, v1);
+        }
+      }
+    __syncthreads();
+    // 2. Eight threads per row: 16 bytes each in the down GEMM's k-order (coalesced 128-byte
+    //    rows); fp16: the row's exponent for this 64-column group from the max over the 8 threads.
+    const int L0 = 8 * (tid & 7);
+    for (int m = tid >> 3; m < BM; m += kThreads / 8) {
+      float v[8], amax = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        v[i] = sv[m * kSvLd + gemm_kperm(L0 + i)];
+        amax = fmaxf(amax, fabsf(v[i]));
+      }
+#pragma unroll
+      for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      if (m >= rows) continue;
+      const int64_t pos = pos0 + m;
+      uint32_t o[4];
+      if constexpr (F16) {
+        const int se = f16_row_exp(amax);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) o[u] = h2_bits(__floats2half2_rn(ldexpf(v[2 * u], se), ldexpf(v[2 * u + 1], se)));
+        if ((tid & 7) == 0) a.act_exp[pos * a.ld_exp + blockIdx.y] = int8_t(se);
+      } else {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) o[u] = pack_bf16(v[2 * u], v[2 * u + 1]);
+      }
+      *reinterpret_cast<uint4*>(a.act + pos * a.ld_act + blockIdx.y * (kBN / 2) + L0) = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+    return;
+  }
 #pragma unroll
   for (int mt = 0; mt < C::MT; ++mt)
 #pragma unroll
@@ -338,26 +509,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
       const int m = wm0 + mt * 16 + g + 8 * hh;
       if (m >= rows) continue;
       const int64_t pos = pos0 + m;
-      if (a.mode == kSwiGLU) {
-        uint16_t* arow = a.act + pos * a.ld_act;
-#pragma unroll
-        for (int p = 0; p < C::NT / 2; ++p) {
-          const int o = blockIdx.y * (kBN / 2) + wn0 / 2 + p * 8 + 2 * t;
-          if (o >= a.N) continue;
-          const float g0 = acc[mt][2 * p][2 * hh], g1 = acc[mt][2 * p][2 * hh + 1];
-          const float u0 = acc[mt][2 * p + 1][2 * hh], u1 = acc[mt][2 * p + 1][2 * hh + 1];
-          const float v0 = g0 / (1.f + __expf(-g0)) * u0, v1 = g1 / (1.f + __expf(-g1)) * u1;
-          const int base = o & ~63, L0 = gemm_kperm_inv(o & 63), L1 = gemm_kperm_inv((o + 1) & 63);
-          arow[base + L0] = __bfloat16_as_ushort(__float2bfloat16_rn(v0));
-          if (o + 1 < a.N) arow[base + L1] = __bfloat16_as_ushort(__float2bfloat16_rn(v1));
-        }
-        continue;
-      }
-      float sc = 1.f;
+      float sc = row_factor(m);
       int64_t orow = pos;
       if (a.mode == kScatter) {
         orow = a.dst[pos];
-        sc = a.scale[pos];
+        sc *= a.scale[pos];
       }
       float* yrow = a.y + orow * a.ldy;
 #pragma unroll
@@ -380,31 +536,51 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     }
 }
 
-// x f32 -> bf16 in mma k-order; one thread writes 8 consecutive staged columns (16 bytes), and
-// with xl the bf16 remainders x - bf16(x) in the same order.
-__global__ void convert_a_kernel(const float* __restrict__ x, int T, int K, uint16_t* __restrict__ xb,
-                                 uint16_t* __restrict__ xl) {
+// x f32 [T, K] -> the GEMM's A operands in mma k-order, one block per row. xa: fp16 scaled by the
+// row's 2^s (rs[row] = 2^-s) or bf16 (f16 == 0); xh/xl (optional): bf16 x_hi and remainders
+// x - x_hi for 8-bit matrices. One thread writes 8 consecutive staged columns (16 bytes) per output.
+__global__ void __launch_bounds__(256) convert_a_kernel(const float* __restrict__ x, int K, int f16,
+                                                        uint16_t* __restrict__ xa, float* __restrict__ rs,
+                                                        uint16_t* __restrict__ xh, uint16_t* __restrict__ xl) {
+  __shared__ float red[8];
   pdl_trigger();
   pdl_wait();
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;   // chunk of 8
-  if (i >= int64_t(T) * (K / 8)) return;
-  const int64_t row = i / (K / 8);
-  const int c8 = int(i % (K / 8)), G = c8 >> 3, L0 = (c8 & 7) * 8;
-  const float* src = x + row * K + G * 64;
-  uint32_t o[4], r[4];
-#pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    const float v0 = src[gemm_kperm(L0 + 2 * u)], v1 = src[gemm_kperm(L0 + 2 * u + 1)];
-    const __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1);
-    o[u] = bf2_bits(h);
-    r[u] = pack_bf16(v0 - __low2float(h), v1 - __high2float(h));
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * K;
+  int se = 0;
+  if (f16) {
+    float amax = 0.f;
+    for (int i = threadIdx.x; i < K; i += blockDim.x) amax = fmaxf(amax, fabsf(xr[i]));
+    amax = warp_max(amax);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = amax;
+    __syncthreads();
+    amax = red[0];
+    for (int w = 1; w < int(blockDim.x >> 5); ++w) amax = fmaxf(amax, red[w]);
+    se = f16_row_exp(amax);
+    if (threadIdx.x == 0) rs[row] = ldexpf(1.f, -se);
   }
-  reinterpret_cast<uint4*>(xb)[i] = make_uint4(o[0], o[1], o[2], o[3]);
-  if (xl) reinterpret_cast<uint4*>(xl)[i] = make_uint4(r[0], r[1], r[2], r[3]);
+  for (int c8 = threadIdx.x; c8 < K / 8; c8 += blockDim.x) {
+    const int G = c8 >> 3, L0 = (c8 & 7) * 8;
+    const float* src = xr + G * 64;
+    uint32_t o[4], h[4], l[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const float v0 = src[gemm_kperm(L0 + 2 * u)], v1 = src[gemm_kperm(L0 + 2 * u + 1)];
+      const __nv_bfloat162 hb = __floats2bfloat162_rn(v0, v1);
+      h[u] = bf2_bits(hb);
+      l[u] = pack_bf16(v0 - __low2float(hb), v1 - __high2float(hb));
+      o[u] = f16 ? h2_bits(__floats2half2_rn(ldexpf(v0, se), ldexpf(v1, se))) : h[u];
+    }
+    const int64_t i = row * (K / 8) + c8;
+    if (xa) reinterpret_cast<uint4*>(xa)[i] = make_uint4(o[0], o[1], o[2], o[3]);
+    if (xh) reinterpret_cast<uint4*>(xh)[i] = make_uint4(h[0], h[1], h[2], h[3]);
+    if (xl) reinterpret_cast<uint4*>(xl)[i] = make_uint4(l[0], l[1], l[2], l[3]);
+  }
 }
 
-// P1 off: W -> bf16 [rows, cols] in mma k-order (same rounding as the fused path: s·q + b once).
-__global__ void dequant_kernel(const QMat w, uint16_t* __restrict__ wb) {
+// P1 off: W -> bf16 or fp16 [rows, cols] in mma k-order with the fused path's rounding (bf16: the
+// f32 s·q + b rounded; fp16: one fp16 FMA of q with s·2^8 and b·2^8, as dq4_pair).
+__global__ void dequant_kernel(const QMat w, int f16, uint16_t* __restrict__ wb) {
   pdl_trigger();
   pdl_wait();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;   // chunk of 8
@@ -412,9 +588,24 @@ __global__ void dequant_kernel(const QMat w, uint16_t* __restrict__ wb) {
   const int64_t row = i / (w.cols / 8);
   const int c8 = int(i % (w.cols / 8)), G = c8 >> 3, L0 = (c8 & 7) * 8;
   uint32_t o[4];
+  if (f16) {
+    const uint32_t* codes = static_cast<const uint32_t*>(w.data) + row * (w.cols / 8) + G * 8;
+    const __half s = __float2half_rn(qm_sb(w, w.scales, row, G) * float(1 << kGemmF16WExp));
+    const __half b = __float2half_rn(qm_sb(w, w.biases, row, G) * float(1 << kGemmF16WExp));
+    uint16_t e[8];
 #pragma unroll
-  for (int u = 0; u < 4; ++u)
-    o[u] = pack_bf16(qm_at(w, row, G * 64 + gemm_kperm(L0 + 2 * u)), qm_at(w, row, G * 64 + gemm_kperm(L0 + 2 * u + 1)));
+    for (int u = 0; u < 8; ++u) {
+      const int L = gemm_kperm(L0 + u);
+      const int q = int((codes[L >> 3] >> (4 * (L & 7))) & 15u);
+      e[u] = __half_as_ushort(__hfma(__int2half_rn(q), s, b));
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) o[u] = uint32_t(e[2 * u]) | (uint32_t(e[2 * u + 1]) << 16);
+  } else {
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      o[u] = pack_bf16(qm_at(w, row, G * 64 + gemm_kperm(L0 + 2 * u)), qm_at(w, row, G * 64 + gemm_kperm(L0 + 2 * u + 1)));
+  }
   reinterpret_cast<uint4*>(wb)[i] = make_uint4(o[0], o[1], o[2], o[3]);
 }
 
@@ -424,28 +615,35 @@ int sm_count() {
   return sms;
 }
 
-template <int BM, int BT>
+template <int BM, int BT, int AM>
 void launch_gemm(const GemmArgs& a, int grid_m, int grid_n, cudaStream_t s) {
   static bool attr = false;
   if (!attr) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<BM, BT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    smem_bytes<BM, BT>()));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<BM, BT, AM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    smem_bytes<BM, BT, AM>()));
     attr = true;
   }
-  launch(gemm_kernel<BM, BT>, dim3(grid_m, grid_n), dim3(kThreads), size_t(smem_bytes<BM, BT>()), s, a);
+  launch(gemm_kernel<BM, BT, AM>, dim3(grid_m, grid_n), dim3(kThreads), size_t(smem_bytes<BM, BT, AM>()), s, a);
 }
 
-template <int BT>
+template <int BT, int AM>
 void launch_bm(int bm, const GemmArgs& a, int grid_m, int grid_n, cudaStream_t s) {
-  if (bm == 128) launch_gemm<128, BT>(a, grid_m, grid_n, s);
-  else if (bm == 64) launch_gemm<64, BT>(a, grid_m, grid_n, s);
-  else launch_gemm<32, BT>(a, grid_m, grid_n, s);
+  if (bm == 128) launch_gemm<128, BT, AM>(a, grid_m, grid_n, s);
+  else if (bm == 64) launch_gemm<64, BT, AM>(a, grid_m, grid_n, s);
+  else launch_gemm<32, BT, AM>(a, grid_m, grid_n, s);
 }
 
-void launch_any(int bt, int bm, const GemmArgs& a, int grid_m, int grid_n, cudaStream_t s) {
-  if (bt == kQ4) launch_bm<kQ4>(bm, a, grid_m, grid_n, s);
-  else if (bt == kQ8) launch_bm<kQ8>(bm, a, grid_m, grid_n, s);
-  else launch_bm<kBF>(bm, a, grid_m, grid_n, s);
+void launch_any(int bt, int am, int bm, const GemmArgs& a, int grid_m, int grid_n, cudaStream_t s) {
+  if (bt == kQ4) {
+    if (am == kAmF16Grp) launch_bm<kQ4, kAmF16Grp>(bm, a, grid_m, grid_n, s);
+    else if (am == kAmF16) launch_bm<kQ4, kAmF16>(bm, a, grid_m, grid_n, s);
+    else launch_bm<kQ4, kAmBf16>(bm, a, grid_m, grid_n, s);
+  } else if (bt == kQ8) {
+    launch_bm<kQ8, kAmBf16>(bm, a, grid_m, grid_n, s);
+  } else {
+    if (am == kAmF16) launch_bm<kBF, kAmF16>(bm, a, grid_m, grid_n, s);
+    else launch_bm<kBF, kAmBf16>(bm, a, grid_m, grid_n, s);
+  }
   CUDA_LAUNCH_CHECK();
 }
 
@@ -456,28 +654,40 @@ int env_int(const char* name, int def) {
 
 }  // namespace
 
+bool gemm_f16() {
+  const char* v = std::getenv("LILY_GEMM_BF16");
+  return !(v && *v && std::strcmp(v, "0") != 0);
+}
+
 bool gemm_ok(const QMat& w) {
   return (w.type == kQ4 || w.type == kQ8) && w.gs == 64 && !w.sb_f32 && w.cols % 512 == 0 && w.rows > 0;
 }
 
-void gemm_convert_a(const float* x, int T, int K, uint16_t* xb, uint16_t* xl, cudaStream_t s) {
-  const int64_t n = int64_t(T) * (K / 8);
-  launch(convert_a_kernel, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s, x, T, K, xb, xl);
+int gemm_small_n() { return env_int("LILY_GEMM_SMALL_N", 64); }
+
+bool gemm_takes(const QMat& w) { return gemm_ok(w) && w.rows >= gemm_small_n(); }
+
+void gemm_convert_a(const float* x, int T, int K, const GemmA& o, cudaStream_t s) {
+  LILY_CHECK(!o.f16 || (o.a && o.rs), "gemm_convert_a: fp16 needs the row scales");
+  uint16_t* hi = o.f16 || !o.a ? const_cast<uint16_t*>(o.hi) : nullptr;   // bf16: a is x_hi
+  launch(convert_a_kernel, dim3(unsigned(T)), dim3(256), 0, s, x, K, int(o.f16), const_cast<uint16_t*>(o.a),
+         const_cast<float*>(o.rs), hi, const_cast<uint16_t*>(o.lo));
   CUDA_LAUNCH_CHECK();
 }
 
 int64_t gemm_dequant_bytes(const QMat& w) { return int64_t(w.rows) * w.cols * 2; }
 
-void gemm_dequant(const QMat& w, uint16_t* wb, cudaStream_t s) {
+void gemm_dequant(const QMat& w, bool f16, uint16_t* wb, cudaStream_t s) {
   const int64_t n = int64_t(w.rows) * (w.cols / 8);
-  launch(dequant_kernel, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s, w, wb);
+  launch(dequant_kernel, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s, w, int(f16), wb);
   CUDA_LAUNCH_CHECK();
 }
 
-void gemm(const QMat& w, const uint16_t* xb, const uint16_t* xl, int T, float* y, int64_t ldy, bool accumulate,
-          const uint16_t* wb, int bm, cudaStream_t s) {
+void gemm(const QMat& w, const GemmA& x, int T, float* y, int64_t ldy, bool accumulate, const uint16_t* wb, int bm,
+          cudaStream_t s) {
   LILY_CHECK(gemm_ok(w), "gemm: unsupported weight matrix");
-  LILY_CHECK(w.type != kQ8 || (xl && !wb), "gemm: 8-bit weights need the split activations, no P1-off copy");
+  LILY_CHECK(w.type != kQ8 || (x.lo && !wb && (x.f16 ? x.hi : x.a)), "gemm: 8-bit weights need the split activations");
+  LILY_CHECK(w.type == kQ8 || (x.a && (!x.f16 || x.rs)), "gemm: missing activations");
   const int gn = (w.rows + kBN - 1) / kBN;
   if (!bm) bm = env_int("LILY_GEMM_BM", 0);
   if (bm != 32 && bm != 64 && bm != 128) {
@@ -488,8 +698,6 @@ void gemm(const QMat& w, const uint16_t* xb, const uint16_t* xl, int T, float* y
     if (bm == 64 && (T <= 32 || ctas(64) < sm_count())) bm = 32;
   }
   GemmArgs a{};
-  a.a = xb;
-  a.a_lo = xl;
   a.K = w.cols;
   a.M = T;
   a.N = w.rows;
@@ -498,19 +706,28 @@ void gemm(const QMat& w, const uint16_t* xb, const uint16_t* xl, int T, float* y
   a.mode = accumulate ? kAccum : kStore;
   a.y = y;
   a.ldy = ldy;
-  int bt = w.type;
+  int bt = w.type, am = kAmBf16;
+  if (w.type == kQ8) {
+    a.a = x.f16 ? x.hi : x.a;
+    a.a_lo = x.lo;
+  } else {
+    a.a = x.a;
+    a.a_scale = x.rs;
+    am = x.f16 ? kAmF16 : kAmBf16;
+  }
   if (wb) {
     a.b.w[0].type = kBF;
     a.b.w[0].data = wb;
     bt = kBF;
   }
-  launch_any(bt, bm, a, (T + bm - 1) / bm, gn, s);
+  launch_any(bt, am, bm, a, (T + bm - 1) / bm, gn, s);
 }
 
-void gemm_grouped_swiglu(const GroupedB& b, const uint16_t* xb, const int* a_rows, const int4* tiles,
-                         const int* n_tiles, int max_tiles, int bm, uint16_t* act, int ld_act, cudaStream_t s) {
+void gemm_grouped_swiglu(const GroupedB& b, const GemmA& x, const int* a_rows, const int4* tiles, const int* n_tiles,
+                         int max_tiles, int bm, uint16_t* act, int8_t* act_exp, int ld_act, cudaStream_t s) {
   GemmArgs a{};
-  a.a = xb;
+  a.a = x.a;
+  a.a_scale = x.rs;
   a.a_rows = a_rows;
   a.K = b.w[0].cols;
   a.N = b.w[0].rows;
@@ -521,15 +738,20 @@ void gemm_grouped_swiglu(const GroupedB& b, const uint16_t* xb, const int* a_row
   a.mode = kSwiGLU;
   a.act = act;
   a.ld_act = ld_act;
-  launch_any(kQ4, bm, a, max_tiles, (a.N + kBN / 2 - 1) / (kBN / 2), s);
+  a.act_exp = act_exp;
+  a.ld_exp = ld_act / 64;
+  LILY_CHECK(a.N % 64 == 0 && ld_act >= a.N && (!x.f16 || (x.rs && act_exp)), "gemm_grouped_swiglu: arguments");
+  launch_any(kQ4, x.f16 ? kAmF16 : kAmBf16, bm, a, max_tiles, (a.N + kBN / 2 - 1) / (kBN / 2), s);
 }
 
-void gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int4* tiles, const int* n_tiles,
-                          int max_tiles, int bm, const int* dst, const float* scale, float* y, int64_t ldy,
-                          cudaStream_t s) {
+void gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* act_exp, bool f16, const int4* tiles,
+                          const int* n_tiles, int max_tiles, int bm, const int* dst, const float* scale, float* y,
+                          int64_t ldy, cudaStream_t s) {
   GemmArgs a{};
   a.a = act;
+  a.act_exp = const_cast<int8_t*>(act_exp);
   a.K = b.w[0].cols;
+  a.ld_exp = a.K / 64;
   a.N = b.w[0].rows;
   a.b = b;
   a.tiles = tiles;
@@ -539,7 +761,8 @@ void gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int4* ti
   a.scale = scale;
   a.y = y;
   a.ldy = ldy;
-  launch_any(kQ4, bm, a, max_tiles, (a.N + kBN - 1) / kBN, s);
+  LILY_CHECK(!f16 || (act_exp && a.K <= kMaxGrpK), "gemm_grouped_scatter: fp16 needs the exponents, K <= 1024");
+  launch_any(kQ4, f16 ? kAmF16Grp : kAmBf16, bm, a, max_tiles, (a.N + kBN - 1) / kBN, s);
 }
 
 }  // namespace lily::cuda

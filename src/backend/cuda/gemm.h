@@ -1,4 +1,4 @@
-// Prefill matrix path of the CUDA backend (P1–P3): a bf16 tensor-core GEMM (mma.sync m16n8k16,
+// Prefill matrix path of the CUDA backend (P1–P3): an fp16 (or bf16) tensor-core GEMM (mma.sync m16n8k16,
 // f32 accumulation, cp.async multi-stage pipeline) that dequantises MLX 4/8-bit weights inside its
 // mainloop, and the MoE block for T tokens built on it with routing on the device (gemm.cu,
 // moe_prefill.cu). Every launcher is asynchronous on the given stream, except the host-routing
@@ -12,7 +12,7 @@
 namespace lily::cuda {
 
 // ---- gemm.cu -----------------------------------------------------------------------------
-// Activations enter the GEMM as bf16 in the "mma k-order": inside every 64-column group, column
+// Activations enter the GEMM as fp16/bf16 in the "mma k-order": inside every 64-column group, column
 // L of the staged row holds input column gemm_kperm(L). The order matches how a thread's packed
 // 4-bit (or 8-bit) codes map onto its mma B fragment, so codes are dequantised straight from the
 // shared-memory copy of the MLX layout into fragments; A is permuted instead of the weights.
@@ -23,20 +23,43 @@ __host__ __device__ constexpr int gemm_kperm_inv(int P) {
   return 16 * (2 * ((P >> 3) & 1) + ((P >> 1) & 1)) + 8 * (P & 1) + 2 * (P >> 4) + ((P >> 2) & 1);
 }
 
+// Operand precision: fp16 with power-of-two scales (default) or bf16 when LILY_GEMM_BF16 is set
+// to anything but 0 (read on every call, so a test may switch it). 8-bit matrices always run in bf16
+// split precision. The CPU backend emulates either (LILY_CPU_EMULATE, gemm_emulate.h).
+bool gemm_f16();
+constexpr int kGemmF16WExp = 8;   // fp16: weights enter as (s·2^8)·q + b·2^8
+
 // True when the GEMM handles W: 4/8-bit affine with group 64 and bf16 scales, cols % 512 == 0.
 bool gemm_ok(const QMat& w);
-// x f32 [T, K] (K % 64 == 0) -> xb bf16 [T, K] in the mma k-order; xl (optional) the remainders
-// x - xb as bf16, which 8-bit matrices need (split precision, see gemm.cu).
-void gemm_convert_a(const float* x, int T, int K, uint16_t* xb, uint16_t* xl, cudaStream_t s);
-// Ablation P1 off (4-bit only): W dequantised once into bf16 [rows, cols] in the mma k-order.
-int64_t gemm_dequant_bytes(const QMat& w);
-void gemm_dequant(const QMat& w, uint16_t* wb, cudaStream_t s);
+// Matrices with fewer rows than this (in_proj_a/b: 32, shared_expert_gate: 1) go to the f32 GEMV
+// kernels even in prefill: a GEMM CTA would walk all of K for a mostly empty 128-row tile, ~30
+// serial k-steps with little work in each. LILY_GEMM_SMALL_N (default 64; 0 = GEMM for all).
+int gemm_small_n();
+// gemm_ok(w) and w.rows >= gemm_small_n(): the prefill matmul path for W.
+bool gemm_takes(const QMat& w);
 
-// y[T, w.rows] (row stride ldy) = xb · Wᵀ, or += when `accumulate`. xl: remainders (required for
-// 8-bit W, ignored otherwise). wb: the P1-off bf16 copy of a 4-bit W (nullptr: fused
-// dequantisation). bm: M-tile 32/64/128, 0 = chosen from T and the grid size (LILY_GEMM_BM overrides).
-void gemm(const QMat& w, const uint16_t* xb, const uint16_t* xl, int T, float* y, int64_t ldy, bool accumulate,
-          const uint16_t* wb, int bm, cudaStream_t s);
+// The GEMM's view of one input x [T, K], all in the mma k-order (device buffers of T·K halves,
+// rs of T floats):
+//   a:  operand of 4-bit matrices: fp16 of x·2^s per row (f16) with rs[row] = 2^-s, or bf16 of x;
+//   hi, lo: bf16 split x = hi + lo for 8-bit matrices (bf16 mode: hi is `a`, leave hi null).
+struct GemmA {
+  const uint16_t* a = nullptr;
+  const float* rs = nullptr;
+  const uint16_t* hi = nullptr;
+  const uint16_t* lo = nullptr;
+  bool f16 = true;
+};
+// Fills the non-null buffers of `o` from x f32 [T, K] (K % 64 == 0).
+void gemm_convert_a(const float* x, int T, int K, const GemmA& o, cudaStream_t s);
+// Ablation P1 off (4-bit only): W dequantised once into bf16/fp16 [rows, cols] in the mma k-order.
+int64_t gemm_dequant_bytes(const QMat& w);
+void gemm_dequant(const QMat& w, bool f16, uint16_t* wb, cudaStream_t s);
+
+// y[T, w.rows] (row stride ldy) = x · Wᵀ, or += when `accumulate`. wb: the P1-off copy of a 4-bit W
+// (same precision as x; nullptr: fused dequantisation). bm: M-tile 32/64/128, 0 = chosen from T
+// and the grid size (LILY_GEMM_BM overrides).
+void gemm(const QMat& w, const GemmA& x, int T, float* y, int64_t ldy, bool accumulate, const uint16_t* wb, int bm,
+          cudaStream_t s);
 
 // ---- grouped GEMM (used by moe_prefill.cu) -------------------------------------------------
 // Rows are processed in M-tiles listed by a device tile map {group, first row, rows, 0}; the grid
@@ -49,13 +72,15 @@ struct GroupedB {
   int64_t stride = 0, sb_stride = 0;   // bytes between groups in data / scales+biases
   int n_groups = 0;
 };
-// act[r, 0:I) (bf16, mma k-order, row stride ld_act) = silu(x_r·Gᵀ)·(x_r·Uᵀ), x_r = xb row a_rows[r].
-void gemm_grouped_swiglu(const GroupedB& b, const uint16_t* xb, const int* a_rows, const int4* tiles,
-                         const int* n_tiles, int max_tiles, int bm, uint16_t* act, int ld_act, cudaStream_t s);
-// y[dst[r], :] = scale[r] · (act_r · Dᵀ), act_r = row r of act (bf16, mma k-order).
-void gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int4* tiles, const int* n_tiles,
-                          int max_tiles, int bm, const int* dst, const float* scale, float* y, int64_t ldy,
-                          cudaStream_t s);
+// act[r, 0:I) (mma k-order, row stride ld_act) = silu(x_r·Gᵀ)·(x_r·Uᵀ), x_r = row a_rows[r] of x.a
+// (x.rs for fp16). fp16: act holds v·2^e with one exponent e per (row, 64-column group) in
+// act_exp[r·(ld_act/64) + group]; bf16: act holds bf16(v), act_exp unused.
+void gemm_grouped_swiglu(const GroupedB& b, const GemmA& x, const int* a_rows, const int4* tiles, const int* n_tiles,
+                         int max_tiles, int bm, uint16_t* act, int8_t* act_exp, int ld_act, cudaStream_t s);
+// y[dst[r], :] = scale[r] · (act_r · Dᵀ), act_r = row r of act as the SwiGLU GEMM wrote it.
+void gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* act_exp, bool f16, const int4* tiles,
+                          const int* n_tiles, int max_tiles, int bm, const int* dst, const float* scale, float* y,
+                          int64_t ldy, cudaStream_t s);
 
 // ---- moe_prefill.cu ------------------------------------------------------------------------
 struct MoePrefillOpts {

@@ -1,10 +1,12 @@
 // MoE block for a prefill chunk of T tokens (MODEL.md §2.4) on the grouped tensor-core GEMM:
-// x -> bf16 once; router logits and the shared-expert gate logit by the GEMM (8-bit weights);
+// x -> GEMM operands once (fp16 with a row scale for the experts, bf16 hi/lo for the 8-bit router);
+// router logits and the shared-expert gate logit by the GEMM (8-bit weights);
 // per token softmax over all experts in f32, top-k, renormalised (warp per token, ties to the lower
 // id as on the CPU); then, without any host synchronisation (P2): per-expert counts, one block that
 // scans them into row offsets and a list of fixed-size M-tiles (the shared expert is group E,
 // visited by every token), a scatter of the T·K (token, slot) rows into expert order; grouped
-// gate+up GEMM with SwiGLU in the epilogue writing bf16 activations in the next GEMM's k-order,
+// gate+up GEMM with SwiGLU in the epilogue writing fp16 activations (an exponent per row and 64
+// columns) or bf16 ones in the next GEMM's k-order,
 // grouped down GEMM writing w_k·down_k (shared: σ(gate)·down) to one f32 row per (token, slot), and
 // a gather-reduce per token in a fixed order, so results do not depend on scheduling.
 // The grouped GEMMs are launched for the worst-case tile count; surplus CTAs exit at once.
@@ -22,7 +24,7 @@ namespace {
 
 // Workspace sections (byte offsets, 256-aligned); tile list sized for the smallest M-tile.
 struct Layout {
-  int64_t xb, xl, logits, sg, ids, wts, ctl, tiles, row_tok, row_dst, row_w, act, slot, total;
+  int64_t xb, rs, xh, xl, logits, sg, ids, wts, ctl, tiles, row_tok, row_dst, row_w, act, aexp, slot, total;
   int max_tiles32;
 };
 
@@ -42,6 +44,8 @@ Layout layout(const MoeDev& m, int T) {
   const int64_t R = int64_t(T) * m.K + T;   // routed rows + shared-expert rows
   l.max_tiles32 = max_tiles(m, T, 32);
   l.xb = take(int64_t(T) * m.H * 2);
+  l.rs = take(int64_t(T) * 4);
+  l.xh = take(int64_t(T) * m.H * 2);
   l.xl = take(int64_t(T) * m.H * 2);
   l.logits = take(int64_t(T) * m.E * 4);
   l.sg = take(int64_t(T) * 4);
@@ -53,6 +57,7 @@ Layout layout(const MoeDev& m, int T) {
   l.row_dst = take(R * 4);
   l.row_w = take(R * 4);
   l.act = take(R * m.I * 2);
+  l.aexp = take(R * (m.I / 64));
   l.slot = take(R * m.H * 4);
   l.total = o;
   return l;
@@ -240,7 +245,7 @@ bool q4g(const QMat& w) { return w.type == kQ4 && gemm_ok(w); }
 
 bool moe_prefill_ok(const MoeDev& m) {
   return gemm_ok(m.router) && gemm_ok(m.shared_gate) && q4g(m.gate0) && q4g(m.up0) && q4g(m.down0) &&
-         q4g(m.sh_gate) && q4g(m.sh_up) && q4g(m.sh_down) && m.I == m.Is && m.E % 32 == 0 && m.E + 1 <= 512 &&
+         q4g(m.sh_gate) && q4g(m.sh_up) && q4g(m.sh_down) && m.I == m.Is && m.E % 32 == 0 && m.E + 1 <= 512 && m.I <= 1024 &&
          m.K <= 32 && m.K <= m.E && m.gate_stride == m.up_stride && m.gate_sb_stride == m.up_sb_stride &&
          m.gate0.rows == m.I && m.down0.cols == m.I && m.down0.rows == m.H && m.gate0.cols == m.H;
 }
@@ -266,8 +271,14 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
   LILY_CHECK(moe_prefill_ok(m), "moe_prefill: unsupported weights");
   const Layout l = layout(m, T);
   char* w = static_cast<char*>(work);
-  uint16_t* xb = reinterpret_cast<uint16_t*>(w + l.xb);
-  uint16_t* xl = reinterpret_cast<uint16_t*>(w + l.xl);
+  const bool f16 = gemm_f16();
+  GemmA xa;   // experts: xa.a (+ rs); router and shared gate (8-bit): bf16 hi/lo
+  xa.f16 = f16;
+  xa.a = reinterpret_cast<uint16_t*>(w + l.xb);
+  xa.rs = f16 ? reinterpret_cast<float*>(w + l.rs) : nullptr;
+  xa.hi = f16 ? reinterpret_cast<uint16_t*>(w + l.xh) : nullptr;
+  xa.lo = reinterpret_cast<uint16_t*>(w + l.xl);
+  int8_t* aexp = reinterpret_cast<int8_t*>(w + l.aexp);
   float* logits = reinterpret_cast<float*>(w + l.logits);
   float* sg = reinterpret_cast<float*>(w + l.sg);
   int32_t* ids = reinterpret_cast<int32_t*>(w + l.ids);
@@ -287,9 +298,14 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
   const int64_t routed = int64_t(T) * m.K;
 
   if (o.stages & 1) {
-    gemm_convert_a(x, T, m.H, xb, xl, s);
-    gemm(m.router, xb, xl, T, logits, m.E, false, nullptr, 0, s);
-    gemm(m.shared_gate, xb, xl, T, sg, 1, false, nullptr, 0, s);
+    gemm_convert_a(x, T, m.H, xa, s);
+    gemm(m.router, xa, T, logits, m.E, false, nullptr, 0, s);
+    if (gemm_takes(m.shared_gate)) {
+      gemm(m.shared_gate, xa, T, sg, 1, false, nullptr, 0, s);
+    } else {   // one row: the f32 GEMV kernel (gemm_small_n)
+      const GemvJob j{m.shared_gate, x, sg};
+      gemv_batch(&j, 1, T, true, s);
+    }
   }
   if (o.stages & 2) {
     CUDA_CHECK(cudaMemsetAsync(counts, 0, 4 * (m.E + 1), s));
@@ -317,7 +333,7 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
     b.stride = m.gate_stride;
     b.sb_stride = m.gate_sb_stride;
     b.n_groups = m.E;
-    gemm_grouped_swiglu(b, xb, row_tok, tiles, n_tiles, mt, bm, act, m.I, s);
+    gemm_grouped_swiglu(b, xa, row_tok, tiles, n_tiles, mt, bm, act, aexp, m.I, s);
   }
   if (o.stages & 8) {
     GroupedB b;
@@ -326,7 +342,7 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
     b.stride = m.down_stride;
     b.sb_stride = m.down_sb_stride;
     b.n_groups = m.E;
-    gemm_grouped_scatter(b, act, tiles, n_tiles, mt, bm, row_dst, row_w, slot, m.H, s);
+    gemm_grouped_scatter(b, act, aexp, f16, tiles, n_tiles, mt, bm, row_dst, row_w, slot, m.H, s);
   }
   if (o.stages & 16) {
     const int64_t n = int64_t(T) * (m.H / 4);
