@@ -32,13 +32,19 @@ if ! grep -q "cuda-check: PASS" "$OUT/check_decode.txt"; then
 fi
 el "cuda-check all paths, prompt 300 in chunks of 128"
 timeout 240 "$L" cuda-check --layers 4 --tokens 64 --prompt 300 --chunk 128 2>&1 | tail -7 | tee "$OUT/check_prefill.txt"
+if [ -z "$QUICK" ]; then
+  el "same, CPU reference rounding like the GPU GEMM (fp16), bound 0.9999"
+  timeout 240 "$L" cuda-check --layers 4 --tokens 64 --prompt 300 --chunk 128 --cpu-emulate fp16 --min-cosine 0.9999 2>&1 |
+    tail -7 | tee "$OUT/check_prefill_emul.txt"
+fi
 "$L" make-demo --out /tmp/demo >/dev/null 2>&1 &&
   timeout 120 "$L" cuda-check --model /tmp/demo --tokens 64 --prompt 40 --chunk 16 2>&1 | tail -6 | tee "$OUT/check_demo.txt"
 [ "$1" = "nobench" ] && exit 0
 el "kernel benches"
-timeout 90 "$L" cuda-test-gemm --bench >"$OUT/bench_gemm.txt" 2>&1; tail -40 "$OUT/bench_gemm.txt"
+timeout 100 "$L" cuda-test-gemm --bench >"$OUT/bench_gemm.txt" 2>&1; tail -25 "$OUT/bench_gemm.txt"
+timeout 100 "$L" cuda-test-attn --bench >"$OUT/bench_attn.txt" 2>&1; grep -E "T= 4096|pos0" "$OUT/bench_attn.txt" | head -20
 el "bench prefill"
-timeout 150 "$L" bench prefill --synthetic --lengths ${PLENGTHS:-4096,32768} --rounds 1 --chunk 4096 \
+timeout 150 "$L" bench prefill --synthetic --lengths ${PLENGTHS:-4096,32768} --rounds 1 --chunk 4096 --ablate "${PABL:-P4c}" \
   --out "$OUT" --tag prefill-quick --commit "${LILY_COMMIT:-unknown}" 2>&1 | grep -v "^bench:" | tail -30
 el "bench decode"
 timeout 200 "$L" bench decode --contexts ${DCONTEXTS:-4096,131072} --tokens 128 --rounds 1 --ablate "${DIDS//,/+}" \
