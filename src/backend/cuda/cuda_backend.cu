@@ -485,7 +485,10 @@ class CudaBackend final : public Backend {
     gdn_split_enabled() = !abl_.has("D12");     // D12: GDN decode step over 4 CTAs per value head
     prefetch_ = !abl_.has("D13");               // D13: L2 prefetch of the next launch's weights
     gemv_one_wave_enabled() = !abl_.has("D14");  // D14: one wave of CTAs per decode GEMV batch
-    router_cluster_ = !abl_.has("D15");   // D15: fused router as one 8-CTA cluster (D10 off: unused)
+    // D15: fused router as one 8-CTA cluster (D10 off: unused). Opt-in (LILY_ROUTER_CLUSTER=1): measured
+    // slower on the H200 (moe.router+norm 0.88 vs 0.52 ms/token at 4K, docs/CUDA.md), so off by default.
+    router_cluster_ = !abl_.has("D15") && std::getenv("LILY_ROUTER_CLUSTER") &&
+                      std::string(std::getenv("LILY_ROUTER_CLUSTER")) == "1";
     pf_up_ = !abl_.has("D16");            // D16: the D15 router prefetches the chosen gate/up experts
     early_down_ = !abl_.has("D17");       // D17: MoE down loads its rows before its PDL wait
     pack_gqa_ = !abl_.has("D6");
@@ -844,7 +847,7 @@ class CudaBackend final : public Backend {
   PendingMoe pend_moe_;               // D9: MoE held back for the residual add
   int* router_ticket_ = nullptr;      // D10: arrival counter of the fused router kernel (self-resetting)
   bool prefetch_ = true;              // D13
-  bool router_cluster_ = true;        // D15
+  bool router_cluster_ = false;       // D15 (opt-in)
   bool pf_up_ = true;                 // D16
   bool early_down_ = true;            // D17
   std::vector<L2Prefetch> plan_;      // D13: byte ranges per launch unit of the last forward pass
