@@ -102,14 +102,16 @@ struct Variant {
   std::string name;
   std::vector<std::string> off;
   std::string scan_nc = "0", attn_min_t = "16";
-  bool bf16 = false;          // tensor-core path: looser bounds
+  int tol = 0;   // bounds: 0 fp32, 1 fp16 MMA operands, 2 bf16 MMA operands, 3 split-bf16 (hi + lo) MMA
   std::string chunked = "";   // LILY_GDN_CHUNKED ("" = by T)
   std::string bf16kv = "1";   // LILY_ATTN_BF16KV
+  std::string attn_bf16 = "0";   // LILY_ATTN_BF16 (flash operands bf16 instead of fp16)
 };
 void apply(Backend& gpu, const Variant& v) {
   setenv("LILY_GDN_SCAN_NC", v.scan_nc.c_str(), 1);
   setenv("LILY_GDN_CHUNKED", v.chunked.c_str(), 1);
   setenv("LILY_ATTN_BF16KV", v.bf16kv.c_str(), 1);
+  setenv("LILY_ATTN_BF16", v.attn_bf16.c_str(), 1);
   setenv("LILY_ATTN_PREFILL_MIN_T", v.attn_min_t.c_str(), 1);
   Ablations a;
   a.off = v.off;
@@ -117,10 +119,13 @@ void apply(Backend& gpu, const Variant& v) {
 }
 
 // Bounds: fp32 paths differ from the CPU only by summation order and libm (~1e-6); bf16 MMA
-// operands give ~3e-3 relative; a wrong index, mask or missing rescale gives > 1e-1.
-bool within(const Err& e, bool bf16) {
-  return e.finite && e.rel_rms <= (bf16 ? 2e-2 : 2e-4) && e.worst_row <= (bf16 ? 6e-2 : 2e-3);
-}
+// operands give ~5e-3 relative, fp16 (3 more mantissa bits) ~8× less; a wrong index, mask or
+// missing rescale gives > 1e-1. Split bf16 (P4c: ~16-bit mantissas, ~100× the fp32 rounding) keeps
+// the fp32 RMS bound, but single GDN rows whose output nearly cancels (the fp32 paths already show
+// worst rows ~500× their RMS error, 128× less rounding) may reach ~2e-2: its worst-row bound is 5e-2
+// (a wrong chunk boundary or index still gives ~1).
+constexpr double kRms[4] = {2e-4, 3e-3, 2e-2, 2e-4}, kRow[4] = {2e-3, 1e-2, 6e-2, 5e-2};
+bool within(const Err& e, int tol) { return e.finite && e.rel_rms <= kRms[tol] && e.worst_row <= kRow[tol]; }
 
 // ---- Gated DeltaNet -----------------------------------------------------------------------
 struct GdnIO {
@@ -236,18 +241,22 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed) {
   std::mt19937_64 g(seed);
   const std::vector<int> Ts = {1, 16, 63, 64, 65, 300, 1024};
   const std::vector<Variant> gv = {{"P4 off (decode kernel)", {"P4"}},
-                                   {"P4 scan nc=1", {}, "1", "16", false, "0"},
-                                   {"P4 scan nc=2", {}, "2", "16", false, "0"},
-                                   {"P4 scan nc=4", {}, "4", "16", false, "0"},
-                                   {"P4c chunked (all T)", {}, "0", "16", false, "1"}};
+                                   {"P4 scan nc=1", {}, "1", "16", 0, "0"},
+                                   {"P4 scan nc=2", {}, "2", "16", 0, "0"},
+                                   {"P4 scan nc=4", {}, "4", "16", 0, "0"},
+                                   {"P4c chunked (all T)", {}, "0", "16", 3, "1"}};
   const std::vector<Variant> av = {{"P6 off (per-token)", {"P6"}},
-                                   {"P6 flash (T>=16)", {}, "0", "16", true},
-                                   {"P6 flash (all T)", {}, "0", "1", true},
-                                   {"P6 flash f32 KV tiles", {}, "0", "16", true, "", "0"}};
+                                   {"P6 flash (T>=16)", {}, "0", "16", 1},
+                                   {"P6 flash (all T)", {}, "0", "1", 1},
+                                   {"P6 flash f32 KV tiles", {}, "0", "16", 1, "", "0"},
+                                   {"P6 flash bf16 ops", {}, "0", "16", 2, "", "1", "1"},
+                                   {"P6 flash bf16 f32 KV", {}, "0", "16", 2, "", "0", "1"}};
+  std::vector<std::string> failed;   // one line per failing case-variant, repeated after the summary
   std::vector<Tally> gt(gv.size()), at(av.size());
   const int64_t dv = c.linear_value_dim() / c.linear_num_value_heads, hd = c.head_dim;
-  std::printf("cuda-test-attn: errors are relative (RMS over all / worst row); bounds fp32 rms<=2e-4 row<=2e-3, "
-              "bf16 rms<=2e-2 row<=6e-2\n");
+  std::printf("cuda-test-attn: errors are relative (RMS over all / worst row); bounds fp32 rms<=%.0e row<=%.0e, "
+              "fp16 ops rms<=%.0e row<=%.0e, bf16 ops rms<=%.0e row<=%.0e, split bf16 (P4c) rms<=%.0e row<=%.0e\n",
+              kRms[0], kRow[0], kRms[1], kRow[1], kRms[2], kRow[2], kRms[3], kRow[3]);
   for (int T : {1, 16, 63, 64, 65, 300, 1024, 2500})   // 2500: 40 chunks of state carried, partial last
     for (int carried = 0; carried < 2; ++carried) {
       const GdnIO io = make_gdn_io(c, T, carried, g);
@@ -259,16 +268,20 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed) {
         ey.merge(compare(ref.y[1], got.y[1], dv));
         const Err es = compare(ref.S, got.S, dv);
         const Err ec = compare(ref.conv, got.conv, c.conv_dim());
-        const bool ok = within(ey, false) && within(es, false) && within(ec, false);
+        const bool ok = within(ey, gv[vi].tol) && within(es, gv[vi].tol) && within(ec, 0);
         Err all = ey;
         all.merge(es);
         all.merge(ec);
         gt[vi].worst.merge(all);
         gt[vi].cases++;
         gt[vi].fails += !ok;
-        std::printf("gdn  T=%4d %-7s %-22s y %.1e/%.1e  S %.1e/%.1e  conv %.1e  %s\n", T,
-                    carried ? "carried" : "zero", gv[vi].name.c_str(), ey.rel_rms, ey.worst_row, es.rel_rms,
-                    es.worst_row, ec.worst_row, ok ? "PASS" : "FAIL");
+        char line[256];
+        std::snprintf(line, sizeof line, "gdn  T=%4d %-7s %-22s y %.1e/%.1e  S %.1e/%.1e  conv %.1e  %s", T,
+                      carried ? "carried" : "zero", gv[vi].name.c_str(), ey.rel_rms, ey.worst_row, es.rel_rms,
+                      es.worst_row, ec.worst_row, ok ? "PASS" : "FAIL");
+        std::printf("%s\n", line);
+        std::fflush(stdout);
+        if (!ok) failed.push_back(line);
       }
     }
   for (int T : Ts)
@@ -283,14 +296,18 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed) {
         eo.merge(compare(ref.o[1], got.o[1], hd));
         Err ek = compare(ref.kc, got.kc, hd, rows);
         ek.merge(compare(ref.vc, got.vc, hd, rows));
-        const bool ok = within(eo, av[vi].bf16) && within(ek, false);
+        const bool ok = within(eo, av[vi].tol) && within(ek, 0);
         Err all = eo;
         all.merge(ek);
         at[vi].worst.merge(all);
         at[vi].cases++;
         at[vi].fails += !ok;
-        std::printf("attn T=%4d pos0=%4d %-20s o %.1e/%.1e  cache %.1e/%.1e  %s\n", T, pos0, av[vi].name.c_str(),
-                    eo.rel_rms, eo.worst_row, ek.rel_rms, ek.worst_row, ok ? "PASS" : "FAIL");
+        char line[256];
+        std::snprintf(line, sizeof line, "attn T=%4d pos0=%4d %-21s o %.1e/%.1e  cache %.1e/%.1e  %s", T, pos0,
+                      av[vi].name.c_str(), eo.rel_rms, eo.worst_row, ek.rel_rms, ek.worst_row, ok ? "PASS" : "FAIL");
+        std::printf("%s\n", line);
+        std::fflush(stdout);
+        if (!ok) failed.push_back(line);
       }
     }
   apply(gpu, Variant{"default", {}});
@@ -305,6 +322,10 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed) {
     std::printf("  attn %-24s %2d/%2d pass  %.2e / %.2e\n", av[i].name.c_str(), at[i].cases - at[i].fails, at[i].cases,
                 at[i].worst.rel_rms, at[i].worst.worst_row);
     fails += at[i].fails;
+  }
+  if (!failed.empty()) {
+    std::printf("failing case-variants:\n");
+    for (const auto& l : failed) std::printf("  %s\n", l.c_str());
   }
   std::printf("cuda-test-attn: %s (%d failing case-variants)\n", fails ? "FAIL" : "PASS", fails);
   return fails ? 1 : 0;
@@ -331,10 +352,10 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed) {
   std::printf("cuda-test-attn --bench on %s\n", cuda_tools::device_name().c_str());
   // Gated DeltaNet: one layer's mixer core for T tokens.
   const std::vector<Variant> gv = {{"P4 off", {"P4"}},
-                                   {"scan nc=1", {}, "1", "16", false, "0"},
-                                   {"scan nc=2", {}, "2", "16", false, "0"},
-                                   {"scan nc=4", {}, "4", "16", false, "0"},
-                                   {"chunked", {}, "0", "16", false, "1"}};
+                                   {"scan nc=1", {}, "1", "16", 0, "0"},
+                                   {"scan nc=2", {}, "2", "16", 0, "0"},
+                                   {"scan nc=4", {}, "4", "16", 0, "0"},
+                                   {"chunked", {}, "0", "16", 0, "1"}};
   for (int T : {64, 512, 2048, 4096, 8192}) {
     const GdnIO io = make_gdn_io(c, 1, true, g);   // weights and state; activations filled below
     Pool pool(gpu);
@@ -393,7 +414,9 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed) {
     cuda_tools::fill_uniform(gpu, q, T * nh * 2 * hd, 1.f, seed + 7);
     cuda_tools::fill_uniform(gpu, k, T * kvw, 1.f, seed + 8);
     cuda_tools::fill_uniform(gpu, v, T * kvw, 1.f, seed + 9);
-    const std::vector<Variant> av = {{"flash", {}, "0", "16", true}, {"flash32", {}, "0", "16", true, "", "0"},
+    const std::vector<Variant> av = {{"flash", {}, "0", "16", 1},
+                                     {"flash32", {}, "0", "16", 1, "", "0"},
+                                     {"bf16", {}, "0", "16", 2, "", "1", "1"},
                                      {"P6 off", {"P6"}}};
     for (int pos0 : {0, 28672, 126976})
       for (const Variant& var : av) {

@@ -4,13 +4,17 @@
 // A CTA takes 16 consecutive tokens × the 8 query heads of one KV head (a 128-row query tile, warp w
 // = head w of the group, 16 token rows), so each K/V tile it loads serves all 8 heads (GQA). Keys go
 // by in tiles of 32: cp.async copies the f32 rows into a staging buffer one tile ahead, the CTA
-// converts them to bf16 tiles, and each warp computes S = Q·Kᵀ (16×32) and O += P·V (16×256) with
-// mma.sync m16n8k16 (bf16 in, fp32 accumulate; fragments through ldmatrix, V transposed on the fly).
+// converts them to 16-bit tiles, and each warp computes S = Q·Kᵀ (16×32) and O += P·V (16×256) with
+// mma.sync m16n8k16 (fp16 in by default, bf16 with LILY_ATTN_BF16=1; fp32 accumulate; fragments
+// through ldmatrix, V transposed on the fly). fp16 has the same MMA rate and 8× less rounding error
+// than bf16; its range suffices: q̂, k̂ are RMS-normalised (× gain), P ∈ [0, 1], and values are
+// assumed |v| < 65504 (the conversion saturates there instead of producing inf/NaN).
 // The softmax is online in fp32 in the log2 domain (log2 e folded into Q); the causal mask only
 // touches tiles that reach past the block's first token. When the query tiles alone cannot fill the
 // GPU (short chunks after a long prefix), the KV range is split over CTAs and a merge kernel
 // combines their partial softmaxes; otherwise the kernel writes o × σ(gate) directly.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cfloat>
 
@@ -32,18 +36,44 @@ constexpr size_t kSmemF32 = sizeof(float) * 2 * kBK * kHD                 // f32
                             + sizeof(__nv_bfloat16) * (2 * kBK + kGQ * kBQ) * kRS;   // bf16 K, V, Q
 constexpr size_t kSmemBf = sizeof(__nv_bfloat16) * (2 * kStages * kBK + kGQ * kBQ) * kRS;   // K, V ring + Q
 
+// 16-bit operands: fp16 (F16) or bf16, stored in __nv_bfloat16 arrays as raw 2-byte values.
+// SAT: clamp to the fp16 range first (cache and query values; NaN stays NaN) — P ∈ [0, 1] needs none.
+__device__ __forceinline__ float sat_f16(float x) { return fabsf(x) > 65504.f ? copysignf(65504.f, x) : x; }
+template <bool F16, bool SAT = true>
+__device__ __forceinline__ uint32_t pack16(float lo, float hi) {
+  if constexpr (F16) {
+    const __half2 v = SAT ? __floats2half2_rn(sat_f16(lo), sat_f16(hi)) : __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    return pack_bf16(lo, hi);
+  }
+}
+template <bool F16>
+__device__ __forceinline__ void mma16(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                      uint32_t b1) {
+  if constexpr (F16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    mma_bf16(c, a0, a1, a2, a3, b0, b1);
+  }
+}
+
 struct FlashArgs {
   const float *kc, *vc, *qbuf, *q;
-  const __nv_bfloat16 *kb, *vb;   // bf16 copy of the cache rows (BF_KV), zero-padded to whole tiles
+  const __nv_bfloat16 *kb, *vb;   // 16-bit copy of the cache rows (BF_KV), zero-padded to whole tiles
   float *o, *part;
   int pos0, T, kv_heads, splits;
 };
 
 // grid (ceil(T/16), kv_heads, splits), 256 threads. Fragment naming as in the PTX ISA: lane =
 // 4·gq + tq; accumulator c0,c1 = row gq, columns 2tq, 2tq+1; c2,c3 = row gq+8.
-// BF_KV: K/V tiles come from a bf16 copy of the cache by cp.async straight into a kStages ring (one
+// BF_KV: K/V tiles come from a 16-bit copy of the cache by cp.async straight into a kStages ring (one
 // barrier per tile, no conversion); otherwise f32 rows are staged and converted by every CTA.
-template <bool BF_KV>
+// F16: operands fp16 (else bf16).
+template <bool BF_KV, bool F16>
 __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_constant__ FlashArgs a) {
   extern __shared__ __align__(16) unsigned char smraw[];
   float* stK = reinterpret_cast<float*>(smraw);                   // [kBK][kHD] f32 (f32 path)
@@ -116,8 +146,8 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
     if (t < a.T) v = reinterpret_cast<const float4*>(a.qbuf + (int64_t(t) * heads + hh) * kHD)[c4];
     uint2 pk;
-    pk.x = pack_bf16(v.x * kLog2e, v.y * kLog2e);
-    pk.y = pack_bf16(v.z * kLog2e, v.w * kLog2e);
+    pk.x = pack16<F16>(v.x * kLog2e, v.y * kLog2e);
+    pk.y = pack16<F16>(v.z * kLog2e, v.w * kLog2e);
     *reinterpret_cast<uint2*>(Qb + row * kRS + 4 * c4) = pk;
   }
 
@@ -151,8 +181,10 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
         const bool ok = it * kBK + r < kv_len;   // rows past the cache are zero (never NaN garbage)
         const float4 kx = ok ? reinterpret_cast<const float4*>(stK + r * kHD)[c4] : make_float4(0.f, 0.f, 0.f, 0.f);
         const float4 vx = ok ? reinterpret_cast<const float4*>(stV + r * kHD)[c4] : make_float4(0.f, 0.f, 0.f, 0.f);
-        *reinterpret_cast<uint2*>(Kb + r * kRS + 4 * c4) = make_uint2(pack_bf16(kx.x, kx.y), pack_bf16(kx.z, kx.w));
-        *reinterpret_cast<uint2*>(Vb + r * kRS + 4 * c4) = make_uint2(pack_bf16(vx.x, vx.y), pack_bf16(vx.z, vx.w));
+        *reinterpret_cast<uint2*>(Kb + r * kRS + 4 * c4) =
+            make_uint2(pack16<F16>(kx.x, kx.y), pack16<F16>(kx.z, kx.w));
+        *reinterpret_cast<uint2*>(Vb + r * kRS + 4 * c4) =
+            make_uint2(pack16<F16>(vx.x, vx.y), pack16<F16>(vx.z, vx.w));
       }
       __syncthreads();   // bf16 tiles ready, staging free
       if (it + 1 < tile_hi) issue_tile(it + 1);
@@ -172,8 +204,8 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
       for (int np = 0; np < kBK / 16; ++np) {
         uint32_t b0, b1, b2, b3;
         ldsm_x4(b0, b1, b2, b3, ka + np * 16 * kRS + kk * 16);
-        mma_bf16(s[2 * np], a0, a1, a2, a3, b0, b1);
-        mma_bf16(s[2 * np + 1], a0, a1, a2, a3, b2, b3);
+        mma16<F16>(s[2 * np], a0, a1, a2, a3, b0, b1);
+        mma16<F16>(s[2 * np + 1], a0, a1, a2, a3, b2, b3);
       }
     }
     // Causal mask where the tile reaches past the block's first token.
@@ -227,16 +259,16 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
     // O += P V: P's accumulator layout is the A fragment layout of the next MMA (keys 16kk..16kk+15).
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk) {
-      const uint32_t p0 = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-      const uint32_t p1 = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-      const uint32_t p2 = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      const uint32_t p3 = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      const uint32_t p0 = pack16<F16, false>(s[2 * kk][0], s[2 * kk][1]);
+      const uint32_t p1 = pack16<F16, false>(s[2 * kk][2], s[2 * kk][3]);
+      const uint32_t p2 = pack16<F16, false>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      const uint32_t p3 = pack16<F16, false>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
       for (int np = 0; np < kHD / 16; ++np) {
         uint32_t b0, b1, b2, b3;
         ldsm_x4_t(b0, b1, b2, b3, va + kk * 16 * kRS + np * 16);
-        mma_bf16(oacc[2 * np], p0, p1, p2, p3, b0, b1);
-        mma_bf16(oacc[2 * np + 1], p0, p1, p2, p3, b2, b3);
+        mma16<F16>(oacc[2 * np], p0, p1, p2, p3, b0, b1);
+        mma16<F16>(oacc[2 * np + 1], p0, p1, p2, p3, b2, b3);
       }
     }
   }
@@ -298,8 +330,9 @@ __global__ void __launch_bounds__(kHD) attn_flash_merge_kernel(const float* part
   o[(int64_t(t) * heads + h) * kHD + e] = A / L * sigmoidf_(gate);
 }
 
-// grid-stride, float4 → 4 bf16: cache rows [0, rows) of K and V, zeros up to rows_pad (whole tiles).
-__global__ void kv_to_bf16_kernel(const float* kc, const float* vc, int64_t n4, int64_t n4_pad, __nv_bfloat16* kb,
+// grid-stride, float4 → 4 fp16 / bf16: cache rows [0, rows) of K and V, zeros up to rows_pad (whole tiles).
+template <bool F16>
+__global__ void kv_to_16_kernel(const float* kc, const float* vc, int64_t n4, int64_t n4_pad, __nv_bfloat16* kb,
                                   __nv_bfloat16* vb) {
   pdl_trigger();
   pdl_wait();
@@ -309,8 +342,8 @@ __global__ void kv_to_bf16_kernel(const float* kc, const float* vc, int64_t n4, 
       k = reinterpret_cast<const float4*>(kc)[i];
       v = reinterpret_cast<const float4*>(vc)[i];
     }
-    reinterpret_cast<uint2*>(kb)[i] = make_uint2(pack_bf16(k.x, k.y), pack_bf16(k.z, k.w));
-    reinterpret_cast<uint2*>(vb)[i] = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+    reinterpret_cast<uint2*>(kb)[i] = make_uint2(pack16<F16>(k.x, k.y), pack16<F16>(k.z, k.w));
+    reinterpret_cast<uint2*>(vb)[i] = make_uint2(pack16<F16>(v.x, v.y), pack16<F16>(v.z, v.w));
   }
 }
 
@@ -351,7 +384,7 @@ int64_t attention_prefill_workspace_floats(const AttnDims& d, int T, int pos0, b
 
 void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_norm, float* kc, float* vc, int pos0,
                        const float* q, const float* k, const float* v, int T, float* o, float* work, bool bf16_kv,
-                       cudaStream_t s) {
+                       bool f16, cudaStream_t s) {
   LILY_CHECK(attention_prefill_ok(d), "attention prefill: unsupported shapes");
   LILY_CHECK(pos0 >= 0 && pos0 + T <= d.capacity, "attention prefill: KV cache overflow");
   float* qbuf = work;
@@ -362,8 +395,14 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
   const int splits = std::max(1, std::min(flash_splits(d, T), max_tiles / 4));
   static bool attr_set = false;
   if (!attr_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemF32)));
-    CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBf)));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(kSmemF32)));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(kSmemBf)));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(kSmemF32)));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(kSmemBf)));
     attr_set = true;
   }
   __nv_bfloat16 *kb = nullptr, *vb = nullptr;
@@ -373,15 +412,23 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
     vb = kb + kv_rows_pad(pos0, T) * row;
     const int64_t n4 = int64_t(pos0 + T) * row / 4, n4_pad = kv_rows_pad(pos0, T) * row / 4;
     const int blocks = int(std::min<int64_t>((n4_pad + 255) / 256, 8LL * sm_count()));
-    launch(kv_to_bf16_kernel, dim3(blocks), dim3(256), 0, s, (const float*)kc, (const float*)vc, n4, n4_pad, kb, vb);
+    if (f16)
+      launch(kv_to_16_kernel<true>, dim3(blocks), dim3(256), 0, s, (const float*)kc, (const float*)vc, n4, n4_pad, kb, vb);
+    else
+      launch(kv_to_16_kernel<false>, dim3(blocks), dim3(256), 0, s, (const float*)kc, (const float*)vc, n4, n4_pad, kb,
+             vb);
     CUDA_LAUNCH_CHECK();
   }
   FlashArgs fa{kc, vc, qbuf, q, kb, vb, o, part, pos0, T, d.kv_heads, splits};
   const dim3 grid((T + kBQ - 1) / kBQ, d.kv_heads, splits);
-  if (bf16_kv)
-    launch(attn_flash_kernel<true>, grid, dim3(kGQ * 32), kSmemBf, s, fa);
+  if (bf16_kv && f16)
+    launch(attn_flash_kernel<true, true>, grid, dim3(kGQ * 32), kSmemBf, s, fa);
+  else if (bf16_kv)
+    launch(attn_flash_kernel<true, false>, grid, dim3(kGQ * 32), kSmemBf, s, fa);
+  else if (f16)
+    launch(attn_flash_kernel<false, true>, grid, dim3(kGQ * 32), kSmemF32, s, fa);
   else
-    launch(attn_flash_kernel<false>, grid, dim3(kGQ * 32), kSmemF32, s, fa);
+    launch(attn_flash_kernel<false, false>, grid, dim3(kGQ * 32), kSmemF32, s, fa);
   CUDA_LAUNCH_CHECK();
   if (splits > 1) {
     launch(attn_flash_merge_kernel, dim3(d.heads, T), dim3(kHD), 0, s, (const float*)part, q, d.heads, splits, o);

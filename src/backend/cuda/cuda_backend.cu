@@ -295,7 +295,8 @@ class CudaBackend final : public Backend {
     if (prefill_attn_ && T >= attn_min_t_ && attention_prefill_ok(d)) {
       float* ws = workspace(attention_prefill_workspace_floats(d, T, pos0, attn_bf16_kv_));
       timed("attn_prefill", bytes, [&] {
-        attention_prefill(d, w.q_norm.data, w.k_norm.data, kv.k, kv.v, pos0, q, k, v, T, o, ws, attn_bf16_kv_, s_);
+        attention_prefill(d, w.q_norm.data, w.k_norm.data, kv.k, kv.v, pos0, q, k, v, T, o, ws, attn_bf16_kv_,
+                          !attn_bf16_ops_, s_);
       });
       return;
     }
@@ -503,7 +504,8 @@ class CudaBackend final : public Backend {
     gdn_chunked_ = abl_.has("P4c") ? 0 : env_int("LILY_GDN_CHUNKED", -1);   // P4c off = the scan
     gdn_chunked_min_t_ = std::max(2, env_int("LILY_GDN_CHUNKED_MIN_T", 64));
     attn_min_t_ = std::max(1, env_int("LILY_ATTN_PREFILL_MIN_T", 16));
-    attn_bf16_kv_ = env_int("LILY_ATTN_BF16KV", 1) != 0;   // flash attention reads a bf16 copy of the cache
+    attn_bf16_kv_ = env_int("LILY_ATTN_BF16KV", 1) != 0;   // flash attention reads a 16-bit copy of the cache
+    attn_bf16_ops_ = env_int("LILY_ATTN_BF16", 0) != 0;    // flash MMA operands bf16 (default fp16)
     p1_off_ = abl_.has("P1");   // P1: separate dequantisation pass into bf16 before the GEMM
     p2_off_ = abl_.has("P2");   // P2: MoE prefill groups built on the host
   }
@@ -822,7 +824,7 @@ class CudaBackend final : public Backend {
   int splits_ = 0;
   bool prefill_gdn_ = true, prefill_attn_ = true;
   int gdn_min_t_ = 2, gdn_nc_ = 0, attn_min_t_ = 16, gdn_chunked_ = -1, gdn_chunked_min_t_ = 64;
-  bool attn_bf16_kv_ = true;
+  bool attn_bf16_kv_ = true, attn_bf16_ops_ = false;
   int gemm_min_t_ = 16;             // prefill path from this many tokens (LILY_GEMM_MIN_T)
   bool p1_off_ = false, p2_off_ = false;
   struct {

@@ -98,10 +98,11 @@ int64_t attention_prefill_workspace_floats(const AttnDims& d, int T, int pos0, b
 // Causal attention of T tokens at positions pos0.. over the cache [0, pos0 + T): prep (norms, RoPE,
 // KV append; attention.cu) then the flash kernel (and a merge when the KV range is split over CTAs
 // to fill the GPU), output × σ(gate). Requires pos0 + T <= capacity. bf16_kv: the cache rows are
-// converted to bf16 once per call (the f32 path converts every K/V tile in every CTA).
+// converted to 16 bits once per call (the f32 path converts every K/V tile in every CTA). f16: MMA
+// operands in fp16 (|v| < 65504 assumed, saturated), else bf16.
 void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_norm, float* kc, float* vc, int pos0,
                        const float* q, const float* k, const float* v, int T, float* o, float* work, bool bf16_kv,
-                       cudaStream_t s);
+                       bool f16, cudaStream_t s);
 
 // ---- attention.cu (shared with the decode path) ----------------------------------------------
 // The decode path's prep kernel alone: queries (normalised, rotated, × hd^-1/2) to qbuf [T, heads, hd],
