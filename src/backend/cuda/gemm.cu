@@ -125,12 +125,18 @@ __device__ __forceinline__ uint32_t dq4_pair(uint32_t w, int p, uint32_t s2, uin
 
 // fp16 path: the exponent s of a row with maximum |x| = amax (max|x|·2^s in [2^14, 2^15); the
 // cpu emulation, fp16_row_exp in gemm_emulate.cpp, is the same function).
+// The exponent comes from the bits (frexpf and ldexpf are multi-instruction library calls, and
+// these run per element in the conversion and the SwiGLU epilogue): for a normal amax,
+// frexp's e = biased exponent - 126; a subnormal amax gives e <= -126 either way, clamped to 100.
 __device__ __forceinline__ int f16_row_exp(float amax) {
   if (!(amax > 0.f) || !isfinite(amax)) return 0;
-  int e;
-  frexpf(amax, &e);
+  const int e = int((__float_as_uint(amax) >> 23) & 0xffu) - 126;
   return min(max(15 - e, -100), 100);
 }
+
+// 2^e for |e| <= 126 (a normal float, exact): v * pow2f(e) is ldexpf(v, e) in one multiply (one
+// correctly rounded result either way).
+__device__ __forceinline__ float pow2f(int e) { return __uint_as_float(uint32_t(127 + e) << 23); }
 
 // Byte `bt` of words wl/wh dequantised in f32, returned as bf16 pair `hi` and remainder pair `lo`.
 __device__ __forceinline__ void dq8_pair(uint32_t wl, uint32_t wh, int bt, float s, float b, uint32_t& hi,
@@ -491,8 +497,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
       uint32_t o[4];
       if constexpr (F16) {
         const int se = f16_row_exp(amax);
+        const float up = pow2f(se);
 #pragma unroll
-        for (int u = 0; u < 4; ++u) o[u] = h2_bits(__floats2half2_rn(ldexpf(v[2 * u], se), ldexpf(v[2 * u + 1], se)));
+        for (int u = 0; u < 4; ++u) o[u] = h2_bits(__floats2half2_rn(v[2 * u] * up, v[2 * u + 1] * up));
         if ((tid & 7) == 0) a.act_exp[pos * a.ld_exp + blockIdx.y] = int8_t(se);
       } else {
 #pragma unroll
@@ -548,6 +555,7 @@ __global__ void __launch_bounds__(256) convert_a_kernel(const float* __restrict_
   const int64_t row = blockIdx.x;
   const float* xr = x + row * K;
   int se = 0;
+  float up = 1.f;
   if (f16) {
     float amax = 0.f;
     for (int i = threadIdx.x; i < K; i += blockDim.x) amax = fmaxf(amax, fabsf(xr[i]));
@@ -557,7 +565,8 @@ __global__ void __launch_bounds__(256) convert_a_kernel(const float* __restrict_
     amax = red[0];
     for (int w = 1; w < int(blockDim.x >> 5); ++w) amax = fmaxf(amax, red[w]);
     se = f16_row_exp(amax);
-    if (threadIdx.x == 0) rs[row] = ldexpf(1.f, -se);
+    up = pow2f(se);
+    if (threadIdx.x == 0) rs[row] = pow2f(-se);
   }
   for (int c8 = threadIdx.x; c8 < K / 8; c8 += blockDim.x) {
     const int G = c8 >> 3, L0 = (c8 & 7) * 8;
@@ -569,7 +578,7 @@ __global__ void __launch_bounds__(256) convert_a_kernel(const float* __restrict_
       const __nv_bfloat162 hb = __floats2bfloat162_rn(v0, v1);
       h[u] = bf2_bits(hb);
       l[u] = pack_bf16(v0 - __low2float(hb), v1 - __high2float(hb));
-      o[u] = f16 ? h2_bits(__floats2half2_rn(ldexpf(v0, se), ldexpf(v1, se))) : h[u];
+      o[u] = f16 ? h2_bits(__floats2half2_rn(v0 * up, v1 * up)) : h[u];
     }
     const int64_t i = row * (K / 8) + c8;
     if (xa) reinterpret_cast<uint4*>(xa)[i] = make_uint4(o[0], o[1], o[2], o[3]);
