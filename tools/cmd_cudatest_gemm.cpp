@@ -75,13 +75,25 @@ constexpr double kRmsBound = 1e-2, kMaxBound = 5e-2;
 // group or rounding) leave it near 0.
 // Plus, for the MoE, rare one-ulp differences of a rounded SwiGLU activation.
 constexpr double kEmuRmsBound = 1e-4, kEmuMaxBound = 2e-3, kEmuRmsPerK = 6e-8;
+// MoE in bf16: the SwiGLU activation v = silu(g)·u is computed from the GPU's own f32 g, u (another
+// summation order, __expf) and then rounded to bf16 by both sides in the same way (RNE). An element
+// whose v differs by δ (relative ~1e-6, more where g or u is near 0) rounds to the other neighbour
+// with probability ~2δ/u (u = bf16 spacing, ~2^-8 relative); each flip is an error of one spacing.
+// The RMS of the activation's difference, hence of the output's, is ~sqrt(2δu) ~ 1e-4..2e-4 in bf16
+// (measured 1.97e-4 at T=16, 1.14e-4 at T=200, 9.7e-5 at T=1024) and sqrt(8) smaller in fp16 (5.4e-5
+// measured). No rounding step is missing from the emulation: dropping the activation rounding there
+// would leave a difference of ~1.5e-3 (bf16 RNE error of the activation, 2^-8/sqrt(12) relative
+// and more). 4e-4 stays well below that and 2x above what was measured.
+constexpr double kEmuRmsMoeBf16 = 4e-4;
 
 struct Tally {
   int pass = 0, fail = 0;
   std::vector<std::string> failed;   // repeated at the end so that a tail of the output shows them
-  // K: reduction length of a dense GEMM (0: the MoE block, flat bound).
-  void report(const std::string& what, const Err& e, const Err& emu, const std::string& extra = "", int K = 0) {
-    const double emu_rms = std::max(kEmuRmsBound, kEmuRmsPerK * K);
+  // K: reduction length of a dense GEMM (0: the MoE block, flat bound). emu_floor: the smallest
+  // emulated RMS bound (kEmuRmsMoeBf16 for the MoE block in bf16).
+  void report(const std::string& what, const Err& e, const Err& emu, const std::string& extra = "", int K = 0,
+              double emu_floor = kEmuRmsBound) {
+    const double emu_rms = std::max(emu_floor, kEmuRmsPerK * K);
     const bool ok = e.finite && e.rms <= kRmsBound && e.maxrel <= kMaxBound && emu.finite && emu.rms <= emu_rms &&
                     emu.maxrel <= kEmuMaxBound;
     (ok ? pass : fail) += 1;
@@ -289,7 +301,7 @@ int run(const Options& o) {
                       v.f16 ? "fp16" : "bf16", v.p2off ? "P2 off (host routing)" : "");
         std::snprintf(extra, sizeof extra, "  routing differs on %d/%d tokens%s", diff, T,
                       diff > std::max(1, T / 50) ? " (too many)" : "");
-        tally.report(what, e, ee, extra);
+        tally.report(what, e, ee, extra, 0, v.f16 ? kEmuRmsBound : kEmuRmsMoeBf16);
       }
     }
     unsetenv("LILY_MOE_TILE");

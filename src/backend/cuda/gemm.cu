@@ -204,9 +204,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
 
   pdl_trigger();
   // Plain mode: the tile is known without the previous kernel's results, so the first stages' weights
-  // (immutable) are requested before the PDL wait; grouped mode needs the tile list first.
+  // (immutable) are requested before the PDL wait; grouped mode needs the tile list first. Not with
+  // BT == kBF: that B is the P1-off buffer, which the kernel just before this one (dequant_kernel)
+  // is still writing, and which one workspace slot shares between the jobs of a batch.
   const bool plain = a.tiles == nullptr;
-  if (!plain) pdl_wait();
+  constexpr bool kEarlyB = BT != kBF;
+  if (!plain || !kEarlyB) pdl_wait();
   int group = 0, pos0, rows;
   if (!plain) {
     if (int(blockIdx.x) >= *a.n_tiles) return;
@@ -277,7 +280,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s)
       if (s < nk) load_b(s);
-    pdl_wait();
+    if (kEarlyB) pdl_wait();
   }
   constexpr int AT = a_tiles<BT>();
   const uint16_t* asrc[ACH];
