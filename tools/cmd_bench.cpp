@@ -120,7 +120,7 @@ int bench_main(int argc, char** argv) {
              {"rounds", "3", "rounds (variants alternate order in each round)"},
              {"ablate", "", "optimization ids; each is measured as its own variant (e.g. D2,D6,D7; D9+D10 = both off)"},
              {"profile-context", "4096", "context of the per-op breakdown (0 = none)"},
-             {"profile-ablate", "", "ids switched off during the per-op breakdown only (e.g. D13+D16)"},
+             {"profile-ablate", "", "ids switched off during the per-op breakdown only (e.g. D13)"},
              {"out", "docs/benchmarks", "directory for the JSON and markdown results"},
              {"tag", "decode", "file name stem of the results"},
              {"commit", "", "commit recorded in the results", "LILY_COMMIT"}});
@@ -238,7 +238,7 @@ int bench_main(int argc, char** argv) {
   const int Lp = o.num("profile-context");
 #ifdef LILY_HAVE_CUDA
   if (be->name() == "cuda" && Lp > 0) {
-    {   // prefetches (D13, D16) move HBM traffic between ops: the breakdown without them separates that
+    {   // prefetches (D13) move HBM traffic between ops: the breakdown without them separates that
       std::vector<std::string> v;
       const std::string ids = o.str("profile-ablate");
       for (size_t a = 0, b; a <= ids.size(); a = b + 1) {

@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device call for the decode-step fusions (D9 norm/add folding, D10 fused router + top-k,
 # D11 warp-parallel split-KV merge, D12 GDN over 4 CTAs per head, D13 L2 prefetch one launch
-# ahead, D14 one-wave GEMV batches, D15 cluster router, D16 expert gate/up prefetch by the router,
+# ahead, D14 one-wave GEMV batches, (D15, D16: removed, slower),
 # D17 MoE down loads before its PDL wait): build, cuda-check with all of
 # them on (synthetic full-width model: GDN + attention layers, decode path eager and as a captured
 # graph; demo model: fallback paths), on a failure the same check with each one off, then bench decode at
@@ -10,7 +10,7 @@ set -o pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 B=${B:-/root/work/build}
 OUT=${OUT:-/tmp/out}
-IDS=${IDS:-D9,D10,D11,D12,D13,D14,D15,D16,D17}
+IDS=${IDS:-D9,D10,D11,D12,D13,D14,D17}
 mkdir -p "$OUT"
 cd "$SRC"
 t0=$(date +%s)
@@ -39,6 +39,6 @@ timeout 420 "$L" bench decode --contexts "${CONTEXTS:-4096,32768,131072}" --toke
   grep -v "^bench:" | tail -70
 # The per-op breakdown once more without the prefetches (D13, D16): they move HBM traffic between
 # ops, so an op's time in the breakdown above includes traffic issued for later ops.
-timeout 200 "$L" bench decode --contexts 4096 --tokens 64 --rounds 1 --profile-ablate "${PROFILE_ABLATE:-D13+D16}" \
+timeout 200 "$L" bench decode --contexts 4096 --tokens 64 --rounds 1 --profile-ablate "${PROFILE_ABLATE:-D13}" \
   --profile-context 4096 --out "$OUT/noprefetch" --tag decode-noprefetch --commit "${LILY_COMMIT:-unknown}" 2>&1 |
   grep -v "^bench:" | grep -A40 "Per-op"

@@ -343,8 +343,6 @@ class CudaBackend final : public Backend {
     flush_mm();
     if (fuse_router_ && moe_router_topk_ok(m, T, fast_)) {
       dec.counter = router_ticket_;
-      dec.cluster = router_cluster_;
-      dec.pf_up = router_cluster_ && pf_up_;
       dec.early_down = early_down_;
     }
     if (hist_on_) {
@@ -486,11 +484,8 @@ class CudaBackend final : public Backend {
     gdn_split_enabled() = !abl_.has("D12");     // D12: GDN decode step over 4 CTAs per value head
     prefetch_ = !abl_.has("D13");               // D13: L2 prefetch of the next launch's weights
     gemv_one_wave_enabled() = !abl_.has("D14");  // D14: one wave of CTAs per decode GEMV batch
-    // D15: fused router as one 8-CTA cluster (D10 off: unused). Opt-in (LILY_ROUTER_CLUSTER=1): measured
-    // slower on the H200 (moe.router+norm 0.88 vs 0.52 ms/token at 4K, docs/CUDA.md), so off by default.
-    router_cluster_ = !abl_.has("D15") && std::getenv("LILY_ROUTER_CLUSTER") &&
-                      std::string(std::getenv("LILY_ROUTER_CLUSTER")) == "1";
-    pf_up_ = !abl_.has("D16");            // D16: the D15 router prefetches the chosen gate/up experts
+    // D15 (router as one 8-CTA cluster) and D16 (its L2 prefetch of the chosen experts) were measured
+    // slower than the D10 router and removed (docs/CUDA.md, "D15-D17").
     early_down_ = !abl_.has("D17");       // D17: MoE down loads its rows before its PDL wait
     pack_gqa_ = !abl_.has("D6");
     splits_ = abl_.has("D7") ? 1 : 0;   // 0: sized from the SM count
@@ -849,8 +844,6 @@ class CudaBackend final : public Backend {
   PendingMoe pend_moe_;               // D9: MoE held back for the residual add
   int* router_ticket_ = nullptr;      // D10: arrival counter of the fused router kernel (self-resetting)
   bool prefetch_ = true;              // D13
-  bool router_cluster_ = false;       // D15 (opt-in)
-  bool pf_up_ = true;                 // D16
   bool early_down_ = true;            // D17
   std::vector<L2Prefetch> plan_;      // D13: byte ranges per launch unit of the last forward pass
   int unit_ = 0;

@@ -108,8 +108,6 @@ struct MoeDecode {
   int* counter = nullptr;     // D10: router + softmax + top-k in one many-CTA kernel (zeroed int)
   L2Prefetch pf;              // D13: the next launch's weights, prefetched by the router stage
   bool pf_down = false;       // D13: the gate/up stage prefetches the chosen experts' down rows
-  bool cluster = false;       // D15: the fused router as one 8-CTA cluster (no atomic ticket)
-  bool pf_up = false;         // D16: the D15 router prefetches the chosen experts' gate/up matrices
   bool early_down = false;    // D17: down issues its expert-row loads before its PDL wait (D10 on)
 };
 int64_t moe_workspace_floats(const MoeDev& m, int T);

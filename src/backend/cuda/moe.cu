@@ -28,7 +28,6 @@ struct MoeArgs {
   float* res;              // D9: the down stage also adds out into res
   L2Prefetch pf;           // D13: the next launch's weights (issued by the router stage)
   int pf_down;             // D13: gate/up prefetches the chosen experts' down projections
-  int pf_up;               // D16: the cluster router prefetches the chosen experts' gate/up matrices
   int early_down;          // D17: gate/up triggers after its wait; down loads its rows before its wait
 };
 
@@ -605,158 +604,6 @@ __global__ void __launch_bounds__(32 * kRouterWarps) moe_router_topk_kernel(cons
   }
 }
 
-// ---- D15 (decode, T == 1): the router as one cluster of 8 CTAs --------------------------------
-// D10's last-CTA election (threadfence, atomic ticket, the logits re-read from L2, all after the
-// dot products) is a chain of global round trips on the critical path of every MoE layer. Here one
-// cluster of 8 CTAs computes all rows: warp w < 16 of rank c computes router rows 32c+2w and
-// 32c+2w+1, warp 16 of rank 0 the shared-expert gate. Each logit is stored into every CTA's shared
-// memory (DSMEM), one cluster barrier publishes them, and every CTA runs the same selection on its
-// own copy (same data, same order: identical results), so no second barrier is needed. Rank 0
-// writes ids and weights; with D16 each CTA then asks L2 for an eighth of the chosen experts'
-// gate/up matrices (9.4 MB), which the gate/up kernel can otherwise request only after its PDL wait
-// and an L2 read of the ids.
-constexpr int kRcCtas = 8, kRcRowWarps = 16, kRcRows = 2, kRcThreads = 32 * (kRcRowWarps + 1);
-static_assert(kRcCtas * kRcRowWarps * kRcRows == 256, "the router cluster covers E <= 256 rows");
-
-__global__ void __launch_bounds__(kRcThreads) moe_router_cluster_kernel(const __grid_constant__ MoeArgs a,
-                                                                        const __grid_constant__ GemvNorm nrm) {
-  constexpr int CPL = kRouterCols / 512;   // 16-byte chunks per lane and row
-  __shared__ float4 sm4[kRouterCols / 4];
-  __shared__ float xsum[kRouterCols / 16];
-  __shared__ float red[kRcRowWarps + 1];
-  __shared__ float lg[256];   // all E logits, written by every CTA of the cluster
-  __shared__ float sgv;       // rank 0: the shared-expert gate logit
-  __shared__ int sid[32];
-  __shared__ float sv[32];
-  __shared__ uint32_t ckey[32], cidx[32];
-  cg::cluster_group cluster = cg::this_cluster();
-  const MoeDev& m = a.m;
-  const int rank = int(cluster.block_rank());
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nt = kRcThreads;
-  const bool sg_warp = warp == kRcRowWarps;   // rank 0: shared-expert gate; other ranks: idle
-  int rows[kRcRows];
-#pragma unroll
-  for (int r = 0; r < kRcRows; ++r) {
-    const int row = rank * (kRcRowWarps * kRcRows) + warp * kRcRows + r;
-    rows[r] = sg_warp ? (rank == 0 && r == 0 ? m.E : -1) : (row < m.E ? row : -1);   // m.E: the gate row
-  }
-  uint4 wv[kRcRows][CPL];
-  float sc[kRcRows][CPL], bi[kRcRows][CPL];
-  pdl_trigger();
-  // DSMEM may only be written once every CTA of the cluster runs: arrive now, wait before the
-  // first remote store (by then every CTA has long arrived, so the wait costs nothing).
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#pragma unroll
-  for (int r = 0; r < kRcRows; ++r) {   // weights never change: loads issued before the wait
-    if (rows[r] < 0) continue;
-    const QMat& w = rows[r] == m.E ? m.shared_gate : m.router;
-    const int64_t rr = rows[r] == m.E ? 0 : rows[r];
-#pragma unroll
-    for (int i = 0; i < CPL; ++i) {
-      wv[r][i] = __ldcs(static_cast<const uint4*>(w.data) + rr * (kRouterCols / 16) + lane + 32 * i);
-      sc[r][i] = bf16f(static_cast<const uint16_t*>(w.scales)[rr * (kRouterCols / 64) + ((lane + 32 * i) >> 2)]);
-      bi[r][i] = bf16f(static_cast<const uint16_t*>(w.biases)[rr * (kRouterCols / 64) + ((lane + 32 * i) >> 2)]);
-    }
-  }
-  l2_prefetch(a.pf);   // D13: next launch's weights, queued after this kernel's own loads
-  pdl_wait();
-  // Stage x exactly as the D10 kernel does (512 float4 over the first 16 warps, whole warps).
-  const float* xin = nrm.w ? nrm.h : a.x;
-  float ss = 0.f;
-  for (int idx = threadIdx.x; idx < kRouterCols / 4; idx += nt) {
-    float4 v = reinterpret_cast<const float4*>(xin)[idx];
-    if (nrm.w) {
-      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-      const float4 g = reinterpret_cast<const float4*>(nrm.w)[idx];
-      v.x *= g.x;
-      v.y *= g.y;
-      v.z *= g.z;
-      v.w *= g.w;
-    }
-    const int ci = idx >> 2, f = idx & 3;
-    float s4 = (v.x + v.y) + (v.z + v.w);
-    s4 += __shfl_xor_sync(0xffffffffu, s4, 1);
-    s4 += __shfl_xor_sync(0xffffffffu, s4, 2);
-    if (f == 0) xsum[ci] = s4;
-    v.y *= 1.f / 256;
-    v.w *= 1.f / 256;
-    sm4[(ci >> 5) * 128 + f * 32 + (ci & 31)] = v;
-  }
-  if (nrm.w) {
-    ss = warp_sum(ss);
-    if (lane == 0) red[warp] = ss;
-  }
-  __syncthreads();
-  const float nscale = nrm.w ? fold_norm_scale(red, kRcRowWarps + 1, kRouterCols, nrm.eps, nrm.h, nrm.w,
-                                               rank == 0 ? const_cast<float*>(a.x) : nullptr)
-                             : 1.f;
-  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-#pragma unroll
-  for (int r = 0; r < kRcRows; ++r) {
-    if (rows[r] < 0) continue;
-    const float M = 8388608.f;
-    float acc = 0.f;
-#pragma unroll
-    for (int i = 0; i < CPL; ++i) {
-      float d = 0.f;
-#pragma unroll
-      for (int f = 0; f < 4; ++f) {
-        const float4 xv = sm4[i * 128 + f * 32 + lane];
-        const uint32_t wd = word_of(wv[r][i], f), h = wd >> 16;
-        d = fmaf(__uint_as_float((wd & 0xFFu) | 0x4B000000u) - M, xv.x, d);
-        d = fmaf(__uint_as_float((wd & 0xFF00u) | 0x4B000000u) - M, xv.y, d);
-        d = fmaf(__uint_as_float((h & 0xFFu) | 0x4B000000u) - M, xv.z, d);
-        d = fmaf(__uint_as_float((h & 0xFF00u) | 0x4B000000u) - M, xv.w, d);
-      }
-      acc = fmaf(sc[r][i], d, fmaf(bi[r][i], xsum[lane + 32 * i], acc));
-    }
-    const float v = warp_sum(acc) * nscale;   // every lane holds the sum
-    if (rows[r] == m.E) {
-      if (lane == 0) {
-        sgv = v;
-        const_cast<float*>(a.sg)[0] = v;   // kept for the non-fused readers' layout
-      }
-    } else if (lane < kRcCtas) {
-      *cluster.map_shared_rank(&lg[rows[r]], lane) = v;
-    }
-  }
-  cluster.sync();   // every logit is in every CTA's lg; afterwards no CTA touches another's memory
-  select_topk_block(lg, m.E, m.K, ckey, cidx, sid, sv);
-  if (rank == 0 && warp == 0) {
-    const float p = lane < m.K ? __expf(sv[lane] - sv[0]) : 0.f;   // the full softmax denominator cancels
-    const float sum = warp_sum(p);
-    if (lane < m.K) {
-      a.ids[lane] = sid[lane];
-      a.wts[lane] = p / sum;
-      if (m.hist) atomicAdd(&m.hist[sid[lane]], 1);
-    }
-    if (lane == 0) a.wts[m.K] = sigmoidf_(sgv);
-  }
-  if (a.pf_up) {   // D16: piece k of the K experts' gate and up matrices goes to CTA k % 8
-    constexpr int64_t kPiece = 32768;
-    const int64_t cb = int64_t(m.I) * m.H / 2, sb = int64_t(m.I) * (m.H / 64) * 2;
-    const int pc = int((cb + kPiece - 1) / kPiece), ps = int((sb + kPiece - 1) / kPiece), per = pc + 2 * ps;
-    for (int k = rank + kRcCtas * int(threadIdx.x); k < m.K * 2 * per; k += kRcCtas * nt) {
-      const int e = sid[k / (2 * per)], up = (k / per) & 1, q = k % per;
-      const QMat& w = up ? m.up0 : m.gate0;
-      const int64_t stride = up ? m.up_stride : m.gate_stride, sbs = up ? m.up_sb_stride : m.gate_sb_stride;
-      const char* base;
-      int64_t off, len;
-      if (q < pc) {
-        base = static_cast<const char*>(stack_ptr(w.data, stride, e, 0));
-        off = int64_t(q) * kPiece;
-        len = cb;
-      } else {
-        base = static_cast<const char*>(stack_ptr(q < pc + ps ? w.scales : w.biases, sbs, e, 0));
-        off = int64_t((q - pc) % ps) * kPiece;
-        len = sb;
-      }
-      const uint32_t n = uint32_t(min(kPiece, len - off)) & ~15u;
-      if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + off), "r"(n) : "memory");
-    }
-  }
-}
-
 bool q4ok(const QMat& w) { return w.type == kQ4 && !w.sb_f32 && w.gs == 64; }
 bool q8router_ok(const QMat& w, int rows, int H) {
   return w.type == kQ8 && !w.sb_f32 && w.gs == 64 && w.cols == H && w.rows == rows;
@@ -808,29 +655,13 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   if (dec) {
     a.pf = dec->pf;
     a.pf_down = dec->pf_down && m.I == m.Is && m.I % 64 == 0 ? 1 : 0;
-    a.pf_up = dec->pf_up && q4ok(m.gate0) && q4ok(m.up0) && m.H % 64 == 0 ? 1 : 0;
   }
   const bool fast_down = fast && m.I == 512 && m.Is == 512 && m.K <= 9 && q4ok(m.down0) && q4ok(m.sh_down);
   // D17 needs the ids from the router kernel (not gate/up) and the FFMA down kernel, and must be
   // set identically for the gate/up and down launches of one call.
   a.early_down = dec && dec->early_down && fused_router && fast_down && !(mma_q4_enabled() && mma_q4_all()) ? 1 : 0;
   if (stages & 1) {
-    if (fused_router && dec->cluster) {   // D15
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(kRcCtas);
-      cfg.blockDim = dim3(kRcThreads);
-      cfg.stream = s;
-      cudaLaunchAttribute attr[2];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = kRcCtas;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attr[1].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
-      cfg.attrs = attr;
-      cfg.numAttrs = 2;
-      CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_router_cluster_kernel, a, norm ? *norm : GemvNorm{}));
-    } else if (fused_router) {
+    if (fused_router) {
       launch(moe_router_topk_kernel, dim3((m.E + 1 + kRouterWarps - 1) / kRouterWarps), dim3(32 * kRouterWarps), 0,
              s, a, norm ? *norm : GemvNorm{}, dec->counter);
       CUDA_LAUNCH_CHECK();
