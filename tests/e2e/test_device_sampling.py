@@ -4,6 +4,7 @@ that CI covers the path the cuda backend takes by default. The reference is the 
 with `--device-sampling off` (host Sampler, one forward per token) and prefix reuse disabled: greedy
 picks do not depend on where the token is chosen, and the rule is the same for penalties."""
 import concurrent.futures
+import json
 import subprocess
 import time
 
@@ -17,7 +18,7 @@ except ImportError:   # newer openai releases depend on the httpx2 fork (same AP
 
 from test_server import Server, metric
 
-CTX = 1024
+CTX = 512
 
 
 @pytest.fixture(scope="module")
@@ -160,12 +161,13 @@ def test_stop_strings_stop_ids_and_max_tokens(dev, host):
 
 
 def test_generation_fills_the_context(dev, host):
-    prompt = [(i * 37) % 240 + 5 for i in range(CTX - 40)]
-    want = complete(host.client(), prompt, max_tokens=None)
-    got = complete(dev.client(), prompt, max_tokens=None)
-    assert got.choices[0].finish_reason == want.choices[0].finish_reason == "length"
-    assert got.usage.completion_tokens == 40
-    assert got.choices[0].token_ids == want.choices[0].token_ids
+    for room in (40, 1):   # no max_tokens: generation stops when the context is full
+        prompt = [(i * 37) % 240 + 5 for i in range(CTX - room)]
+        want = complete(host.client(), prompt, max_tokens=None)
+        got = complete(dev.client(), prompt, max_tokens=None)
+        assert got.choices[0].finish_reason == want.choices[0].finish_reason == "length"
+        assert got.usage.completion_tokens == room
+        assert got.choices[0].token_ids == want.choices[0].token_ids
 
 
 def test_continuation_reuses_the_decoded_state(dev, host):
@@ -184,17 +186,32 @@ def test_continuation_reuses_the_decoded_state(dev, host):
         complete(dev.client(), p, max_tokens=12)
 
 
-def test_multi_turn_conversation_reuses_prefix(dev, host):
+@pytest.mark.parametrize("end", ["length", "stop_id", "eos"])
+def test_multi_turn_conversation_reuses_prefix(dev, host, end):
+    # Turns end on max_tokens, on a stop id, or on <|im_end|> (pushed by logit_bias on odd turns):
+    # the device loop may have consumed the final pick, reuse must stay exact in every case.
     messages = [{"role": "system", "content": "You are a helpful assistant."},
                 {"role": "user", "content": "Write a short poem about the sea."}]
+    im_end = dev.post("/tokenize", {"content": "<|im_end|>"}).json()["tokens"][0]
+    extra = dict(NO_THINK) if end == "eos" else {}
+    if end == "stop_id":
+        first = chat(host.client(), messages=messages, max_tokens=12, extra_body={"return_token_ids": True})
+        extra["stop_token_ids"] = [first.choices[0].token_ids[6]]
+    prev_len = 0
     for turn in range(4):
-        kw = dict(messages=messages, max_tokens=12, presence_penalty=1.0)
+        kw = dict(messages=messages, max_tokens=12, presence_penalty=1.0, extra_body=extra)
+        if end == "eos" and turn % 2:
+            kw["logit_bias"] = {str(im_end): 100}
         w, c = chat(dev.client(), **kw), chat(host.client(), **kw)
         assert text_of(w) == text_of(c), turn
+        assert w.choices[0].finish_reason == c.choices[0].finish_reason, turn
         assert w.usage.prompt_tokens == c.usage.prompt_tokens
         assert c.usage.prompt_tokens_details.cached_tokens == 0
         if turn:
-            assert w.usage.prompt_tokens_details.cached_tokens > 0, turn
+            assert w.usage.prompt_tokens_details.cached_tokens > prev_len // 2, turn
+        if end == "eos" and turn % 2:
+            assert w.choices[0].finish_reason == "stop" and w.usage.completion_tokens == 1
+        prev_len = w.usage.prompt_tokens
         m = w.choices[0].message
         messages.append({"role": "assistant", "content": m.content or "",
                          "reasoning_content": getattr(m, "reasoning_content", None) or ""})
@@ -246,3 +263,20 @@ def test_disconnect_mid_stream_keeps_serving(dev, host):
     with concurrent.futures.ThreadPoolExecutor(4) as ex:
         assert list(ex.map(one, range(4))) == [want] * 4
     assert httpx.get(dev.base + "/health").json() == {"status": "ok"}
+
+
+def test_deadline_ends_a_device_decode(lily_bin, demo_dir):
+    s = Server(lily_bin, demo_dir, "--ctx", "8192", "--timeout", "1", "--device-sampling", "on")
+    try:
+        long = {"messages": HELLO, "max_tokens": 6000, "ignore_eos": True, "temperature": 0.7}
+        r = s.post("/v1/chat/completions", long)
+        assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+        with httpx.stream("POST", s.base + "/v1/chat/completions", json={**long, "stream": True},
+                          timeout=30) as resp:
+            data = [l[6:] for l in resp.iter_lines() if l.startswith("data: ")]
+        assert data[-1] == "[DONE]" and json.loads(data[-2])["error"]["code"] == "timeout"
+        assert len(data) > 3
+        with s.client() as c:   # closed: an idle keep-alive connection delays SIGTERM by 5 s
+            assert chat(c).choices[0].finish_reason == "length"
+    finally:
+        s.stop()
