@@ -50,17 +50,6 @@ double peak_rss_bytes() {
   return double(ru.ru_maxrss) * 1024.0;
 }
 
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-std::string fmtd(const char* f, double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, f, v);
-  return b;
-}
-
 // JSON string body: quotes, backslashes and control characters escaped.
 std::string jesc(const std::string& in) {
   static const char* hex = "0123456789abcdef";

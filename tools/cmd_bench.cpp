@@ -84,16 +84,6 @@ struct Sample {
   std::vector<double> tok_s, ms_steady;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-std::string fmt(const char* f, double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, f, v);
-  return b;
-}
 
 }  // namespace
 
@@ -227,8 +217,8 @@ int bench_main(int argc, char** argv) {
         res[{L, v}].ms_steady.push_back(1e3 * (t_long - t_short) / N);
       }
     const Sample& s = res[{L, 0}];
-    std::fprintf(stderr, "bench: ctx %6d  %.1f tok/s  (steady %.3f ms/token)\n", L, median(s.tok_s),
-                 median(s.ms_steady));
+    std::fprintf(stderr, "bench: ctx %6d  %.1f tok/s  (steady %.3f ms/token)\n", L, median_of(s.tok_s),
+                 median_of(s.ms_steady));
   }
   set_variant({});
 
@@ -262,11 +252,11 @@ int bench_main(int argc, char** argv) {
     prof_lines.push_back("|---|---:|---:|---:|---:|");
     for (const auto& p : prof) {
       const double ms = p.ms / reps;
-      prof_lines.push_back("| " + p.name + " | " + std::to_string(p.calls / reps) + " | " + fmt("%.4f", ms) + " | " +
-                           fmt("%.1f%%", 100 * ms / total) + " | " +
-                           (p.bytes > 0 ? fmt("%.0f", p.bytes / (p.ms * 1e-3) / 1e9) : std::string("")) + " |");
+      prof_lines.push_back("| " + p.name + " | " + std::to_string(p.calls / reps) + " | " + fmtd("%.4f", ms) + " | " +
+                           fmtd("%.1f%%", 100 * ms / total) + " | " +
+                           (p.bytes > 0 ? fmtd("%.0f", p.bytes / (p.ms * 1e-3) / 1e9) : std::string("")) + " |");
     }
-    prof_lines.push_back("| **sum of ops (eager, queued behind a spin, events)** | | " + fmt("%.4f", total) + " | | |");
+    prof_lines.push_back("| **sum of ops (eager, queued behind a spin, events)** | | " + fmtd("%.4f", total) + " | | |");
     cuda_tools::set_expert_histogram(*be, true);
     run(Lp, N);
     auto hist = cuda_tools::expert_histogram(*be);
@@ -283,9 +273,9 @@ int bench_main(int argc, char** argv) {
       mean_ratio += ratio / double(hist.size());
     }
     balance = "busiest expert's share / uniform share over " + std::to_string(N + 1) + " tokens: mean over layers " +
-              fmt("%.2f", mean_ratio) + ", worst layer " + fmt("%.2f", worst) +
+              fmtd("%.2f", mean_ratio) + ", worst layer " + fmtd("%.2f", worst) +
               " (uniform routing of 8 of 256 experts over this many tokens gives ≈" +
-              fmt("%.1f", 1 + 3 * std::sqrt(256.0 / (8.0 * (N + 1)))) + " by chance)";
+              fmtd("%.1f", 1 + 3 * std::sqrt(256.0 / (8.0 * (N + 1)))) + " by chance)";
   }
 #endif
 
@@ -304,15 +294,15 @@ int bench_main(int argc, char** argv) {
      << "\n- command: `" << cmdline << "`\n- model: " << model_name
      << "\n- context: random KV cache / conv / recurrent state (no prefill); greedy, batch 1, " << N
      << " tokens, median of " << rounds << " rounds (variants alternate order)\n- device-to-device copy: "
-     << fmt("%.0f", copy_gbs) << " GB/s (read+write); active weights " << fmt("%.3f", wbytes / 1e9)
-     << " GB/token\n- graph node floor (chain of no-op kernels): " << fmt("%.2f", floor_us) << " us, "
-     << fmt("%.2f", floor_pdl_us) << " us with programmatic dependent launch\n\n| context | variant | tok/s (median) | min | max | ms/token steady | GB/s achieved | % of copy bw |\n"
+     << fmtd("%.0f", copy_gbs) << " GB/s (read+write); active weights " << fmtd("%.3f", wbytes / 1e9)
+     << " GB/token\n- graph node floor (chain of no-op kernels): " << fmtd("%.2f", floor_us) << " us, "
+     << fmtd("%.2f", floor_pdl_us) << " us with programmatic dependent launch\n\n| context | variant | tok/s (median) | min | max | ms/token steady | GB/s achieved | % of copy bw |\n"
      << "|---:|---|---:|---:|---:|---:|---:|---:|\n";
   bool first = true;
   for (int L : ctxs)
     for (size_t v = 0; v < variants.size(); ++v) {
       const Sample& s = res[{L, v}];
-      const double med = median(s.tok_s), ms = median(s.ms_steady);
+      const double med = median_of(s.tok_s), ms = median_of(s.ms_steady);
       const double mn = *std::min_element(s.tok_s.begin(), s.tok_s.end());
       const double mx = *std::max_element(s.tok_s.begin(), s.tok_s.end());
       // The steady time is a difference of two timed runs; on tiny models it can drown in timing noise
@@ -324,14 +314,14 @@ int bench_main(int argc, char** argv) {
       ab += "]";
       js << (first ? "" : ",\n") << "    {\"engine\": \"lily\", \"phase\": \"decode\", \"length\": " << L
          << ", \"tok_s_median\": " << med << ", \"tok_s_min\": " << mn << ", \"tok_s_max\": " << mx
-         << ", \"ms_per_token_steady\": " << (ms_ok ? fmt("%.6g", ms) : "null")
-         << ", \"achieved_gbs\": " << (ms_ok ? fmt("%.6g", gbs) : "null") << ", \"rounds\": " << rounds
+         << ", \"ms_per_token_steady\": " << (ms_ok ? fmtd("%.6g", ms) : "null")
+         << ", \"achieved_gbs\": " << (ms_ok ? fmtd("%.6g", gbs) : "null") << ", \"rounds\": " << rounds
          << ", \"ablate\": " << ab << "}";
       first = false;
-      md << "| " << L << " | " << label(variants[v]) << " | " << fmt("%.1f", med)
-         << " | " << fmt("%.1f", mn) << " | " << fmt("%.1f", mx) << " | " << (ms_ok ? fmt("%.3f", ms) : "n/a") << " | "
-         << (ms_ok ? fmt("%.0f", gbs) : "n/a") << " | "
-         << (copy_gbs > 0 && ms_ok ? fmt("%.0f%%", 100 * gbs / copy_gbs) : "") << " |\n";
+      md << "| " << L << " | " << label(variants[v]) << " | " << fmtd("%.1f", med)
+         << " | " << fmtd("%.1f", mn) << " | " << fmtd("%.1f", mx) << " | " << (ms_ok ? fmtd("%.3f", ms) : "n/a") << " | "
+         << (ms_ok ? fmtd("%.0f", gbs) : "n/a") << " | "
+         << (copy_gbs > 0 && ms_ok ? fmtd("%.0f%%", 100 * gbs / copy_gbs) : "") << " |\n";
     }
   js << "\n  ]";
   if (!balance.empty()) js << ",\n  \"expert_balance\": \"" << balance << "\"";
