@@ -38,6 +38,7 @@ import transformers
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import compare_logits  # noqa: E402
+from hf_golden import cache_of  # noqa: E402
 
 DEV = "cuda"   # --device cpu: a local dry run on a small config (no GPU)
 ZERO_CENTRED = ("input_layernorm.weight", "post_attention_layernorm.weight", "q_norm.weight",
@@ -216,14 +217,6 @@ def save_bf16_safetensors(path, tensors):
         f.write(h)
         for a in blobs:
             f.write(a.tobytes())
-
-
-def cache_of(out):
-    for attr in ("past_key_values", "cache"):
-        c = getattr(out, attr, None)
-        if c is not None:
-            return c
-    raise RuntimeError("forward output carries no cache")
 
 
 @torch.no_grad()

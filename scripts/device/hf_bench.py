@@ -21,6 +21,7 @@ import gc
 import importlib
 import importlib.util
 import json
+import pathlib
 import platform
 import statistics
 import sys
@@ -28,6 +29,9 @@ import time
 
 import torch
 import transformers
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from hf_golden import cache_of  # noqa: E402  (scripts/hf_golden.py: the HF cache accessor)
 
 DEV = "cuda"   # --device cpu: a local dry run on a small config (no GPU)
 
@@ -129,14 +133,6 @@ def build_model(config, attn, seed):
         if not torch.isfinite(b.float()).all():
             raise RuntimeError(f"buffer {name} is not finite after construction")
     return model.eval()
-
-
-def cache_of(out):
-    for attr in ("past_key_values", "cache"):
-        c = getattr(out, attr, None)
-        if c is not None:
-            return c
-    raise RuntimeError("forward output carries no cache")
 
 
 @torch.no_grad()
