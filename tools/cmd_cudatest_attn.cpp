@@ -107,12 +107,14 @@ struct Variant {
   std::string chunked = "";   // LILY_GDN_CHUNKED ("" = by T)
   std::string bf16kv = "1";   // LILY_ATTN_BF16KV
   std::string attn_bf16 = "0";   // LILY_ATTN_BF16 (flash operands bf16 instead of fp16)
+  std::string kv16_u4 = "0";     // LILY_ATTN_KV16_U4 (fp16-cache split-KV with 4 positions per warp)
 };
 void apply(Backend& gpu, const Variant& v) {
   setenv("LILY_GDN_SCAN_NC", v.scan_nc.c_str(), 1);
   setenv("LILY_GDN_CHUNKED", v.chunked.c_str(), 1);
   setenv("LILY_ATTN_BF16KV", v.bf16kv.c_str(), 1);
   setenv("LILY_ATTN_BF16", v.attn_bf16.c_str(), 1);
+  setenv("LILY_ATTN_KV16_U4", v.kv16_u4.c_str(), 1);
   setenv("LILY_ATTN_PREFILL_MIN_T", v.attn_min_t.c_str(), 1);
   Ablations a;
   a.off = v.off;
@@ -269,6 +271,8 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                    {"kv16 flash (T>=16)", {}, "0", "16", 1},
                                    {"kv16 flash (all T)", {}, "0", "1", 1},
                                    {"kv16 D7 off (1 split)", {"D7"}, "0", "16", 1},
+                                   {"kv16 U4 (4 pos/warp)", {}, "0", "16", 1, "", "1", "0", "1"},
+                                   {"kv16 U4, P6 off", {"P6"}, "0", "16", 1, "", "1", "0", "1"},
                                    {"kv32 P6 off (per-tok)", {"P6", "D18"}},
                                    {"kv32 flash (T>=16)", {"D18"}, "0", "16", 1},
                                    {"kv32 flash (all T)", {"D18"}, "0", "1", 1},

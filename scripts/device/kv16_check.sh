@@ -4,7 +4,8 @@
 # parity with the fp16 cache through the decode path (default check) and the flash prefill (300
 # tokens in chunks of 128; the CPU reference rounds GEMM operands like the GPU, as session_check.sh
 # does, because plain f32 misses the cosine bound there already without D18), the same with D18 off
-# only when that fails, then decode at 4K and 128K with D18 on vs off. Logs go to $OUT.
+# only when that fails, then decode at 4K and 128K with D18 on vs off; with U4=1 also 128K with the
+# opt-in 4-positions-per-warp fp16 split kernel (LILY_ATTN_KV16_U4=1). Logs go to $OUT.
 # Usage: kv16_check.sh [build-dir]
 set -o pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -33,3 +34,8 @@ fi
 timeout 180 "$L" bench decode --contexts 4096,131072 --tokens 64 --rounds 3 --ablate D18 --profile-context 0 \
   --out "$OUT" --tag kv16-decode --commit "${LILY_COMMIT:-kv16}" 2>&1 | grep -v "^bench:" | tail -12
 el "bench decode"
+if [ -n "$U4" ]; then
+  LILY_ATTN_KV16_U4=1 timeout 120 "$L" bench decode --contexts 131072 --tokens 64 --rounds 2 --profile-context 0 \
+    --out "$OUT/u4" --tag kv16-u4-decode --commit "${LILY_COMMIT:-kv16}" 2>&1 | grep -v "^bench:" | tail -4
+  el "bench decode U4"
+fi

@@ -72,6 +72,19 @@ __device__ __forceinline__ void kv_load(const __half* p, float* out) {
   }
 }
 
+// N consecutive fp16 cache elements as N/2 raw half2 words (converted where used, U4 below).
+template <int N>
+__device__ __forceinline__ void kv_load_raw(const __half* p, uint32_t* w) {
+  static_assert(N == 4 || N == 8, "kv_load_raw: 4 or 8 fp16 per lane");
+  if constexpr (N == 8) {
+    const uint4 u = __ldcs(reinterpret_cast<const uint4*>(p));
+    w[0] = u.x; w[1] = u.y; w[2] = u.z; w[3] = u.w;
+  } else {
+    const uint2 u = __ldcs(reinterpret_cast<const uint2*>(p));
+    w[0] = u.x; w[1] = u.y;
+  }
+}
+
 // grid (heads + kv_heads, T), block head_dim threads. Queries go to qbuf [T, heads, hd]
 // (normalised, rotated, pre-multiplied by 1/sqrt(hd)); keys and values to the cache rows.
 template <typename KV>
@@ -114,7 +127,12 @@ __global__ void attn_prep_kernel(AttnDims d, const float* qn, const float* kn, K
 // Partial softmax of HPB query heads over one slice of the cache. grid (splits, kv_heads*G/HPB, T),
 // 8 warps; a warp takes every 8th position of the slice, lanes hold DPL consecutive dims.
 // Partials: [T, heads, splits, hd + 2] = (Σ p·v, m, l) with m the running max (log2 domain).
-template <int DPL, int HPB, typename KV>
+// U4 (opt-in, LILY_ATTN_KV16_U4=1, fp16 cache only): a warp takes 4 positions per iteration (p, p+8,
+// p+16, p+24, stride 32) instead of 2, kept as raw half2 words (the same 32 registers as 2 f32 rows)
+// and converted where used: twice the bytes in flight per warp, at the cost of converting K and V
+// once per head. ptxas (sm_90a, hd 256, 8 heads per CTA): 332 B of spill stores vs 60 B for the
+// 2-position fp16 loop (76 B for f32), so it is off by default until measured.
+template <int DPL, int HPB, typename KV, bool U4 = false>
 __global__ void __launch_bounds__(256, 2) attn_split_kernel(AttnDims d, const KV* kc, const KV* vc,
                                                          int pos0, const int32_t* pos_dev,
                                                          const float* qbuf, float* part) {
@@ -159,6 +177,63 @@ __global__ void __launch_bounds__(256, 2) attn_split_kernel(AttnDims d, const KV
   const int64_t rs = int64_t(d.kv_heads) * hd;
   const KV* kb = kc + int64_t(kvh) * hd + lane * DPL;
   const KV* vb = vc + int64_t(kvh) * hd + lane * DPL;
+  if constexpr (U4) {
+    static_assert(sizeof(KV) == 2 && DPL >= 4, "U4: fp16 cache, 4 or 8 dims per lane");
+    constexpr int U = 4, W = DPL / 2;   // W: half2 words per lane and row
+    for (int p = lo + warp; p < hi; p += 8 * U) {
+      uint32_t kw[U][W], vw[U][W];
+      bool ok[U];   // warp-uniform (p is): shuffles below run on full warps
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        ok[u] = p + 8 * u < hi;
+        const int pp = ok[u] ? p + 8 * u : p;   // a valid row; its weight is 0 below
+        kv_load_raw<DPL>(kb + pp * rs, kw[u]);
+        kv_load_raw<DPL>(vb + pp * rs, vw[u]);
+      }
+#pragma unroll
+      for (int h = 0; h < HPB; ++h) {
+        float sc[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) sc[u] = 0.f;
+#pragma unroll
+        for (int e4 = 0; e4 < DPL / 4; ++e4) {
+          const float4 qv = q4[(h * (DPL / 4) + e4) * 32 + lane];
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            const float2 a = h2f(kw[u][2 * e4]), b = h2f(kw[u][2 * e4 + 1]);
+            sc[u] = fmaf(qv.x, a.x, fmaf(qv.y, a.y, fmaf(qv.z, b.x, fmaf(qv.w, b.y, sc[u]))));
+          }
+        }
+        float mn = m[h];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          sc[u] = ok[u] ? warp_sum(sc[u]) : -FLT_MAX;
+          mn = fmaxf(mn, sc[u]);
+        }
+        const float corr = exp2f(m[h] - mn);
+        float pu[U], psum = 0.f;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          pu[u] = ok[u] ? exp2f(sc[u] - mn) : 0.f;
+          psum += pu[u];
+        }
+        m[h] = mn;
+        l[h] = fmaf(l[h], corr, psum);
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+          float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            const float2 f = h2f(vw[u][w]);
+            a0 = fmaf(pu[u], f.x, a0);
+            a1 = fmaf(pu[u], f.y, a1);
+          }
+          acc[h][2 * w] = fmaf(acc[h][2 * w], corr, a0);
+          acc[h][2 * w + 1] = fmaf(acc[h][2 * w + 1], corr, a1);
+        }
+      }
+    }
+  } else
   for (int p = lo + warp; p < hi; p += 16) {
     const bool two = p + 8 < hi;
     float kr[2][DPL], vr[2][DPL];
@@ -314,19 +389,31 @@ __global__ void __launch_bounds__(32 * kMergeWarps) attn_merge_warps_kernel(Attn
 
 int eff_splits(int T, int splits) { return T == 1 ? splits : std::max(1, std::min(splits, 64 / T)); }
 
-template <int DPL, int HPB, typename KV>
-void launch_split(const AttnDims& d, const KV* kc, const KV* vc, int pos0, const int32_t* pos_dev,
-                  const float* qbuf, float* part, int splits, int T, cudaStream_t s) {
+template <int DPL, int HPB, typename KV, bool U4>
+void launch_split_u(const AttnDims& d, const KV* kc, const KV* vc, int pos0, const int32_t* pos_dev,
+                    const float* qbuf, float* part, int splits, int T, cudaStream_t s) {
   const size_t smem = sizeof(float) * (8 * HPB * (DPL * 32) + 16 * HPB + HPB * DPL * 32);
   static bool attr_set = false;
   if (!attr_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(attn_split_kernel<DPL, HPB, KV>,
+    CUDA_CHECK(cudaFuncSetAttribute(attn_split_kernel<DPL, HPB, KV, U4>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     attr_set = true;
   }
   dim3 grid(splits, d.heads / HPB, T);
-  launch(attn_split_kernel<DPL, HPB, KV>, grid, dim3(256), smem, s, d, kc, vc, pos0, pos_dev, qbuf, part);
+  launch(attn_split_kernel<DPL, HPB, KV, U4>, grid, dim3(256), smem, s, d, kc, vc, pos0, pos_dev, qbuf, part);
   CUDA_LAUNCH_CHECK();
+}
+
+template <int DPL, int HPB, typename KV>
+void launch_split(const AttnDims& d, const KV* kc, const KV* vc, int pos0, const int32_t* pos_dev,
+                  const float* qbuf, float* part, int splits, int T, cudaStream_t s) {
+  if constexpr (sizeof(KV) == 2 && DPL >= 4) {
+    if (kv16_u4_enabled()) {
+      launch_split_u<DPL, HPB, KV, true>(d, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
+      return;
+    }
+  }
+  launch_split_u<DPL, HPB, KV, false>(d, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
 }
 
 template <int DPL, typename KV>
@@ -382,6 +469,11 @@ int64_t attention_workspace_floats(const AttnDims& d, int T) {
 
 bool& merge_warps_enabled() {
   static bool on = true;
+  return on;
+}
+
+bool& kv16_u4_enabled() {
+  static bool on = false;
   return on;
 }
 
