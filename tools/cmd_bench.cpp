@@ -56,9 +56,10 @@ double active_weight_bytes(const ModelWeights& w) {
   return b;
 }
 
-// Cache + recurrent-state bytes one token reads (and the state it writes) at context L (f32).
-double state_bytes_per_token(const ModelConfig& c, int L) {
-  const double kv = 2.0 * L * c.num_key_value_heads * c.head_dim * 4 * c.num_full_attention_layers();
+// Cache + recurrent-state bytes one token reads (and the state it writes) at context L (KV elements
+// of kv_bytes, recurrent state f32).
+double state_bytes_per_token(const ModelConfig& c, int L, int kv_bytes) {
+  const double kv = 2.0 * L * c.num_key_value_heads * c.head_dim * kv_bytes * c.num_full_attention_layers();
   const int gdn_layers = c.num_hidden_layers - c.num_full_attention_layers();
   const double S = 2.0 * gdn_layers * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4;
   return kv + S;
@@ -138,7 +139,8 @@ int bench_main(int argc, char** argv) {
   std::vector<int> ctxs = parse_int_list(o.str("contexts"), "--contexts");
   const int N = o.num("tokens"), rounds = o.num("rounds"), warm = 32;
   const int max_ctx = *std::max_element(ctxs.begin(), ctxs.end());
-  auto st = model.new_state(max_ctx + warm + N + 8);
+  // One state per KV cache type: a variant with D18 off (f32 cache) decodes from its own state.
+  std::map<int, std::unique_ptr<Qwen36State>> states;
   std::vector<std::vector<std::string>> variants = {{}};
   for (const auto& id : split_list(o.str("ablate"))) {   // "D9+D10": one variant with both off
     std::vector<std::string> v;
@@ -156,20 +158,42 @@ int bench_main(int argc, char** argv) {
     if (be->name() == "cuda") cuda_tools::set_ablations(*be, a);
 #endif
   };
-  // Random state: KV rows, conv and recurrent state (scale keeps the recurrence bounded).
-  uint64_t seed = 7;
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    if (c.is_full_attention[l]) {
-      const int64_t n = int64_t(st->capacity) * c.num_key_value_heads * c.head_dim;
-      fill_random(*be, st->kv[l].k, n, 1.f, seed++);
-      fill_random(*be, st->kv[l].v, n, 1.f, seed++);
-    } else {
-      fill_random(*be, st->gdn[l].conv, int64_t(c.linear_conv_kernel_dim - 1) * c.conv_dim(), 1.f, seed++);
-      fill_random(*be, st->gdn[l].S,
-                  int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim, 0.05f, seed++);
+  // Random state: KV rows, conv and recurrent state (scale keeps the recurrence bounded). The same
+  // seeds for every cache type; 16-bit caches get the f32 values rounded.
+  auto make_state = [&]() {
+    auto st = model.new_state(max_ctx + warm + N + 8);
+    uint64_t seed = 7;
+    float* tmp = nullptr;
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+      if (c.is_full_attention[l]) {
+        const int64_t n = int64_t(st->capacity) * c.num_key_value_heads * c.head_dim;
+        for (void* dst : {st->kv[l].k, st->kv[l].v}) {
+          if (st->kv[l].type == KvType::f32) {
+            fill_random(*be, static_cast<float*>(dst), n, 1.f, seed++);
+          } else {
+            if (!tmp) tmp = be->alloc(n);
+            fill_random(*be, tmp, n, 1.f, seed++);
+            be->kv_from_f32(dst, st->kv[l].type, tmp, n);
+          }
+        }
+      } else {
+        fill_random(*be, st->gdn[l].conv, int64_t(c.linear_conv_kernel_dim - 1) * c.conv_dim(), 1.f, seed++);
+        fill_random(*be, st->gdn[l].S,
+                    int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim, 0.05f,
+                    seed++);
+      }
     }
-  }
-  be->synchronize();
+    be->synchronize();
+    if (tmp) be->free(tmp);
+    return st;
+  };
+  // The state for the backend's current cache type (made on first use, after set_variant).
+  auto state = [&]() -> Qwen36State& {
+    auto& p = states[int(be->kv_type())];
+    if (!p) p = make_state();
+    return *p;
+  };
+  state();
 
   double copy_gbs = 0, floor_us = 0, floor_pdl_us = 0;
   std::string machine = be->name();
@@ -188,11 +212,12 @@ int bench_main(int argc, char** argv) {
 
   std::vector<int32_t> out;
   auto run = [&](int L, int n) {
-    st->pos = L;
+    Qwen36State& st = state();
+    st.pos = L;
     out.clear();
     be->synchronize();
     const double t0 = now_s();
-    model.generate_greedy(*st, 1, n, out);
+    model.generate_greedy(st, 1, n, out);
     return now_s() - t0;
   };
   auto label = [](const std::vector<std::string>& v) {
@@ -308,7 +333,9 @@ int bench_main(int argc, char** argv) {
       // The steady time is a difference of two timed runs; on tiny models it can drown in timing noise
       // (capture time varies by more than a whole run): then it is reported as unmeasured, not negative.
       const bool ms_ok = ms > 0;
-      const double gbs = ms_ok ? (wbytes + state_bytes_per_token(c, L)) / (ms * 1e-3) / 1e9 : 0;
+      const bool f32_kv = be->name() != "cuda" ||
+                          std::find(variants[v].begin(), variants[v].end(), "D18") != variants[v].end();
+      const double gbs = ms_ok ? (wbytes + state_bytes_per_token(c, L, f32_kv ? 4 : 2)) / (ms * 1e-3) / 1e9 : 0;
       std::string ab = "[";
       for (size_t i = 0; i < variants[v].size(); ++i) ab += (i ? ",\"" : "\"") + variants[v][i] + "\"";
       ab += "]";

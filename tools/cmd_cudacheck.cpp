@@ -154,10 +154,10 @@ int cudacheck_main(int argc, char** argv) {
   const char* emu = std::getenv("LILY_CPU_EMULATE");
   const char* g16 = std::getenv("LILY_GEMM_BF16");
   std::printf("cuda-check: %s, %d layers, vocab %d, prompt %d, %d decode steps; gpu GEMM operands %s, "
-              "cpu reference %s%s\n",
+              "gpu KV cache %s, cpu reference %s%s\n",
               o.str("model").empty() ? "synthetic" : o.str("model").c_str(), c.num_hidden_layers, V, P, N,
-              g16 && *g16 && *g16 != '0' ? "bf16" : "fp16", emu && *emu ? "emulating " : "f32",
-              emu && *emu ? emu : "");
+              g16 && *g16 && *g16 != '0' ? "bf16" : "fp16", cuda_be->kv_type() == KvType::f16 ? "fp16" : "f32",
+              emu && *emu ? "emulating " : "f32", emu && *emu ? emu : "");
   std::printf("  prefill path: min cosine %.6f  max|diff| %.4g  top-1 %d/%d\n", pre.min_cos, pre.max_abs,
               pre.top1_same, pre.n);
   std::printf("  decode path:  min cosine %.6f  max|diff| %.4g  top-1 %d/%d (teacher-forced)\n", dec.min_cos,

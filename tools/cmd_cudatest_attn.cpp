@@ -3,7 +3,8 @@
 // width, P4c = chunked form forced for every T) and gated attention (P6 off = per-token split-KV, P6 on = flash attention, also forced down
 // to T = 1). Each case runs two consecutive chunks (state / KV cache carried) from a zero or random
 // carried state / a KV cache holding pos0 random rows, with the outputs poisoned (NaN) beforehand,
-// and compares both chunks' outputs and the final state or cache. `--bench` times the kernels.
+// and compares both chunks' outputs and the final state or cache. Attention runs with the backend's
+// KV cache type: fp16 by default (D18), f32 in the variants with D18 off. `--bench` times the kernels.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -102,16 +103,18 @@ struct Variant {
   std::string name;
   std::vector<std::string> off;
   std::string scan_nc = "0", attn_min_t = "16";
-  int tol = 0;   // bounds: 0 fp32, 1 fp16 MMA operands, 2 bf16 MMA operands, 3 split-bf16 (hi + lo) MMA
+  int tol = 0;   // bounds: 0 fp32, 1 fp16 MMA operands or fp16 cache, 2 bf16 MMA operands, 3 split-bf16 (hi + lo) MMA
   std::string chunked = "";   // LILY_GDN_CHUNKED ("" = by T)
   std::string bf16kv = "1";   // LILY_ATTN_BF16KV
   std::string attn_bf16 = "0";   // LILY_ATTN_BF16 (flash operands bf16 instead of fp16)
+  std::string kv16_u4 = "0";     // LILY_ATTN_KV16_U4 (fp16-cache split-KV with 4 positions per warp)
 };
 void apply(Backend& gpu, const Variant& v) {
   setenv("LILY_GDN_SCAN_NC", v.scan_nc.c_str(), 1);
   setenv("LILY_GDN_CHUNKED", v.chunked.c_str(), 1);
   setenv("LILY_ATTN_BF16KV", v.bf16kv.c_str(), 1);
   setenv("LILY_ATTN_BF16", v.attn_bf16.c_str(), 1);
+  setenv("LILY_ATTN_KV16_U4", v.kv16_u4.c_str(), 1);
   setenv("LILY_ATTN_PREFILL_MIN_T", v.attn_min_t.c_str(), 1);
   Ablations a;
   a.off = v.off;
@@ -124,7 +127,16 @@ void apply(Backend& gpu, const Variant& v) {
 // the fp32 RMS bound, but single GDN rows whose output nearly cancels (the fp32 paths already show
 // worst rows ~500× their RMS error, 128× less rounding) may reach ~2e-2: its worst-row bound is 5e-2
 // (a wrong chunk boundary or index still gives ~1).
-constexpr double kRms[4] = {2e-4, 3e-3, 2e-2, 2e-4}, kRow[4] = {2e-3, 1e-2, 6e-2, 5e-2};
+//
+// fp16 KV cache (D18) with f32 math (decode split-KV, P6 off): each cached element carries a relative
+// rounding error <= 2^-11 (uniform, RMS 2^-11/sqrt3 = 2.8e-4). A score q·k (std ~3 here, 256 terms of
+// similar size) moves by ~3 × 2.8e-4 = 8.5e-4, so p by ~1e-3 relative; the output, a p-weighted
+// mean of rounded values, moves by ~1e-3 RMS and a few times that in the worst row: the fp16-operand
+// bounds (tol 1) hold it with ~3× margin, and a wrong row, dim or stride gives > 1e-1. The flash
+// path already rounded K/V to fp16 (its per-call copy), so its error does not change.
+// The cache itself (tol 4): every element round-to-nearest to fp16, so every row's relative error is
+// <= 2^-11 = 4.9e-4 (plus ~1e-6 from the f32 norm/RoPE): bound 5e-4 on RMS and on every row.
+constexpr double kRms[5] = {2e-4, 3e-3, 2e-2, 2e-4, 5e-4}, kRow[5] = {2e-3, 1e-2, 6e-2, 5e-2, 5e-4};
 bool within(const Err& e, int tol) { return e.finite && e.rel_rms <= kRms[tol] && e.worst_row <= kRow[tol]; }
 
 // ---- Gated DeltaNet -----------------------------------------------------------------------
@@ -215,10 +227,15 @@ AttnOut run_attn(Backend& be, const ModelConfig& c, const AttnIO& io, int T) {
   AttnWeights w;
   w.q_norm = {pool.up(io.q_norm), int64_t(io.q_norm.size())};
   w.k_norm = {pool.up(io.k_norm), int64_t(io.k_norm.size())};
+  // The cache in the backend's current type (fp16 unless D18 is off), through the f32 conversions.
+  const int64_t n = int64_t(io.kc0.size());
   KvCache kv;
-  kv.k = pool.up(io.kc0);
-  kv.v = pool.up(io.vc0);
+  kv.type = be.kv_type();
+  kv.k = pool.alloc((n * kv_elem_bytes(kv.type) + 3) / 4);
+  kv.v = pool.alloc((n * kv_elem_bytes(kv.type) + 3) / 4);
   kv.capacity = io.cap;
+  be.kv_from_f32(kv.k, kv.type, pool.up(io.kc0), n);   // NaN rows stay NaN in fp16
+  be.kv_from_f32(kv.v, kv.type, pool.up(io.vc0), n);
   const int64_t OW = int64_t(c.num_attention_heads) * c.head_dim;
   AttnOut out;
   for (int ch = 0; ch < 2; ++ch) {
@@ -226,8 +243,11 @@ AttnOut run_attn(Backend& be, const ModelConfig& c, const AttnIO& io, int T) {
     be.attention(c, w, kv, io.pos0 + ch * T, nullptr, pool.up(io.q[ch]), pool.up(io.k[ch]), pool.up(io.v[ch]), T, o);
     out.o[ch] = pool.down(o, int64_t(T) * OW);
   }
-  out.kc = pool.down(kv.k, int64_t(io.kc0.size()));
-  out.vc = pool.down(kv.v, int64_t(io.vc0.size()));
+  float* tmp = pool.alloc(n);
+  be.kv_to_f32(tmp, kv.k, kv.type, n);
+  out.kc = pool.down(tmp, n);
+  be.kv_to_f32(tmp, kv.v, kv.type, n);
+  out.vc = pool.down(tmp, n);
   return out;
 }
 
@@ -237,7 +257,7 @@ struct Tally {
   int cases = 0, fails = 0;
 };
 
-int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed) {
+int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, const std::string& only) {
   std::mt19937_64 g(seed);
   const std::vector<int> Ts = {1, 16, 63, 64, 65, 300, 1024};
   const std::vector<Variant> gv = {{"P4 off (decode kernel)", {"P4"}},
@@ -245,20 +265,29 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed) {
                                    {"P4 scan nc=2", {}, "2", "16", 0, "0"},
                                    {"P4 scan nc=4", {}, "4", "16", 0, "0"},
                                    {"P4c chunked (all T)", {}, "0", "16", 3, "1"}};
-  const std::vector<Variant> av = {{"P6 off (per-token)", {"P6"}},
-                                   {"P6 flash (T>=16)", {}, "0", "16", 1},
-                                   {"P6 flash (all T)", {}, "0", "1", 1},
-                                   {"P6 flash f32 KV tiles", {}, "0", "16", 1, "", "0"},
-                                   {"P6 flash bf16 ops", {}, "0", "16", 2, "", "1", "1"},
-                                   {"P6 flash bf16 f32 KV", {}, "0", "16", 2, "", "0", "1"}};
+  // fp16 cache (default) first; with it the flash knobs bf16kv / bf16 ops do not apply. Then D18
+  // off (f32 cache) with every flash form of before.
+  const std::vector<Variant> av = {{"kv16 P6 off (per-tok)", {"P6"}, "0", "16", 1},
+                                   {"kv16 flash (T>=16)", {}, "0", "16", 1},
+                                   {"kv16 flash (all T)", {}, "0", "1", 1},
+                                   {"kv16 D7 off (1 split)", {"D7"}, "0", "16", 1},
+                                   {"kv16 U4 (4 pos/warp)", {}, "0", "16", 1, "", "1", "0", "1"},
+                                   {"kv16 U4, P6 off", {"P6"}, "0", "16", 1, "", "1", "0", "1"},
+                                   {"kv32 P6 off (per-tok)", {"P6", "D18"}},
+                                   {"kv32 flash (T>=16)", {"D18"}, "0", "16", 1},
+                                   {"kv32 flash (all T)", {"D18"}, "0", "1", 1},
+                                   {"kv32 flash f32 tiles", {"D18"}, "0", "16", 1, "", "0"},
+                                   {"kv32 flash bf16 ops", {"D18"}, "0", "16", 2, "", "1", "1"},
+                                   {"kv32 flash bf16 f32", {"D18"}, "0", "16", 2, "", "0", "1"}};
   std::vector<std::string> failed;   // one line per failing case-variant, repeated after the summary
   std::vector<Tally> gt(gv.size()), at(av.size());
   const int64_t dv = c.linear_value_dim() / c.linear_num_value_heads, hd = c.head_dim;
   std::printf("cuda-test-attn: errors are relative (RMS over all / worst row); bounds fp32 rms<=%.0e row<=%.0e, "
-              "fp16 ops rms<=%.0e row<=%.0e, bf16 ops rms<=%.0e row<=%.0e, split bf16 (P4c) rms<=%.0e row<=%.0e\n",
-              kRms[0], kRow[0], kRms[1], kRow[1], kRms[2], kRow[2], kRms[3], kRow[3]);
+              "fp16 ops or fp16 KV rms<=%.0e row<=%.0e, bf16 ops rms<=%.0e row<=%.0e, split bf16 (P4c) rms<=%.0e "
+              "row<=%.0e, fp16 cache contents rms<=%.0e row<=%.0e\n",
+              kRms[0], kRow[0], kRms[1], kRow[1], kRms[2], kRow[2], kRms[3], kRow[3], kRms[4], kRow[4]);
   for (int T : {1, 16, 63, 64, 65, 300, 1024, 2500})   // 2500: 40 chunks of state carried, partial last
-    for (int carried = 0; carried < 2; ++carried) {
+    for (int carried = 0; carried < 2 && only != "attn"; ++carried) {
       const GdnIO io = make_gdn_io(c, T, carried, g);
       const GdnOut ref = run_gdn(cpu, c, io, T);
       for (size_t vi = 0; vi < gv.size(); ++vi) {
@@ -286,6 +315,7 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed) {
     }
   for (int T : Ts)
     for (int pos0 : {0, 100, 2000}) {
+      if (only == "gdn") break;
       const AttnIO io = make_attn_io(c, T, pos0, g);
       const AttnOut ref = run_attn(cpu, c, io, T);
       const int64_t rows = int64_t(pos0 + 2 * T) * c.num_key_value_heads * hd;   // written cache floats
@@ -296,7 +326,8 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed) {
         eo.merge(compare(ref.o[1], got.o[1], hd));
         Err ek = compare(ref.kc, got.kc, hd, rows);
         ek.merge(compare(ref.vc, got.vc, hd, rows));
-        const bool ok = within(eo, av[vi].tol) && within(ek, 0);
+        const bool kv16 = gpu.kv_type() == KvType::f16;
+        const bool ok = within(eo, av[vi].tol) && within(ek, kv16 ? 4 : 0);
         Err all = eo;
         all.merge(ek);
         at[vi].worst.merge(all);
@@ -401,12 +432,19 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed) {
     const Vec qn = rnd(hd, 0.8f, 2.f, g), kn = rnd(hd, 0.8f, 2.f, g);
     w.q_norm = {pool.up(qn), hd};
     w.k_norm = {pool.up(kn), hd};
-    KvCache kv;
-    kv.k = pool.alloc(int64_t(cap) * kvw);
-    kv.v = pool.alloc(int64_t(cap) * kvw);
-    kv.capacity = cap;
-    cuda_tools::fill_uniform(gpu, kv.k, int64_t(cap) * kvw, 2.5f, seed + 5);
-    cuda_tools::fill_uniform(gpu, kv.v, int64_t(cap) * kvw, 1.f, seed + 6);
+    KvCache kv, kv16;   // the same random rows as f32 (D18 off) and fp16 (default)
+    float* kf = pool.alloc(int64_t(cap) * kvw);
+    float* vf = pool.alloc(int64_t(cap) * kvw);
+    kv.k = kf;
+    kv.v = vf;
+    kv.capacity = kv16.capacity = cap;
+    cuda_tools::fill_uniform(gpu, kf, int64_t(cap) * kvw, 2.5f, seed + 5);
+    cuda_tools::fill_uniform(gpu, vf, int64_t(cap) * kvw, 1.f, seed + 6);
+    kv16.type = KvType::f16;
+    kv16.k = pool.alloc(int64_t(cap) * kvw / 2);
+    kv16.v = pool.alloc(int64_t(cap) * kvw / 2);
+    gpu.kv_from_f32(kv16.k, KvType::f16, kf, int64_t(cap) * kvw);
+    gpu.kv_from_f32(kv16.v, KvType::f16, vf, int64_t(cap) * kvw);
     float* q = pool.alloc(T * nh * 2 * hd);
     float* k = pool.alloc(T * kvw);
     float* v = pool.alloc(T * kvw);
@@ -414,15 +452,17 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed) {
     cuda_tools::fill_uniform(gpu, q, T * nh * 2 * hd, 1.f, seed + 7);
     cuda_tools::fill_uniform(gpu, k, T * kvw, 1.f, seed + 8);
     cuda_tools::fill_uniform(gpu, v, T * kvw, 1.f, seed + 9);
-    const std::vector<Variant> av = {{"flash", {}, "0", "16", 1},
-                                     {"flash32", {}, "0", "16", 1, "", "0"},
-                                     {"bf16", {}, "0", "16", 2, "", "1", "1"},
+    const std::vector<Variant> av = {{"kv16", {}, "0", "16", 1},
+                                     {"kv32", {"D18"}, "0", "16", 1},
+                                     {"flash32", {"D18"}, "0", "16", 1, "", "0"},
+                                     {"bf16", {"D18"}, "0", "16", 2, "", "1", "1"},
                                      {"P6 off", {"P6"}}};
     for (int pos0 : {0, 28672, 126976})
       for (const Variant& var : av) {
         if (!var.off.empty() && pos0 > 0) continue;   // per-token path: only the short case (minutes otherwise)
         apply(gpu, var);
-        auto call = [&] { gpu.attention(c, w, kv, pos0, nullptr, q, k, v, T, o); };
+        KvCache& cache = gpu.kv_type() == KvType::f16 ? kv16 : kv;
+        auto call = [&] { gpu.attention(c, w, cache, pos0, nullptr, q, k, v, T, o); };
         const double ms = time_ms(gpu, 3, call);
         const double flop = 4.0 * hd * nh * (double(T) * pos0 + 0.5 * double(T) * (T + 1));
         std::printf("attn T=%5d pos0=%6d  %-7s %9.3f ms  %10.0f tok/s  %6.1f TFLOP/s\n", T, pos0, var.name.c_str(), ms,
@@ -439,6 +479,7 @@ int cudatest_attn_main(int argc, char** argv) {
   Options o("cuda-test-attn", "CUDA prefill mixers (GDN P4, attention P6) vs the cpu backend; --bench times them.",
             {{"bench", "false", "time the kernels instead of testing", "", true},
              {"seed", "1", "random seed"},
+             {"only", "", "test only the 'gdn' or the 'attn' cases"},
              {"threads", "0", "cpu threads"}});
   if (!o.parse(argc, argv)) return 0;
 #ifdef LILY_HAVE_CUDA
@@ -452,7 +493,7 @@ int cudatest_attn_main(int argc, char** argv) {
   cpu_opt.name = "cpu";
   cpu_opt.threads = o.num("threads");
   auto cpu = make_backend(cpu_opt);
-  return run_tests(*cpu, *gpu, c, seed);
+  return run_tests(*cpu, *gpu, c, seed, o.str("only"));
 #else
   throw Error("cuda-test-attn: this build has no CUDA backend");
 #endif

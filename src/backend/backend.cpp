@@ -40,6 +40,16 @@ void* Backend::alloc_host(int64_t bytes) {
 }
 void Backend::free_host(void* p) { std::free(p); }
 
+// Backends without a 16-bit cache only ever allocate f32 ones.
+void Backend::kv_from_f32(void* dst, KvType t, const float* src, int64_t n) {
+  LILY_CHECK(t == KvType::f32, "kv_from_f32: this backend has no 16-bit KV cache");
+  copy(dst, src, n * 4);
+}
+void Backend::kv_to_f32(float* dst, const void* src, KvType t, int64_t n) {
+  LILY_CHECK(t == KvType::f32, "kv_to_f32: this backend has no 16-bit KV cache");
+  copy(dst, src, n * 4);
+}
+
 std::unique_ptr<Backend> make_backend(const BackendOptions& opt) {
   if (opt.name == "cpu") return make_cpu_backend(opt);
   if (opt.name == "cuda") {

@@ -18,11 +18,19 @@ struct GdnState {
   float* S = nullptr;      // [nv=32, dk=128, dv=128] recurrent state, f32, S[j][r][c]
 };
 
+// Element type of a KV cache. The cpu backend keeps f32; the cuda backend stores fp16 (D18): half
+// the bytes a decode step reads at long context, and the flash prefill reads the tiles directly.
+enum class KvType : int { f32 = 0, f16 = 1 };
+inline int kv_elem_bytes(KvType t) { return t == KvType::f32 ? 4 : 2; }
+
 // Per-sequence KV cache of one full-attention layer: post-norm, post-RoPE keys and raw values.
+// The element type is fixed when the cache is allocated (Backend::kv_type() at that time); every
+// op dispatches on it, so caches of both types may coexist (e.g. a benchmark toggling D18).
 struct KvCache {
-  float* k = nullptr;      // [capacity, kv_heads, head_dim]
-  float* v = nullptr;      // [capacity, kv_heads, head_dim]
+  void* k = nullptr;       // [capacity, kv_heads, head_dim] of `type`
+  void* v = nullptr;       // [capacity, kv_heads, head_dim] of `type`
   int capacity = 0;
+  KvType type = KvType::f32;
 };
 
 // Optimization switches shared by all backends (BENCHMARK.md ablations); a backend ignores the
@@ -70,6 +78,11 @@ class Backend {
   virtual void copy(void* dst, const void* src, int64_t bytes) = 0;   // within the backend
   virtual void fill_zero(void* p, int64_t bytes) = 0;
   virtual void synchronize() {}
+  // Element type of KV caches allocated from now on (cuda: fp16 unless ablation D18 is off).
+  virtual KvType kv_type() const { return KvType::f32; }
+  // n elements between f32 (backend memory) and a KV buffer of type t (tests, benchmarks).
+  virtual void kv_from_f32(void* dst, KvType t, const float* src, int64_t n);
+  virtual void kv_to_f32(float* dst, const void* src, KvType t, int64_t n);
 
   // ---- ops ----------------------------------------------------------------------------------
   // out[t] = row tokens[t] of E (dequantised). tokens in backend memory.

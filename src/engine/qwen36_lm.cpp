@@ -70,12 +70,15 @@ class Qwen36Lm : public LanguageModel {
     LILY_CHECK(k.pos >= s.pos || k.capacity >= s.pos, "materialize: KV source too short");
     const ModelConfig& c = m_.config();
     auto st = m_.new_state(s.pos);
-    const int64_t bytes = 4LL * s.pos * c.num_key_value_heads * c.head_dim;
-    for (int l = 0; l < c.num_hidden_layers; ++l)
-      if (c.is_full_attention[l] && bytes) {
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+      if (!c.is_full_attention[l]) continue;
+      LILY_CHECK(st->kv[l].type == k.kv[l].type, "materialize: KV caches of different element types");
+      const int64_t bytes = int64_t(kv_elem_bytes(k.kv[l].type)) * s.pos * c.num_key_value_heads * c.head_dim;
+      if (bytes) {
         m_.backend().copy(st->kv[l].k, k.kv[l].k, bytes);
         m_.backend().copy(st->kv[l].v, k.kv[l].v, bytes);
       }
+    }
     copy_gdn(s, *st);
     st->pos = s.pos;
     return std::make_unique<Qwen36LmState>(std::move(st));

@@ -43,15 +43,16 @@ Qwen36::Qwen36(std::shared_ptr<const ModelWeights> host, Backend& backend, Model
 
 int64_t Qwen36::state_bytes(int capacity) const {
   const ModelConfig& c = w_.config;
-  int64_t floats = 0;
+  const int64_t eb = kv_elem_bytes(be_.kv_type());   // the type new_state would allocate
+  int64_t bytes = 0;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     if (c.is_full_attention[l])
-      floats += 2LL * capacity * c.num_key_value_heads * c.head_dim;
+      bytes += 2LL * capacity * c.num_key_value_heads * c.head_dim * eb;
     else
-      floats += int64_t(c.linear_conv_kernel_dim - 1) * c.conv_dim() +
-                int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim;
+      bytes += 4 * (int64_t(c.linear_conv_kernel_dim - 1) * c.conv_dim() +
+                    int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim);
   }
-  return floats * 4;
+  return bytes;
 }
 
 std::unique_ptr<Qwen36State> Qwen36::new_state(int capacity) {
@@ -61,12 +62,14 @@ std::unique_ptr<Qwen36State> Qwen36::new_state(int capacity) {
   st->capacity = capacity;
   st->gdn.resize(c.num_hidden_layers);
   st->kv.resize(c.num_hidden_layers);
+  const KvType kt = be_.kv_type();
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     if (c.is_full_attention[l]) {
-      const int64_t n = int64_t(capacity) * c.num_key_value_heads * c.head_dim;
-      st->kv[l].k = be_.alloc(n);
-      st->kv[l].v = be_.alloc(n);
+      const int64_t bytes = int64_t(capacity) * c.num_key_value_heads * c.head_dim * kv_elem_bytes(kt);
+      st->kv[l].k = be_.alloc((bytes + 3) / 4);
+      st->kv[l].v = be_.alloc((bytes + 3) / 4);
       st->kv[l].capacity = capacity;
+      st->kv[l].type = kt;
     } else {
       st->gdn[l].conv = be_.alloc(int64_t(c.linear_conv_kernel_dim - 1) * c.conv_dim());
       st->gdn[l].S = be_.alloc(int64_t(c.linear_num_value_heads) * c.linear_key_head_dim *
@@ -92,7 +95,8 @@ void Qwen36::copy_state(const Qwen36State& src, Qwen36State& dst) {
   LILY_CHECK(dst.capacity >= src.pos, "copy_state: destination too small");
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     if (c.is_full_attention[l]) {
-      const int64_t bytes = 4LL * src.pos * c.num_key_value_heads * c.head_dim;
+      LILY_CHECK(dst.kv[l].type == src.kv[l].type, "copy_state: KV caches of different element types");
+      const int64_t bytes = int64_t(kv_elem_bytes(src.kv[l].type)) * src.pos * c.num_key_value_heads * c.head_dim;
       if (bytes) {
         be_.copy(dst.kv[l].k, src.kv[l].k, bytes);
         be_.copy(dst.kv[l].v, src.kv[l].v, bytes);

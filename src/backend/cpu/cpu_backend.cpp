@@ -214,6 +214,9 @@ void CpuBackend::attention(const ModelConfig& c, const AttnWeights& w, KvCache& 
   const int rd = c.rotary_dim(), half = rd / 2;
   const float eps = c.rms_norm_eps;
   LILY_CHECK(pos0 + T <= kv.capacity, "KV cache overflow");
+  LILY_CHECK(kv.type == KvType::f32, "cpu attention: the KV cache must be f32");
+  float* const kc = static_cast<float*>(kv.k);
+  float* const vc = static_cast<float*>(kv.v);
   thread_local std::vector<float> inv_freq_buf;
   float* inv_freq = scratch(inv_freq_buf, half);
   for (int i = 0; i < half; ++i) inv_freq[i] = float(std::pow(double(c.rope_theta), -2.0 * i / rd));
@@ -230,10 +233,10 @@ void CpuBackend::attention(const ModelConfig& c, const AttnWeights& w, KvCache& 
   for (int t = 0; t < T; ++t) {
     for (int g = 0; g < nkv; ++g) {
       const int64_t off = (int64_t(pos0 + t) * nkv + g) * hd;
-      float* kd = kv.k + off;
+      float* kd = kc + off;
       rmsnorm_row(k + (int64_t(t) * nkv + g) * hd, w.k_norm.data, hd, eps, kd);
       rope(kd, pos0 + t);
-      std::memcpy(kv.v + off, v + (int64_t(t) * nkv + g) * hd, size_t(hd) * 4);
+      std::memcpy(vc + off, v + (int64_t(t) * nkv + g) * hd, size_t(hd) * 4);
     }
   }
   const float scale = 1.0f / std::sqrt(float(hd));
@@ -251,7 +254,7 @@ void CpuBackend::attention(const ModelConfig& c, const AttnWeights& w, KvCache& 
       const int n = pos0 + t + 1;   // causal
       float mx = -INFINITY;
       for (int s = 0; s < n; ++s) {
-        const float* ks = kv.k + (int64_t(s) * nkv + g) * hd;
+        const float* ks = kc + (int64_t(s) * nkv + g) * hd;
         float d = 0;
         for (int e = 0; e < hd; ++e) d += qv[e] * ks[e];
         sc[s] = d * scale;
@@ -262,7 +265,7 @@ void CpuBackend::attention(const ModelConfig& c, const AttnWeights& w, KvCache& 
       std::fill(acc, acc + hd, 0.0f);
       for (int s = 0; s < n; ++s) {
         const float p = float(sc[s] / den);
-        const float* vs = kv.v + (int64_t(s) * nkv + g) * hd;
+        const float* vs = vc + (int64_t(s) * nkv + g) * hd;
         for (int e = 0; e < hd; ++e) acc[e] += p * vs[e];
       }
       const float* gate = qg + hd;

@@ -1,7 +1,10 @@
 // Gated attention core: fused q/k preparation (D4c: per-head query/gate split, zero-centred norms,
 // partial RoPE, KV append), a split-KV decode kernel (D7) in which one CTA serves all query heads
 // of a KV head from a single coalesced pass over the cache (D5, D6), and the merge of the partial
-// softmaxes that also applies the sigmoid output gate.
+// softmaxes that also applies the sigmoid output gate. The cache is f32 or fp16 (D18, KvType): the
+// prep kernel writes either, the split kernel reads either with the same warp-contiguous rows.
+#include <cuda_fp16.h>
+
 #include <cfloat>
 
 #include "backend/cuda/cuda_ops.h"
@@ -21,9 +24,71 @@ __device__ __forceinline__ int split_chunk(int len, int splits) {
   return max(kMinChunk, (len + splits - 1) / splits);
 }
 
+// ---- cache elements: f32 or fp16 ------------------------------------------------------------
+// fp16 stores saturate at ±65504 (a value past the fp16 range becomes the largest finite one
+// instead of inf, which would turn a softmax into NaN); NaN stays NaN so that a bug stays visible.
+__device__ __forceinline__ void kv_store(float* p, float x) { *p = x; }
+__device__ __forceinline__ void kv_store(__half* p, float x) {
+  *p = __float2half_rn(fabsf(x) > 65504.f ? copysignf(65504.f, x) : x);
+}
+__device__ __forceinline__ float2 h2f(uint32_t u) {
+  __half2 h;
+  *reinterpret_cast<uint32_t*>(&h) = u;
+  return __half22float2(h);
+}
+// N consecutive cache elements (p aligned to N elements) into out[0..N), streaming loads: one
+// vector load per lane, so a warp reads 32·N contiguous elements (f32 N=8: 1 KiB; fp16: 512 B).
+template <int N>
+__device__ __forceinline__ void kv_load(const float* p, float* out) {
+  if constexpr (N == 2) {
+    const float2 a = __ldcs(reinterpret_cast<const float2*>(p));
+    out[0] = a.x; out[1] = a.y;
+  } else {
+#pragma unroll
+    for (int e = 0; e < N; e += 4) {
+      const float4 a = __ldcs(reinterpret_cast<const float4*>(p + e));
+      out[e] = a.x; out[e + 1] = a.y; out[e + 2] = a.z; out[e + 3] = a.w;
+    }
+  }
+}
+template <int N>
+__device__ __forceinline__ void kv_load(const __half* p, float* out) {
+  static_assert(N == 2 || N == 4 || N == 8, "kv_load: 2, 4 or 8 fp16 per lane");
+  uint32_t w[N / 2];
+  if constexpr (N == 8) {
+    const uint4 u = __ldcs(reinterpret_cast<const uint4*>(p));
+    w[0] = u.x; w[1] = u.y; w[2] = u.z; w[3] = u.w;
+  } else if constexpr (N == 4) {
+    const uint2 u = __ldcs(reinterpret_cast<const uint2*>(p));
+    w[0] = u.x; w[1] = u.y;
+  } else {
+    w[0] = __ldcs(reinterpret_cast<const unsigned int*>(p));
+  }
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) {
+    const float2 f = h2f(w[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+// N consecutive fp16 cache elements as N/2 raw half2 words (converted where used, U4 below).
+template <int N>
+__device__ __forceinline__ void kv_load_raw(const __half* p, uint32_t* w) {
+  static_assert(N == 4 || N == 8, "kv_load_raw: 4 or 8 fp16 per lane");
+  if constexpr (N == 8) {
+    const uint4 u = __ldcs(reinterpret_cast<const uint4*>(p));
+    w[0] = u.x; w[1] = u.y; w[2] = u.z; w[3] = u.w;
+  } else {
+    const uint2 u = __ldcs(reinterpret_cast<const uint2*>(p));
+    w[0] = u.x; w[1] = u.y;
+  }
+}
+
 // grid (heads + kv_heads, T), block head_dim threads. Queries go to qbuf [T, heads, hd]
 // (normalised, rotated, pre-multiplied by 1/sqrt(hd)); keys and values to the cache rows.
-__global__ void attn_prep_kernel(AttnDims d, const float* qn, const float* kn, float* kc, float* vc,
+template <typename KV>
+__global__ void attn_prep_kernel(AttnDims d, const float* qn, const float* kn, KV* kc, KV* vc,
                                  int pos0, const int32_t* pos_dev, const float* q, const float* k,
                                  const float* v, float* qbuf, const __grid_constant__ L2Prefetch pf) {
   extern __shared__ float sm[];   // [hd] + red[32]
@@ -54,16 +119,21 @@ __global__ void attn_prep_kernel(AttnDims d, const float* qn, const float* kn, f
     qbuf[(int64_t(t) * d.heads + h) * hd + i] = outv * rsqrtf(float(hd));
   } else if (pos < d.capacity) {
     const int64_t row = (int64_t(pos) * d.kv_heads + kvh) * hd;
-    kc[row + i] = outv;
-    vc[row + i] = v[(int64_t(t) * d.kv_heads + kvh) * hd + i];
+    kv_store(kc + row + i, outv);
+    kv_store(vc + row + i, v[(int64_t(t) * d.kv_heads + kvh) * hd + i]);
   }
 }
 
 // Partial softmax of HPB query heads over one slice of the cache. grid (splits, kv_heads*G/HPB, T),
 // 8 warps; a warp takes every 8th position of the slice, lanes hold DPL consecutive dims.
 // Partials: [T, heads, splits, hd + 2] = (Σ p·v, m, l) with m the running max (log2 domain).
-template <int DPL, int HPB>
-__global__ void __launch_bounds__(256, 2) attn_split_kernel(AttnDims d, const float* kc, const float* vc,
+// U4 (opt-in, LILY_ATTN_KV16_U4=1, fp16 cache only): a warp takes 4 positions per iteration (p, p+8,
+// p+16, p+24, stride 32) instead of 2, kept as raw half2 words (the same 32 registers as 2 f32 rows)
+// and converted where used: twice the bytes in flight per warp, at the cost of converting K and V
+// once per head. ptxas (sm_90a, hd 256, 8 heads per CTA): 332 B of spill stores vs 60 B for the
+// 2-position fp16 loop (76 B for f32), so it is off by default until measured.
+template <int DPL, int HPB, typename KV, bool U4 = false>
+__global__ void __launch_bounds__(256, 2) attn_split_kernel(AttnDims d, const KV* kc, const KV* vc,
                                                          int pos0, const int32_t* pos_dev,
                                                          const float* qbuf, float* part) {
   extern __shared__ float sm[];   // [8 warps][HPB][hd] acc, then [8][HPB] m and l, then q [HPB][hd]
@@ -105,21 +175,73 @@ __global__ void __launch_bounds__(256, 2) attn_split_kernel(AttnDims d, const fl
     for (int e = 0; e < DPL; ++e) acc[h][e] = 0.f;
   }
   const int64_t rs = int64_t(d.kv_heads) * hd;
-  const float* kb = kc + int64_t(kvh) * hd + lane * DPL;
-  const float* vb = vc + int64_t(kvh) * hd + lane * DPL;
+  const KV* kb = kc + int64_t(kvh) * hd + lane * DPL;
+  const KV* vb = vc + int64_t(kvh) * hd + lane * DPL;
+  if constexpr (U4) {
+    static_assert(sizeof(KV) == 2 && DPL >= 4, "U4: fp16 cache, 4 or 8 dims per lane");
+    constexpr int U = 4, W = DPL / 2;   // W: half2 words per lane and row
+    for (int p = lo + warp; p < hi; p += 8 * U) {
+      uint32_t kw[U][W], vw[U][W];
+      bool ok[U];   // warp-uniform (p is): shuffles below run on full warps
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        ok[u] = p + 8 * u < hi;
+        const int pp = ok[u] ? p + 8 * u : p;   // a valid row; its weight is 0 below
+        kv_load_raw<DPL>(kb + pp * rs, kw[u]);
+        kv_load_raw<DPL>(vb + pp * rs, vw[u]);
+      }
+#pragma unroll
+      for (int h = 0; h < HPB; ++h) {
+        float sc[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) sc[u] = 0.f;
+#pragma unroll
+        for (int e4 = 0; e4 < DPL / 4; ++e4) {
+          const float4 qv = q4[(h * (DPL / 4) + e4) * 32 + lane];
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            const float2 a = h2f(kw[u][2 * e4]), b = h2f(kw[u][2 * e4 + 1]);
+            sc[u] = fmaf(qv.x, a.x, fmaf(qv.y, a.y, fmaf(qv.z, b.x, fmaf(qv.w, b.y, sc[u]))));
+          }
+        }
+        float mn = m[h];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          sc[u] = ok[u] ? warp_sum(sc[u]) : -FLT_MAX;
+          mn = fmaxf(mn, sc[u]);
+        }
+        const float corr = exp2f(m[h] - mn);
+        float pu[U], psum = 0.f;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          pu[u] = ok[u] ? exp2f(sc[u] - mn) : 0.f;
+          psum += pu[u];
+        }
+        m[h] = mn;
+        l[h] = fmaf(l[h], corr, psum);
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+          float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            const float2 f = h2f(vw[u][w]);
+            a0 = fmaf(pu[u], f.x, a0);
+            a1 = fmaf(pu[u], f.y, a1);
+          }
+          acc[h][2 * w] = fmaf(acc[h][2 * w], corr, a0);
+          acc[h][2 * w + 1] = fmaf(acc[h][2 * w + 1], corr, a1);
+        }
+      }
+    }
+  } else
   for (int p = lo + warp; p < hi; p += 16) {
     const bool two = p + 8 < hi;
     float kr[2][DPL], vr[2][DPL];
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int pp = u == 0 || two ? p + 8 * u : p;
-#pragma unroll
-      for (int e = 0; e < DPL; e += 4) {
-        const float4 a = __ldcs(reinterpret_cast<const float4*>(kb + pp * rs + e));
-        const float4 b = __ldcs(reinterpret_cast<const float4*>(vb + pp * rs + e));
-        kr[u][e] = a.x; kr[u][e + 1] = a.y; kr[u][e + 2] = a.z; kr[u][e + 3] = a.w;
-        vr[u][e] = b.x; vr[u][e + 1] = b.y; vr[u][e + 2] = b.z; vr[u][e + 3] = b.w;
-      }
+      kv_load<DPL>(kb + pp * rs, kr[u]);
+      kv_load<DPL>(vb + pp * rs, vr[u]);
     }
 #pragma unroll
     for (int h = 0; h < HPB; ++h) {
@@ -267,23 +389,35 @@ __global__ void __launch_bounds__(32 * kMergeWarps) attn_merge_warps_kernel(Attn
 
 int eff_splits(int T, int splits) { return T == 1 ? splits : std::max(1, std::min(splits, 64 / T)); }
 
-template <int DPL, int HPB>
-void launch_split(const AttnDims& d, const float* kc, const float* vc, int pos0, const int32_t* pos_dev,
-                  const float* qbuf, float* part, int splits, int T, cudaStream_t s) {
+template <int DPL, int HPB, typename KV, bool U4>
+void launch_split_u(const AttnDims& d, const KV* kc, const KV* vc, int pos0, const int32_t* pos_dev,
+                    const float* qbuf, float* part, int splits, int T, cudaStream_t s) {
   const size_t smem = sizeof(float) * (8 * HPB * (DPL * 32) + 16 * HPB + HPB * DPL * 32);
   static bool attr_set = false;
   if (!attr_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(attn_split_kernel<DPL, HPB>,
+    CUDA_CHECK(cudaFuncSetAttribute(attn_split_kernel<DPL, HPB, KV, U4>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     attr_set = true;
   }
   dim3 grid(splits, d.heads / HPB, T);
-  launch(attn_split_kernel<DPL, HPB>, grid, dim3(256), smem, s, d, kc, vc, pos0, pos_dev, qbuf, part);
+  launch(attn_split_kernel<DPL, HPB, KV, U4>, grid, dim3(256), smem, s, d, kc, vc, pos0, pos_dev, qbuf, part);
   CUDA_LAUNCH_CHECK();
 }
 
-template <int DPL>
-void launch_split_h(const AttnDims& d, int hpb, const float* kc, const float* vc, int pos0,
+template <int DPL, int HPB, typename KV>
+void launch_split(const AttnDims& d, const KV* kc, const KV* vc, int pos0, const int32_t* pos_dev,
+                  const float* qbuf, float* part, int splits, int T, cudaStream_t s) {
+  if constexpr (sizeof(KV) == 2 && DPL >= 4) {
+    if (kv16_u4_enabled()) {
+      launch_split_u<DPL, HPB, KV, true>(d, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
+      return;
+    }
+  }
+  launch_split_u<DPL, HPB, KV, false>(d, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
+}
+
+template <int DPL, typename KV>
+void launch_split_h(const AttnDims& d, int hpb, const KV* kc, const KV* vc, int pos0,
                     const int32_t* pos_dev, const float* qbuf, float* part, int splits, int T,
                     cudaStream_t s) {
   switch (hpb) {
@@ -292,6 +426,38 @@ void launch_split_h(const AttnDims& d, int hpb, const float* kc, const float* vc
     case 2: launch_split<DPL, 2>(d, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s); break;
     default: launch_split<DPL, 1>(d, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s); break;
   }
+}
+
+template <typename KV>
+void launch_split_all(const AttnDims& d, int hpb, const KV* kc, const KV* vc, int pos0, const int32_t* pos_dev,
+                      const float* qbuf, float* part, int splits, int T, cudaStream_t s) {
+  if (d.head_dim == 256) launch_split_h<8>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
+  else if (d.head_dim == 128) launch_split_h<4>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
+  else launch_split_h<2>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
+}
+
+void launch_prep(const AttnDims& d, const float* q_norm, const float* k_norm, void* kc, void* vc, bool kv16,
+                 int pos0, const int32_t* pos_dev, const float* q, const float* k, const float* v, int T,
+                 float* qbuf, const L2Prefetch& pf, cudaStream_t s) {
+  const dim3 grid(d.heads + d.kv_heads, T), block(d.head_dim);
+  const size_t smem = (d.head_dim + 32) * sizeof(float);
+  if (kv16)
+    launch(attn_prep_kernel<__half>, grid, block, smem, s, d, q_norm, k_norm, static_cast<__half*>(kc),
+           static_cast<__half*>(vc), pos0, pos_dev, q, k, v, qbuf, pf);
+  else
+    launch(attn_prep_kernel<float>, grid, block, smem, s, d, q_norm, k_norm, static_cast<float*>(kc),
+           static_cast<float*>(vc), pos0, pos_dev, q, k, v, qbuf, pf);
+  CUDA_LAUNCH_CHECK();
+}
+
+// grid-stride conversions between f32 and fp16 cache buffers (tests, benchmarks).
+__global__ void f32_to_f16_kernel(const float* src, __half* dst, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    kv_store(dst + i, src[i]);
+}
+__global__ void f16_to_f32_kernel(const __half* src, float* dst, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = __half2float(src[i]);
 }
 
 }  // namespace
@@ -306,7 +472,12 @@ bool& merge_warps_enabled() {
   return on;
 }
 
-void attention(const AttnDims& d, const float* q_norm, const float* k_norm, float* kc, float* vc,
+bool& kv16_u4_enabled() {
+  static bool on = false;
+  return on;
+}
+
+void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void* kc, void* vc, bool kv16,
                int pos0, const int32_t* pos_dev, const float* q, const float* k, const float* v,
                int T, float* o, float* work, int splits, bool pack_gqa, cudaStream_t s, const L2Prefetch* pf) {
   const int hd = d.head_dim, G = d.heads / d.kv_heads;
@@ -327,12 +498,13 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, floa
   splits = eff_splits(T, std::min(splits, 256));
   float* qbuf = work;
   float* part = work + int64_t(T) * d.heads * hd;
-  launch(attn_prep_kernel, dim3(d.heads + d.kv_heads, T), dim3(hd), (hd + 32) * sizeof(float), s, d, q_norm,
-         k_norm, kc, vc, pos0, pos_dev, q, k, v, qbuf, pf ? *pf : L2Prefetch{});
-  CUDA_LAUNCH_CHECK();
-  if (hd == 256) launch_split_h<8>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
-  else if (hd == 128) launch_split_h<4>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
-  else launch_split_h<2>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
+  launch_prep(d, q_norm, k_norm, kc, vc, kv16, pos0, pos_dev, q, k, v, T, qbuf, pf ? *pf : L2Prefetch{}, s);
+  if (kv16)
+    launch_split_all(d, hpb, static_cast<const __half*>(kc), static_cast<const __half*>(vc), pos0, pos_dev, qbuf,
+                     part, splits, T, s);
+  else
+    launch_split_all(d, hpb, static_cast<const float*>(kc), static_cast<const float*>(vc), pos0, pos_dev, qbuf,
+                     part, splits, T, s);
   if (merge_warps_enabled() && T == 1)
     launch(attn_merge_warps_kernel, dim3(d.heads, hd / 64, T), dim3(32 * kMergeWarps), 0, s, d, splits, pos0,
            pos_dev, (const float*)part, q, o);
@@ -342,12 +514,24 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, floa
   CUDA_LAUNCH_CHECK();
 }
 
-void attention_prep(const AttnDims& d, const float* q_norm, const float* k_norm, float* kc, float* vc, int pos0,
-                    const int32_t* pos_dev, const float* q, const float* k, const float* v, int T, float* qbuf,
-                    cudaStream_t s) {
-  launch(attn_prep_kernel, dim3(d.heads + d.kv_heads, T), dim3(d.head_dim), (d.head_dim + 32) * sizeof(float), s, d,
-         q_norm, k_norm, kc, vc, pos0, pos_dev, q, k, v, qbuf, L2Prefetch{});
-  CUDA_LAUNCH_CHECK();
+void attention_prep(const AttnDims& d, const float* q_norm, const float* k_norm, void* kc, void* vc, bool kv16,
+                    int pos0, const int32_t* pos_dev, const float* q, const float* k, const float* v, int T,
+                    float* qbuf, cudaStream_t s) {
+  launch_prep(d, q_norm, k_norm, kc, vc, kv16, pos0, pos_dev, q, k, v, T, qbuf, L2Prefetch{}, s);
+}
+
+void kv_convert(void* dst, bool dst16, const void* src, bool src16, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  const int blocks = int(std::min<int64_t>((n + 255) / 256, 4096));
+  if (dst16 == src16) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, n * (dst16 ? 2 : 4), cudaMemcpyDeviceToDevice, s));
+  } else if (dst16) {
+    f32_to_f16_kernel<<<blocks, 256, 0, s>>>(static_cast<const float*>(src), static_cast<__half*>(dst), n);
+    CUDA_LAUNCH_CHECK();
+  } else {
+    f16_to_f32_kernel<<<blocks, 256, 0, s>>>(static_cast<const __half*>(src), static_cast<float*>(dst), n);
+    CUDA_LAUNCH_CHECK();
+  }
 }
 
 }  // namespace lily::cuda

@@ -13,6 +13,9 @@
 // touches tiles that reach past the block's first token. When the query tiles alone cannot fill the
 // GPU (short chunks after a long prefix), the KV range is split over CTAs and a merge kernel
 // combines their partial softmaxes; otherwise the kernel writes o × σ(gate) directly.
+// With the fp16 KV cache (D18) the K/V tiles are cp.async'd straight from the cache (rows past the
+// valid range zero-filled by the copy itself); with an f32 cache either every CTA converts its tiles
+// or (LILY_ATTN_BF16KV, default) one pass converts the cache rows into a 16-bit copy first.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -61,9 +64,18 @@ __device__ __forceinline__ void mma16(float* c, uint32_t a0, uint32_t a1, uint32
   }
 }
 
+// 16 bytes global -> shared, or 16 zero bytes when !valid (src-size 0: nothing is read).
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool valid) {
+  const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t n = valid ? 16u : 0u;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(gmem), "r"(n) : "memory");
+}
+
 struct FlashArgs {
   const float *kc, *vc, *qbuf, *q;
-  const __nv_bfloat16 *kb, *vb;   // 16-bit copy of the cache rows (BF_KV), zero-padded to whole tiles
+  // 16-bit K/V (BF_KV): the fp16 cache itself, or a 16-bit copy of its rows; rows >= pos0 + T are
+  // never read (zero-filled in shared memory).
+  const __nv_bfloat16 *kb, *vb;
   float *o, *part;
   int pos0, T, kv_heads, splits;
 };
@@ -123,10 +135,11 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
     __nv_bfloat16* kd = Kb + (it % kStages) * kBK * kRS;
     __nv_bfloat16* vd = Vb + (it % kStages) * kBK * kRS;
     for (int idx = tid; idx < kBK * (kHD / 8); idx += blockDim.x) {
-      const int r = idx / (kHD / 8), c8 = idx % (kHD / 8);
-      const int64_t go = int64_t(it * kBK + r) * rs + kvh * kHD + 8 * c8;
-      cp_async16(kd + r * kRS + 8 * c8, a.kb + go);
-      cp_async16(vd + r * kRS + 8 * c8, a.vb + go);
+      const int r = idx / (kHD / 8), c8 = idx % (kHD / 8), key = it * kBK + r;
+      const bool ok = key < kv_len;   // the cache may end inside this tile (capacity not a tile multiple)
+      const int64_t go = ok ? int64_t(key) * rs + kvh * kHD + 8 * c8 : 0;
+      cp_async16_zfill(kd + r * kRS + 8 * c8, a.kb + go, ok);
+      cp_async16_zfill(vd + r * kRS + 8 * c8, a.vb + go, ok);
     }
   };
   if constexpr (BF_KV) {
@@ -382,14 +395,18 @@ int64_t attention_prefill_workspace_floats(const AttnDims& d, int T, int pos0, b
   return part_floats(d, T) + (bf16_kv ? kv_rows_pad(pos0, T) * d.kv_heads * kHD : 0) + 64;
 }
 
-void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_norm, float* kc, float* vc, int pos0,
-                       const float* q, const float* k, const float* v, int T, float* o, float* work, bool bf16_kv,
-                       bool f16, cudaStream_t s) {
+void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_norm, void* kc, void* vc, bool kv16,
+                       int pos0, const float* q, const float* k, const float* v, int T, float* o, float* work,
+                       bool bf16_kv, bool f16, cudaStream_t s) {
   LILY_CHECK(attention_prefill_ok(d), "attention prefill: unsupported shapes");
   LILY_CHECK(pos0 >= 0 && pos0 + T <= d.capacity, "attention prefill: KV cache overflow");
+  if (kv16) {   // the cache is the 16-bit operand: fp16 MMA, no copy
+    bf16_kv = true;
+    f16 = true;
+  }
   float* qbuf = work;
   float* part = work + int64_t(T) * d.heads * kHD;
-  attention_prep(d, q_norm, k_norm, kc, vc, pos0, nullptr, q, k, v, T, qbuf, s);
+  attention_prep(d, q_norm, k_norm, kc, vc, kv16, pos0, nullptr, q, k, v, T, qbuf, s);
   // Fewer splits when the longest block has few tiles (each slice keeps >= 4 tiles).
   const int max_tiles = (pos0 + T + kBK - 1) / kBK;
   const int splits = std::max(1, std::min(flash_splits(d, T), max_tiles / 4));
@@ -406,20 +423,26 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
     attr_set = true;
   }
   __nv_bfloat16 *kb = nullptr, *vb = nullptr;
-  if (bf16_kv) {
+  if (kv16) {
+    kb = static_cast<__nv_bfloat16*>(kc);   // fp16 bits; the kernel only moves them (F16 = true)
+    vb = static_cast<__nv_bfloat16*>(vc);
+  } else if (bf16_kv) {
     const int64_t row = int64_t(d.kv_heads) * kHD;
     kb = reinterpret_cast<__nv_bfloat16*>(work + part_floats(d, T));
     vb = kb + kv_rows_pad(pos0, T) * row;
     const int64_t n4 = int64_t(pos0 + T) * row / 4, n4_pad = kv_rows_pad(pos0, T) * row / 4;
     const int blocks = int(std::min<int64_t>((n4_pad + 255) / 256, 8LL * sm_count()));
     if (f16)
-      launch(kv_to_16_kernel<true>, dim3(blocks), dim3(256), 0, s, (const float*)kc, (const float*)vc, n4, n4_pad, kb, vb);
+      launch(kv_to_16_kernel<true>, dim3(blocks), dim3(256), 0, s, static_cast<const float*>(kc),
+             static_cast<const float*>(vc), n4, n4_pad, kb, vb);
     else
-      launch(kv_to_16_kernel<false>, dim3(blocks), dim3(256), 0, s, (const float*)kc, (const float*)vc, n4, n4_pad, kb,
-             vb);
+      launch(kv_to_16_kernel<false>, dim3(blocks), dim3(256), 0, s, static_cast<const float*>(kc),
+             static_cast<const float*>(vc), n4, n4_pad, kb, vb);
     CUDA_LAUNCH_CHECK();
   }
-  FlashArgs fa{kc, vc, qbuf, q, kb, vb, o, part, pos0, T, d.kv_heads, splits};
+  const float* kf = kv16 ? nullptr : static_cast<const float*>(kc);
+  const float* vf = kv16 ? nullptr : static_cast<const float*>(vc);
+  FlashArgs fa{kf, vf, qbuf, q, kb, vb, o, part, pos0, T, d.kv_heads, splits};
   const dim3 grid((T + kBQ - 1) / kBQ, d.kv_heads, splits);
   if (bf16_kv && f16)
     launch(attn_flash_kernel<true, true>, grid, dim3(kGQ * 32), kSmemBf, s, fa);

@@ -140,6 +140,15 @@ class CudaBackend final : public Backend {
     return d;
   }
   float* alloc(int64_t n) override { return static_cast<float*>(alloc_bytes(n * 4)); }
+  KvType kv_type() const override { return kv16_ ? KvType::f16 : KvType::f32; }
+  void kv_from_f32(void* dst, KvType t, const float* src, int64_t n) override {
+    flush();
+    kv_convert(dst, t == KvType::f16, src, false, n, s_);
+  }
+  void kv_to_f32(float* dst, const void* src, KvType t, int64_t n) override {
+    flush();
+    kv_convert(dst, false, src, t == KvType::f16, n, s_);
+  }
   int32_t* alloc_i32(int64_t n) override { return static_cast<int32_t*>(alloc_bytes(n * 4)); }
   void free(void* p) override {
     auto it = std::find(allocs_.begin(), allocs_.end(), p);
@@ -290,12 +299,15 @@ class CudaBackend final : public Backend {
     flush();
     AttnDims d{c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rotary_dim(), c.rope_theta,
                c.rms_norm_eps, kv.capacity};
-    const double bytes = 2.0 * (pos0 + T) * d.kv_heads * d.head_dim * 4;
+    const bool kv16 = kv.type == KvType::f16;   // the cache's own type, not the current switch
+    LILY_CHECK(kv16 || kv.type == KvType::f32, "cuda attention: unknown KV cache type");
+    const double bytes = 2.0 * (pos0 + T) * d.kv_heads * d.head_dim * kv_elem_bytes(kv.type);
     // Prefill (P6): causal flash attention on tensor cores instead of one split-KV pass per token.
     if (prefill_attn_ && T >= attn_min_t_ && attention_prefill_ok(d)) {
-      float* ws = workspace(attention_prefill_workspace_floats(d, T, pos0, attn_bf16_kv_));
+      const bool copy16 = !kv16 && attn_bf16_kv_;   // an fp16 cache needs no 16-bit copy
+      float* ws = workspace(attention_prefill_workspace_floats(d, T, pos0, copy16));
       timed("attn_prefill", bytes, [&] {
-        attention_prefill(d, w.q_norm.data, w.k_norm.data, kv.k, kv.v, pos0, q, k, v, T, o, ws, attn_bf16_kv_,
+        attention_prefill(d, w.q_norm.data, w.k_norm.data, kv.k, kv.v, kv16, pos0, q, k, v, T, o, ws, copy16,
                           !attn_bf16_ops_, s_);
       });
       return;
@@ -303,7 +315,7 @@ class CudaBackend final : public Backend {
     float* ws = workspace(attention_workspace_floats(d, T));
     const L2Prefetch pf = unit_prefetch(L2Prefetch{}, T);
     timed("attention", bytes, [&] {
-      cuda::attention(d, w.q_norm.data, w.k_norm.data, kv.k, kv.v, pos0, pos_dev, q, k, v, T, o, ws, splits_,
+      cuda::attention(d, w.q_norm.data, w.k_norm.data, kv.k, kv.v, kv16, pos0, pos_dev, q, k, v, T, o, ws, splits_,
                       pack_gqa_, s_, &pf);
     });
   }
@@ -489,6 +501,7 @@ class CudaBackend final : public Backend {
     early_down_ = !abl_.has("D17");       // D17: MoE down loads its rows before its PDL wait
     pack_gqa_ = !abl_.has("D6");
     splits_ = abl_.has("D7") ? 1 : 0;   // 0: sized from the SM count
+    kv16_ = !abl_.has("D18");           // D18: fp16 KV cache (off = f32); applies to caches allocated later
     // Prefill mixers: P4 off = the decode GDN kernel for every T, P6 off = per-token split-KV
     // attention for every T. Thresholds and the scan's columns per lane come from the environment.
     auto env_int = [](const char* n, int def) { const char* e = std::getenv(n); return e && *e ? std::atoi(e) : def; };
@@ -501,6 +514,7 @@ class CudaBackend final : public Backend {
     attn_min_t_ = std::max(1, env_int("LILY_ATTN_PREFILL_MIN_T", 16));
     attn_bf16_kv_ = env_int("LILY_ATTN_BF16KV", 1) != 0;   // flash attention reads a 16-bit copy of the cache
     attn_bf16_ops_ = env_int("LILY_ATTN_BF16", 0) != 0;    // flash MMA operands bf16 (default fp16)
+    kv16_u4_enabled() = env_int("LILY_ATTN_KV16_U4", 0) != 0;   // fp16 split-KV: 4 positions per warp in flight
     p1_off_ = abl_.has("P1");   // P1: separate dequantisation pass into bf16 before the GEMM
     p2_off_ = abl_.has("P2");   // P2: MoE prefill groups built on the host
   }
@@ -817,6 +831,7 @@ class CudaBackend final : public Backend {
   cudaStream_t s_ = nullptr;
   bool fast_ = true, batch_ = true, fuse_add_ = true, pack_gqa_ = true, fold_norm_ = true, fuse_router_ = true;
   int splits_ = 0;
+  bool kv16_ = true;
   bool prefill_gdn_ = true, prefill_attn_ = true;
   int gdn_min_t_ = 2, gdn_nc_ = 0, attn_min_t_ = 16, gdn_chunked_ = -1, gdn_chunked_min_t_ = 64;
   bool attn_bf16_kv_ = true, attn_bf16_ops_ = false;

@@ -84,13 +84,19 @@ struct AttnDims {
 };
 // D11: decode merge with warps across splits (process-wide switch, ablation D11).
 bool& merge_warps_enabled();
+// With an fp16 cache, the split-KV kernel keeps 4 positions per warp in flight (raw fp16, converted
+// where used) instead of 2 (process-wide switch, env LILY_ATTN_KV16_U4=1; off by default).
+bool& kv16_u4_enabled();
 // Workspace floats needed for T tokens (prepared queries + split-KV partials).
 int64_t attention_workspace_floats(const AttnDims& d, int T);
 // `splits`: KV blocks per (token, kv head) for decode (D7); `pack_gqa`: one KV pass per KV head (D6).
-void attention(const AttnDims& d, const float* q_norm, const float* k_norm, float* kc, float* vc,
+// kc, vc: the cache, fp16 when kv16 (D18) else f32.
+void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void* kc, void* vc, bool kv16,
                int pos0, const int32_t* pos_dev, const float* q, const float* k, const float* v,
                int T, float* o, float* work, int splits, bool pack_gqa, cudaStream_t s,
                const L2Prefetch* pf = nullptr);
+// n cache elements between f32 and fp16 buffers (either direction; a copy when the types match).
+void kv_convert(void* dst, bool dst16, const void* src, bool src16, int64_t n, cudaStream_t s);
 
 // ---- moe.cu --------------------------------------------------------------------------------
 struct MoeDev {

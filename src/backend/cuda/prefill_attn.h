@@ -93,22 +93,23 @@ void gdn_chunked_scan(const GdnDims& d, const float* norm_w, float* conv_state, 
 // Shapes the flash kernel handles (head_dim 256, 8 query heads per KV head); others use attention().
 bool attention_prefill_ok(const AttnDims& d);
 // Workspace floats for T tokens at pos0 (prepared queries + partial softmaxes of a split KV range
-// + with bf16_kv a bf16 copy of the cache rows [0, pos0 + T)).
+// + with bf16_kv a bf16 copy of the cache rows [0, pos0 + T); pass false for an fp16 cache: no copy).
 int64_t attention_prefill_workspace_floats(const AttnDims& d, int T, int pos0, bool bf16_kv);
 // Causal attention of T tokens at positions pos0.. over the cache [0, pos0 + T): prep (norms, RoPE,
 // KV append; attention.cu) then the flash kernel (and a merge when the KV range is split over CTAs
-// to fill the GPU), output × σ(gate). Requires pos0 + T <= capacity. bf16_kv: the cache rows are
-// converted to 16 bits once per call (the f32 path converts every K/V tile in every CTA). f16: MMA
-// operands in fp16 (|v| < 65504 assumed, saturated), else bf16.
-void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_norm, float* kc, float* vc, int pos0,
-                       const float* q, const float* k, const float* v, int T, float* o, float* work, bool bf16_kv,
-                       bool f16, cudaStream_t s);
+// to fill the GPU), output × σ(gate). Requires pos0 + T <= capacity. kv16: the cache is fp16 (D18)
+// and its tiles are read directly (implies fp16 MMA; bf16_kv and f16 are ignored). Else, f32 cache:
+// bf16_kv: the cache rows are converted to 16 bits once per call (otherwise every K/V tile in
+// every CTA). f16: MMA operands in fp16 (|v| < 65504 assumed, saturated), else bf16.
+void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_norm, void* kc, void* vc, bool kv16,
+                       int pos0, const float* q, const float* k, const float* v, int T, float* o, float* work,
+                       bool bf16_kv, bool f16, cudaStream_t s);
 
 // ---- attention.cu (shared with the decode path) ----------------------------------------------
 // The decode path's prep kernel alone: queries (normalised, rotated, × hd^-1/2) to qbuf [T, heads, hd],
-// keys and values appended to the cache rows pos0..pos0+T-1.
-void attention_prep(const AttnDims& d, const float* q_norm, const float* k_norm, float* kc, float* vc, int pos0,
-                    const int32_t* pos_dev, const float* q, const float* k, const float* v, int T, float* qbuf,
-                    cudaStream_t s);
+// keys and values appended to the cache rows pos0..pos0+T-1 (fp16 when kv16, else f32).
+void attention_prep(const AttnDims& d, const float* q_norm, const float* k_norm, void* kc, void* vc, bool kv16,
+                    int pos0, const int32_t* pos_dev, const float* q, const float* k, const float* v, int T,
+                    float* qbuf, cudaStream_t s);
 
 }  // namespace lily::cuda
