@@ -2,7 +2,7 @@
 # One device call for the decode-step fusions (D9 norm/add folding, D10 fused router + top-k,
 # D11 warp-parallel split-KV merge, D12 GDN over 4 CTAs per head, D13 L2 prefetch one launch
 # ahead, D14 one-wave GEMV batches, (D15, D16: removed, slower),
-# D17 MoE down loads before its PDL wait): build, cuda-check with all of
+# D17 MoE down loads before its PDL wait, D19 persistent MoE kernel): build, cuda-check with all of
 # them on (synthetic full-width model: GDN + attention layers, decode path eager and as a captured
 # graph; demo model: fallback paths), on a failure the same check with each one off, then bench decode at
 # 4K/32K/128K with each id ablated on its own and all four together. Usage: decode_ab.sh [check]
@@ -10,7 +10,7 @@ set -o pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 B=${B:-/root/work/build}
 OUT=${OUT:-/tmp/out}
-IDS=${IDS:-D9,D10,D11,D12,D13,D14,D17}
+IDS=${IDS:-D9,D10,D11,D12,D13,D14,D17,D19}
 mkdir -p "$OUT"
 cd "$SRC"
 t0=$(date +%s)

@@ -97,6 +97,7 @@ class CudaBackend final : public Backend {
     if (const char* v = std::getenv("LILY_GEMM_MIN_T"); v && *v) gemm_min_t_ = std::atoi(v);
     argmax_ws_ = alloc_bytes(argmax_scratch_bytes(4096));
     router_ticket_ = static_cast<int*>(alloc_bytes(64));
+    persist_ctr_ = static_cast<int*>(alloc_bytes(64));
   }
   ~CudaBackend() override {
     if (exec_) cudaGraphExecDestroy(exec_);
@@ -356,6 +357,7 @@ class CudaBackend final : public Backend {
     if (fuse_router_ && moe_router_topk_ok(m, T, fast_)) {
       dec.counter = router_ticket_;
       dec.early_down = early_down_;
+      if (persist_) dec.persist = persist_ctr_;
     }
     if (hist_on_) {
       if (!hist_) hist_ = alloc_i32(int64_t(c.num_hidden_layers) * m.E);
@@ -499,6 +501,7 @@ class CudaBackend final : public Backend {
     // D15 (router as one 8-CTA cluster) and D16 (its L2 prefetch of the chosen experts) were measured
     // slower than the D10 router and removed (docs/CUDA.md, "D15-D17").
     early_down_ = !abl_.has("D17");       // D17: MoE down loads its rows before its PDL wait
+    persist_ = !abl_.has("D19");          // D19: decode MoE block as one persistent kernel
     pack_gqa_ = !abl_.has("D6");
     splits_ = abl_.has("D7") ? 1 : 0;   // 0: sized from the SM count
     kv16_ = !abl_.has("D18");           // D18: fp16 KV cache (off = f32); applies to caches allocated later
@@ -668,6 +671,11 @@ class CudaBackend final : public Backend {
     }
     const MoeDecode* dec = &p.dec;
     const int T = p.T;
+    if (profiling_ && !capturing_ && p.dec.persist && T == 1 && cuda::moe_persist_ok(p.m, T, fast_)) {
+      timed(p.dec.res ? "moe.persist+add" : "moe.persist", p.bytes[0] + p.bytes[1] + p.bytes[2],
+            [&] { cuda::moe(p.m, p.x, T, p.out, p.ws, fast_, 7, s_, dec); });
+      return;
+    }
     if (profiling_ && !capturing_) {
       const char* names[3] = {p.dec.norm.w ? "moe.router+norm" : "moe.router", "moe.gate_up",
                               p.dec.res ? "moe.down+add" : "moe.down"};
@@ -860,6 +868,8 @@ class CudaBackend final : public Backend {
   int* router_ticket_ = nullptr;      // D10: arrival counter of the fused router kernel (self-resetting)
   bool prefetch_ = true;              // D13
   bool early_down_ = true;            // D17
+  bool persist_ = true;               // D19
+  int* persist_ctr_ = nullptr;        // D19: the persistent MoE kernel's handoff counters (self-resetting)
   std::vector<L2Prefetch> plan_;      // D13: byte ranges per launch unit of the last forward pass
   int unit_ = 0;
   bool capturing_ = false;

@@ -115,6 +115,7 @@ struct MoeDecode {
   L2Prefetch pf;              // D13: the next launch's weights, prefetched by the router stage
   bool pf_down = false;       // D13: the gate/up stage prefetches the chosen experts' down rows
   bool early_down = false;    // D17: down issues its expert-row loads before its PDL wait (D10 on)
+  int* persist = nullptr;     // D19: one persistent kernel for the block (3 zeroed ints, self-resetting)
 };
 int64_t moe_workspace_floats(const MoeDev& m, int T);
 // `fast` false uses the generic kernels (ablation D1). `stages` bits: 1 router, 2 gate/up, 4 down
@@ -124,5 +125,7 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
 // What of `dec` the kernels can do for these weights (T == 1): folding the norm, the fused router.
 bool moe_norm_ok(const MoeDev& m, int T, bool fast);
 bool moe_router_topk_ok(const MoeDev& m, int T, bool fast);
+// D19: the persistent kernel can run the block (T == 1, the model's shapes, FFMA kernels).
+bool moe_persist_ok(const MoeDev& m, int T, bool fast);
 
 }  // namespace lily::cuda

@@ -2,7 +2,9 @@
 // the device and computes gate·up·SwiGLU for only the selected experts and the shared expert,
 // folding the routing weight (or the shared expert's sigmoid gate) into its output, then (D4b)
 // one kernel for all down projections summed into the block output.
+#include <algorithm>
 #include <cfloat>
+#include <cstdlib>
 
 #include <cooperative_groups.h>
 
@@ -303,6 +305,79 @@ __global__ void __launch_bounds__(256, 2) moe_gate_up_mma_kernel(const __grid_co
   }
 }
 
+// The FAST down path (I = Is = 512, K <= 9): output rows h0, h0+1 of a warp; a half-warp reads one
+// 256-byte expert row, so a warp covers two slots per step. load() issues every row load (id_of(s):
+// routed slot s's expert id), dot() adds the K+1 slots' products into acc (lane-partial sums).
+struct DownRows {
+  uint4 wv[5][2];
+  float sc[5][2], bi[5][2];
+  template <typename IdOf>
+  __device__ __forceinline__ void load(const MoeDev& m, int h0, IdOf id_of) {
+    const int lane = threadIdx.x & 31, half = lane >> 4, c = lane & 15, S = m.K + 1;
+#pragma unroll
+    for (int q = 0; q < 5; ++q) {
+      const int s = 2 * q + half, ss = s < S ? s : 0;
+      const bool shared = ss == m.K;
+      const int e = shared ? 0 : id_of(ss);
+      const QMat w = shared ? m.sh_down : stack_mat(m.down0, m.down_stride, m.down_sb_stride, e);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t row = min(h0 + r, m.H - 1);
+        wv[q][r] = __ldcs(static_cast<const uint4*>(w.data) + row * 16 + c);
+        sc[q][r] = bf16f(static_cast<const uint16_t*>(w.scales)[row * 8 + (c >> 1)]);
+        bi[q][r] = bf16f(static_cast<const uint16_t*>(w.biases)[row * 8 + (c >> 1)]);
+      }
+    }
+  }
+  __device__ __forceinline__ void dot(const float4* sm4, const float* xsum, int S, float* acc) const {
+    const int lane = threadIdx.x & 31, half = lane >> 4, c = lane & 15;
+#pragma unroll
+    for (int q = 0; q < 5; ++q) {
+      const int s = 2 * q + half;
+      if (s >= S) continue;
+      const float xs = xsum[s * 16 + c];
+      float d[2] = {0.f, 0.f};
+#pragma unroll
+      for (int f = 0; f < 4; ++f) {
+        const float4 xa = sm4[s * 128 + (2 * f) * 16 + c];
+        const float4 xb = sm4[s * 128 + (2 * f + 1) * 16 + c];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) d[r] += dot8_q4(word_of(wv[q][r], f), xa, xb);
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) acc[r] = fmaf(sc[q][r], d[r], fmaf(bi[q][r], xs, acc[r]));
+    }
+  }
+};
+
+// Stages the S slots' activations (512 each, slot s at act + s*imax, read through L2) for
+// DownRows::dot: slot s, chunk c (16 per row), float4 f -> [s*128 + f*16 + c], pre-scaled for
+// dot8_q4, plus per-chunk sums. slot_scale (shared memory, optional) multiplies slot s's values.
+__device__ __forceinline__ void stage_down_act(const float* act, int S, int imax, float4* sm4, float* xsum,
+                                               const float* slot_scale) {
+  for (int idx = threadIdx.x; idx < S * 128; idx += blockDim.x) {
+    const int s = idx / 128, r = idx % 128, cc = r / 8, f = r % 8, h = (f & 1) * 4;
+    float4 v = __ldcg(reinterpret_cast<const float4*>(act + s * imax) + r);
+    if (slot_scale) {
+      const float k = slot_scale[s];
+      v.x *= k;
+      v.y *= k;
+      v.z *= k;
+      v.w *= k;
+    }
+    float sum = (v.x + v.y) + (v.z + v.w);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+    if (f == 0) xsum[s * 16 + cc] = sum;
+    v.x *= nib_prescale(h);
+    v.y *= nib_prescale(h + 1);
+    v.z *= nib_prescale(h + 2);
+    v.w *= nib_prescale(h + 3);
+    sm4[s * 128 + f * 16 + cc] = v;
+  }
+}
+
 // grid (blocks, T), 8 warps, 2 output rows per warp. FAST (I = Is = 512, K <= 9): a half-warp reads
 // one 256-byte expert row, so a warp covers two experts per step; all K+1 rows are loaded before
 // the activations are staged.
@@ -323,57 +398,13 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const __grid_constant__ M
   const int h0 = (blockIdx.x * 8 + warp) * 2;
   float acc[2] = {0.f, 0.f};
   if constexpr (FAST) {
-    const int half = lane >> 4, c = lane & 15;
-    uint4 wv[5][2];
-    float sc[5][2], bi[5][2];
-#pragma unroll
-    for (int q = 0; q < 5; ++q) {
-      const int s = 2 * q + half, ss = s < S ? s : 0;
-      const bool shared = ss == m.K;
-      const int e = shared ? 0 : __ldcg(sid + ss);   // L2: written by another kernel
-      const QMat w = shared ? m.sh_down : stack_mat(m.down0, m.down_stride, m.down_sb_stride, e);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int64_t row = min(h0 + r, m.H - 1);
-        wv[q][r] = __ldcs(static_cast<const uint4*>(w.data) + row * 16 + c);
-        sc[q][r] = bf16f(static_cast<const uint16_t*>(w.scales)[row * 8 + (c >> 1)]);
-        bi[q][r] = bf16f(static_cast<const uint16_t*>(w.biases)[row * 8 + (c >> 1)]);
-      }
-    }
+    DownRows dr;
+    dr.load(m, h0, [&](int ss) { return __ldcg(sid + ss); });   // L2: written by another kernel
     if (a.early_down) pdl_wait();   // D17: act comes from the gate/up kernel
-    // Slot s, chunk c (16 per row), float4 f -> [s*128 + f*16 + c], pre-scaled for dot8_q4.
-    for (int idx = threadIdx.x; idx < S * 128; idx += blockDim.x) {
-      const int s = idx / 128, r = idx % 128, cc = r / 8, f = r % 8, h = (f & 1) * 4;
-      float4 v = reinterpret_cast<const float4*>(act + s * a.imax)[r];
-      float sum = (v.x + v.y) + (v.z + v.w);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-      if (f == 0) xsum[s * 16 + cc] = sum;
-      v.x *= nib_prescale(h);
-      v.y *= nib_prescale(h + 1);
-      v.z *= nib_prescale(h + 2);
-      v.w *= nib_prescale(h + 3);
-      sm4[s * 128 + f * 16 + cc] = v;
-    }
+    stage_down_act(act, S, a.imax, sm4, xsum, nullptr);
     __syncthreads();
     if (h0 >= m.H) return;
-#pragma unroll
-    for (int q = 0; q < 5; ++q) {
-      const int s = 2 * q + half;
-      if (s >= S) continue;
-      const float xs = xsum[s * 16 + c];
-      float d[2] = {0.f, 0.f};
-#pragma unroll
-      for (int f = 0; f < 4; ++f) {
-        const float4 xa = sm4[s * 128 + (2 * f) * 16 + c];
-        const float4 xb = sm4[s * 128 + (2 * f + 1) * 16 + c];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) d[r] += dot8_q4(word_of(wv[q][r], f), xa, xb);
-      }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) acc[r] = fmaf(sc[q][r], d[r], fmaf(bi[q][r], xs, acc[r]));
-    }
+    dr.dot(sm4, xsum, S, acc);
   } else {
     if (h0 >= m.H) return;
     for (int s = 0; s < S; ++s) {
@@ -493,48 +524,16 @@ __device__ void select_topk_block(const float* lg, int E, int K, uint32_t* ckey,
 
 constexpr int kRouterCols = 2048;   // H: 128 16-byte chunks of 16 codes per row, 4 per lane
 
-__global__ void __launch_bounds__(32 * kRouterWarps) moe_router_topk_kernel(const __grid_constant__ MoeArgs a,
-                                                                            const __grid_constant__ GemvNorm nrm,
-                                                                            int* counter) {
-  constexpr int CPL = kRouterCols / 512;
-  __shared__ float4 sm4[kRouterCols / 4];
-  __shared__ float xsum[kRouterCols / 16];
-  __shared__ float red[kRouterWarps];
-  __shared__ float lg[64 * kRouterWarps];
-  __shared__ int sid[32];
-  __shared__ float sv[32];
-  __shared__ uint32_t ckey[32], cidx[32];
-  __shared__ int is_last;
-  const MoeDev& m = a.m;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nt = 32 * kRouterWarps;
-  const int row = blockIdx.x * kRouterWarps + warp;   // row > E: idle warp
-  const bool sg_row = row == m.E;
-  const QMat& w = sg_row ? m.shared_gate : m.router;
-  const int64_t r = row < m.E ? row : 0;
-  uint4 wv[CPL];
-  float sc[CPL], bi[CPL];
-  pdl_trigger();
-  if (row <= m.E) {   // weights never change: loads issued before the wait
-#pragma unroll
-    for (int i = 0; i < CPL; ++i) {
-      wv[i] = __ldcs(static_cast<const uint4*>(w.data) + r * (kRouterCols / 16) + lane + 32 * i);
-      sc[i] = bf16f(static_cast<const uint16_t*>(w.scales)[r * (kRouterCols / 64) + ((lane + 32 * i) >> 2)]);
-      bi[i] = bf16f(static_cast<const uint16_t*>(w.biases)[r * (kRouterCols / 64) + ((lane + 32 * i) >> 2)]);
-    }
-  }
-  // D13: the next launch's weights (next layer's projections, ~13 MB), queued after this kernel's
-  // own loads so that they do not wait behind the prefetch.
-  l2_prefetch(a.pf);
-  pdl_wait();
-  // Stage x as gemv_q8_kernel does: chunk ci (16 codes), float4 f -> [(ci/32)*128 + f*32 + ci%32],
-  // bytes 1 and 3 of a word pre-scaled by 1/256.
-  const float* xin = nrm.w ? nrm.h : a.x;
-  float ss = 0.f;
-  for (int idx = threadIdx.x; idx < kRouterCols / 4; idx += nt) {
+// Stages x (kRouterCols floats; gain ⊙ x with D9, adding the thread's share of Σx² to *ss) as
+// gemv_q8_kernel does: chunk ci (16 codes), float4 f -> [(ci/32)*128 + f*32 + ci%32], bytes 1 and
+// 3 of a word pre-scaled by 1/256, plus the plain sum of each chunk. Needs blockDim.x % 32 == 0.
+__device__ __forceinline__ void stage_x_q8(const float* xin, const float* gain, float4* sm4, float* xsum,
+                                           float* ss) {
+  for (int idx = threadIdx.x; idx < kRouterCols / 4; idx += blockDim.x) {
     float4 v = reinterpret_cast<const float4*>(xin)[idx];
-    if (nrm.w) {
-      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-      const float4 g = reinterpret_cast<const float4*>(nrm.w)[idx];
+    if (gain) {
+      *ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      const float4 g = reinterpret_cast<const float4*>(gain)[idx];
       v.x *= g.x;
       v.y *= g.y;
       v.z *= g.z;
@@ -549,15 +548,25 @@ __global__ void __launch_bounds__(32 * kRouterWarps) moe_router_topk_kernel(cons
     v.w *= 1.f / 256;
     sm4[(ci >> 5) * 128 + f * 32 + (ci & 31)] = v;
   }
-  if (nrm.w) {
-    ss = warp_sum(ss);
-    if (lane == 0) red[warp] = ss;
+}
+
+// One 8-bit router row (kRouterCols columns) in registers: load() may run before pdl_wait (weights),
+// dot() works on x staged by stage_x_q8 and returns the warp-reduced dot product.
+struct Q8RouterRow {
+  static constexpr int CPL = kRouterCols / 512;
+  uint4 wv[CPL];
+  float sc[CPL], bi[CPL];
+  __device__ __forceinline__ void load(const QMat& w, int64_t r) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+      wv[i] = __ldcs(static_cast<const uint4*>(w.data) + r * (kRouterCols / 16) + lane + 32 * i);
+      sc[i] = bf16f(static_cast<const uint16_t*>(w.scales)[r * (kRouterCols / 64) + ((lane + 32 * i) >> 2)]);
+      bi[i] = bf16f(static_cast<const uint16_t*>(w.biases)[r * (kRouterCols / 64) + ((lane + 32 * i) >> 2)]);
+    }
   }
-  __syncthreads();
-  const float nscale = nrm.w ? fold_norm_scale(red, kRouterWarps, kRouterCols, nrm.eps, nrm.h, nrm.w,
-                                               blockIdx.x == 0 ? const_cast<float*>(a.x) : nullptr)
-                             : 1.f;
-  if (row <= m.E) {
+  __device__ __forceinline__ float dot(const float4* sm4, const float* xsum) const {
+    const int lane = threadIdx.x & 31;
     const float M = 8388608.f;
     float acc = 0.f;
 #pragma unroll
@@ -574,7 +583,47 @@ __global__ void __launch_bounds__(32 * kRouterWarps) moe_router_topk_kernel(cons
       }
       acc = fmaf(sc[i], d, fmaf(bi[i], xsum[lane + 32 * i], acc));
     }
-    const float v = warp_sum(acc) * nscale;
+    return warp_sum(acc);
+  }
+};
+
+__global__ void __launch_bounds__(32 * kRouterWarps) moe_router_topk_kernel(const __grid_constant__ MoeArgs a,
+                                                                            const __grid_constant__ GemvNorm nrm,
+                                                                            int* counter) {
+  __shared__ float4 sm4[kRouterCols / 4];
+  __shared__ float xsum[kRouterCols / 16];
+  __shared__ float red[kRouterWarps];
+  __shared__ float lg[64 * kRouterWarps];
+  __shared__ int sid[32];
+  __shared__ float sv[32];
+  __shared__ uint32_t ckey[32], cidx[32];
+  __shared__ int is_last;
+  const MoeDev& m = a.m;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nt = 32 * kRouterWarps;
+  const int row = blockIdx.x * kRouterWarps + warp;   // row > E: idle warp
+  const bool sg_row = row == m.E;
+  const QMat& w = sg_row ? m.shared_gate : m.router;
+  const int64_t r = row < m.E ? row : 0;
+  Q8RouterRow rw;
+  pdl_trigger();
+  if (row <= m.E) rw.load(w, r);   // weights never change: loads issued before the wait
+  // D13: the next launch's weights (next layer's projections, ~13 MB), queued after this kernel's
+  // own loads so that they do not wait behind the prefetch.
+  l2_prefetch(a.pf);
+  pdl_wait();
+  const float* xin = nrm.w ? nrm.h : a.x;
+  float ss = 0.f;
+  stage_x_q8(xin, nrm.w, sm4, xsum, &ss);
+  if (nrm.w) {
+    ss = warp_sum(ss);
+    if (lane == 0) red[warp] = ss;
+  }
+  __syncthreads();
+  const float nscale = nrm.w ? fold_norm_scale(red, kRouterWarps, kRouterCols, nrm.eps, nrm.h, nrm.w,
+                                               blockIdx.x == 0 ? const_cast<float*>(a.x) : nullptr)
+                             : 1.f;
+  if (row <= m.E) {
+    const float v = rw.dot(sm4, xsum) * nscale;
     if (lane == 0) {
       if (sg_row) const_cast<float*>(a.sg)[0] = v;
       else const_cast<float*>(a.logits)[row] = v;
@@ -604,6 +653,194 @@ __global__ void __launch_bounds__(32 * kRouterWarps) moe_router_topk_kernel(cons
   }
 }
 
+// ---- D19 (decode, T == 1): the whole MoE block as one persistent kernel --------------------
+// One wave of G CTAs (8 warps each; G from the occupancy API, all co-resident, see moe()) runs:
+//   1. router rows (E + 1 of them incl. the shared-expert gate, warp-per-row as in the D10 router)
+//      -> the CTAs that own router rows arrive on ctr[0];
+//   2. meanwhile the shared expert's gate/up rows (their weights were loaded before pdl_wait):
+//      SwiGLU written unweighted (σ(shared gate) is only known after the handoff);
+//   3. every CTA waits for ctr[0] == nR, runs the top-k itself on the E logits (select_topk_block,
+//      redundant per CTA but no second serial step), then the K routed experts' gate/up rows;
+//      CTA 0 publishes ids/weights (last_moe_ids, expert histogram); then arrive on ctr[1];
+//   4. the down rows of the CTA's 16 outputs are loaded, every CTA waits for ctr[1] == G, stages
+//      the K+1 activations (shared slot scaled by σ(shared gate)) and writes out (+ residual).
+// Handoffs: bar.sync, then thread 0 fences (gpu scope) and adds to the counter (release); waiters
+// spin with ld.acquire.gpu, fence, bar.sync, and read other CTAs' data through L2 (__ldcg).
+// Counters are reset by the last CTA to pass the second handoff (ctr[2] counts those), so a
+// captured graph replays. Deadlock safety: a CTA spins only on CTAs of its own grid, the grid is
+// at most (occupancy per SM) x SMs CTAs and PDL dependents are released (pdl_trigger) only after
+// the second handoff, i.e. once every CTA of the grid is resident; earlier kernels in the stream
+// finish without waiting on this one, so every CTA eventually becomes resident.
+constexpr int kPersistThreads = 256;
+
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+// Call after a block barrier that follows the CTA's writes.
+__device__ __forceinline__ void grid_arrive(int* c) {
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(c, 1);
+  }
+}
+__device__ __forceinline__ void grid_wait(const int* c, int target) {
+  if (threadIdx.x == 0) {
+    while (ld_acquire_gpu(c) < target) __nanosleep(32);
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// Dynamic shared memory (floats): x staged for the 4-bit rows (H + H/32), then a region used first
+// for x staged for the 8-bit router rows (H + H/16) and later for the down activations (S*512 + S*16).
+size_t persist_smem(const MoeDev& m) {
+  const int S = m.K + 1;
+  return size_t(m.H + m.H / 32 + std::max(m.H + m.H / 16, S * 512 + S * 16)) * 4;
+}
+
+__global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const __grid_constant__ MoeArgs a,
+                                                                         const __grid_constant__ GemvNorm nrm,
+                                                                         int* ctr) {
+  extern __shared__ float4 smp[];
+  __shared__ float lg[256];
+  __shared__ int sid[32];
+  __shared__ float sv[32], sw[33], slot_scale[33];
+  __shared__ uint32_t ckey[32], cidx[32];
+  __shared__ float red[kPersistThreads / 32];
+  const MoeDev& m = a.m;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwc = kPersistThreads / 32;
+  const int G = gridDim.x, gw = blockIdx.x * nwc + warp, nw = G * nwc, S = m.K + 1;
+  float4* xq4 = smp;
+  float* xs4 = reinterpret_cast<float*>(xq4 + m.H / 4);
+  float4* xq8 = reinterpret_cast<float4*>(xs4 + m.H / 32);   // H/32 floats: 16-byte multiple
+  float* xs8 = reinterpret_cast<float*>(xq8 + m.H / 4);
+  float4* dq = xq8;                                           // down stage (after the router rows)
+  float* dsum = reinterpret_cast<float*>(dq + S * 128);
+  const int nR = min(G, (m.E + 1 + nwc - 1) / nwc);           // CTAs that own router rows
+  const int pre = m.E + 1 + m.Is;                             // router rows, then shared rows
+  float* act = a.act;                                         // [K+1, imax]
+  auto load_q4 = [&](Q4Rows<2, 2>& q, const QMat& g, const QMat& u, int row) {
+    const uint4* rp[2] = {static_cast<const uint4*>(g.data) + int64_t(row) * (m.H / 32),
+                          static_cast<const uint4*>(u.data) + int64_t(row) * (m.H / 32)};
+    const uint16_t* sp[2] = {static_cast<const uint16_t*>(g.scales) + int64_t(row) * (m.H / 64),
+                             static_cast<const uint16_t*>(u.scales) + int64_t(row) * (m.H / 64)};
+    const uint16_t* bp[2] = {static_cast<const uint16_t*>(g.biases) + int64_t(row) * (m.H / 64),
+                             static_cast<const uint16_t*>(u.biases) + int64_t(row) * (m.H / 64)};
+    q.load(rp, sp, bp);
+  };
+  // Weights never change: this warp's first router or shared-expert row is loaded before the wait.
+  Q8RouterRow rr;
+  Q4Rows<2, 2> cur;
+  if (gw <= m.E) rr.load(gw == m.E ? m.shared_gate : m.router, gw < m.E ? gw : 0);
+  else if (gw < pre) load_q4(cur, m.sh_gate, m.sh_up, gw - m.E - 1);
+  l2_prefetch(a.pf);   // D13: the next launch's weights
+  pdl_wait();
+  const float* xin = nrm.w ? nrm.h : a.x;
+  float ss = 0.f;
+  stage_x_q4(xin, m.H, xq4, xs4, nrm.w, &ss);
+  stage_x_q8(xin, nrm.w, xq8, xs8, nullptr);
+  if (nrm.w) {
+    ss = warp_sum(ss);
+    if (lane == 0) red[warp] = ss;
+  }
+  __syncthreads();
+  // D9: the staged x is gain ⊙ h; the rmsnorm scale multiplies the dot products instead.
+  const float ns = nrm.w ? fold_norm_scale(red, nwc, m.H, nrm.eps, nrm.h, nrm.w,
+                                           blockIdx.x == 0 ? const_cast<float*>(a.x) : nullptr)
+                         : 1.f;
+  // 1. router rows
+  for (int p = gw; p <= m.E; p += nw) {
+    if (p != gw) rr.load(p == m.E ? m.shared_gate : m.router, p < m.E ? p : 0);
+    const float v = rr.dot(xq8, xs8) * ns;
+    if (lane == 0) {
+      if (p == m.E) const_cast<float*>(a.sg)[0] = v;
+      else const_cast<float*>(a.logits)[p] = v;
+    }
+  }
+  __syncthreads();
+  if (blockIdx.x < nR) grid_arrive(&ctr[0]);
+  // 2. shared expert gate/up rows (unweighted SwiGLU)
+  for (int p = gw; p < pre; p += nw) {
+    if (p <= m.E) continue;
+    if (p != gw) load_q4(cur, m.sh_gate, m.sh_up, p - m.E - 1);
+    float r[2];
+    cur.dot(xq4, xs4, r);
+    if (lane == 0) act[m.K * a.imax + (p - m.E - 1)] = siluf_(r[0] * ns) * (r[1] * ns);
+  }
+  // 3. routing, then the routed experts' gate/up rows
+  grid_wait(&ctr[0], nR);
+  for (int e = threadIdx.x; e < m.E; e += kPersistThreads) lg[e] = __ldcg(a.logits + e);
+  __syncthreads();
+  select_topk_block(lg, m.E, m.K, ckey, cidx, sid, sv);
+  if (warp == 0) {
+    const float p = lane < m.K ? __expf(sv[lane] - sv[0]) : 0.f;   // the full softmax denominator cancels
+    const float sum = warp_sum(p);
+    if (lane < m.K) {
+      sw[lane] = p / sum;
+      slot_scale[lane] = 1.f;   // routed slots carry their weight already
+    }
+    if (lane == 0) {
+      sw[m.K] = sigmoidf_(__ldcg(a.sg));
+      slot_scale[m.K] = sw[m.K];   // the shared slot was written before σ(shared gate) was known
+    }
+    if (blockIdx.x == 0 && lane < m.K) {
+      a.ids[lane] = sid[lane];
+      a.wts[lane] = p / sum;
+      if (m.hist) atomicAdd(&m.hist[sid[lane]], 1);
+    }
+    if (blockIdx.x == 0 && lane == 0) a.wts[m.K] = sw[m.K];
+  }
+  __syncthreads();
+  const int items = m.K * m.I;
+  auto load_routed = [&](Q4Rows<2, 2>& q, int it) {
+    const int sl = it / m.I, row = it % m.I;
+    load_q4(q, stack_mat(m.gate0, m.gate_stride, m.gate_sb_stride, sid[sl]),
+            stack_mat(m.up0, m.up_stride, m.up_sb_stride, sid[sl]), row);
+  };
+  if (gw < items) load_routed(cur, gw);
+  for (int it = gw; it < items; it += nw) {
+    Q4Rows<2, 2> nxt;
+    if (it + nw < items) load_routed(nxt, it + nw);
+    float r[2];
+    cur.dot(xq4, xs4, r);
+    cur = nxt;
+    if (lane == 0) act[(it / m.I) * a.imax + it % m.I] = sw[it / m.I] * siluf_(r[0] * ns) * (r[1] * ns);
+  }
+  __syncthreads();
+  grid_arrive(&ctr[1]);
+  // 4. down projections: this CTA's first 16 output rows are loaded before the wait
+  const int nbd = (m.H + 15) / 16;
+  DownRows dr;
+  auto id_of = [&](int s) { return sid[s]; };
+  if (blockIdx.x < nbd) dr.load(m, (blockIdx.x * nwc + warp) * 2, id_of);
+  grid_wait(&ctr[1], G);
+  pdl_trigger();   // every CTA of the grid is resident now (see above)
+  if (threadIdx.x == 0 && atomicAdd(&ctr[2], 1) == G - 1) {   // last CTA past the handoffs
+    ctr[0] = 0;
+    ctr[1] = 0;
+    ctr[2] = 0;
+  }
+  if (blockIdx.x >= nbd) return;
+  stage_down_act(act, S, a.imax, dq, dsum, slot_scale);
+  __syncthreads();
+  for (int hb = blockIdx.x; hb < nbd; hb += G) {
+    const int h0 = (hb * nwc + warp) * 2;
+    if (hb != int(blockIdx.x)) dr.load(m, h0, id_of);
+    float acc[2] = {0.f, 0.f};
+    dr.dot(dq, dsum, S, acc);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float v = warp_sum(acc[r]);
+      if (lane == 0 && h0 + r < m.H) {
+        a.out[h0 + r] = v;
+        if (a.res) a.res[h0 + r] += v;
+      }
+    }
+  }
+}
+
 bool q4ok(const QMat& w) { return w.type == kQ4 && !w.sb_f32 && w.gs == 64; }
 bool q8router_ok(const QMat& w, int rows, int H) {
   return w.type == kQ8 && !w.sb_f32 && w.gs == 64 && w.cols == H && w.rows == rows;
@@ -620,6 +857,12 @@ bool moe_router_topk_ok(const MoeDev& m, int T, bool fast) {
   return T == 1 && fast && m.H == kRouterCols && m.E <= 64 * kRouterWarps && m.K <= 8 && m.K <= m.E &&
          q8router_ok(m.router, m.E, m.H) &&
          q8router_ok(m.shared_gate, 1, m.H);
+}
+
+bool moe_persist_ok(const MoeDev& m, int T, bool fast) {
+  return moe_router_topk_ok(m, T, fast) && m.I == 512 && m.Is == 512 && m.K <= 8 && q4ok(m.gate0) && q4ok(m.up0) &&
+         q4ok(m.down0) && q4ok(m.sh_gate) && q4ok(m.sh_up) && q4ok(m.sh_down) && persist_smem(m) <= 48 * 1024 &&
+         !(mma_q4_enabled() && mma_q4_all());   // LILY_MMA_Q4=all keeps testing the mma kernels
 }
 
 int64_t moe_workspace_floats(const MoeDev& m, int T) {
@@ -668,6 +911,28 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
     } else {
       GemvJob jobs[2] = {{m.router, x, logits}, {m.shared_gate, x, sg}};
       gemv_batch(jobs, 2, T, fast, s, norm, dec ? &dec->pf : nullptr);
+    }
+  }
+  // D19: the whole block as one persistent kernel (all three stages in one call).
+  if (stages == 7 && dec && dec->persist && fused_router && moe_persist_ok(m, T, fast)) {
+    static int grid = -1;
+    static size_t grid_smem = 0;
+    const size_t smem = persist_smem(m);
+    if (grid < 0 || grid_smem != smem) {
+      // All CTAs must be co-resident (they spin on each other): at most the occupancy per SM
+      // (capped at 2, LILY_MOEP_CTAS_PER_SM overrides the cap) times the SM count.
+      int sms = 0, per_sm = 0, cap = 2;
+      if (const char* v = std::getenv("LILY_MOEP_CTAS_PER_SM"); v && *v) cap = std::max(1, std::atoi(v));
+      CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_persist_kernel, kPersistThreads, smem));
+      grid = std::min(per_sm, cap) * sms;
+      grid_smem = smem;
+    }
+    if (grid > 0) {
+      launch(moe_persist_kernel, dim3(grid), dim3(kPersistThreads), smem, s, a, norm ? *norm : GemvNorm{},
+             dec->persist);
+      CUDA_LAUNCH_CHECK();
+      return;
     }
   }
   const bool fast_up = fast && m.H % 1024 == 0 && m.H <= 4096 && q4ok(m.gate0) && q4ok(m.up0) &&
