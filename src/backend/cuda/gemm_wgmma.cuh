@@ -201,14 +201,14 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_wgmma_kernel(const __grid_
         srf[tid] = ldexpf(kInvW, -smin);
       }
     }
-    __syncthreads();   // barrier init and AM-2 factors visible to all 384 threads
     // Prologue: steps 0..D-1 (slots never used yet). Plain mode: the weights (immutable) are requested
-    // before the PDL wait and join the first commit group.
-    if (plain) {
+    // before the PDL wait (and before the CTA barrier, which the consumers reach only after theirs)
+    // and join the first commit group.
+    if (plain)
       for (int q = 0; q < D; ++q)
         if (q < nk) load_b(q);
-      pdl_wait();
-    }
+    __syncthreads();   // barrier init and AM-2 factors visible to all 384 threads
+    if (plain) pdl_wait();
     for (int q = 0; q < D; ++q) {
       if (q < nk) {
         if (!plain) load_b(q);
