@@ -222,9 +222,12 @@ int run(const Options& o) {
         gpu->copy_from_host(xd, x.data(), 4LL * T * K);
         std::vector<float> y(size_t(T) * N);
         for (int f16 = 1; f16 >= 0; --f16)
-          for (int p1 = 0; p1 < 2; ++p1) {
+          for (int p1 = 0; p1 < 3; ++p1) {   // 0: default (fp16: wgmma), 1: P1 off, 2: P1w off (mma.sync)
+            if (p1 == 2 && !f16) continue;       // bf16 never takes the wgmma kernel
             set_gemm_precision(f16);
-            set_abl(p1 ? std::vector<std::string>{"P1"} : std::vector<std::string>{});
+            set_abl(p1 == 1   ? std::vector<std::string>{"P1"}
+                    : p1 == 2 ? std::vector<std::string>{"P1w"}
+                              : std::vector<std::string>{});
             gpu->fill_zero(yd, 4LL * T * N);
             gpu->matmul(s.dev, xd, T, yd);
             gpu->copy_to_host(y.data(), yd, 4LL * T * N);
@@ -243,7 +246,7 @@ int run(const Options& o) {
             }
             char what[160];
             std::snprintf(what, sizeof what, "gemm %-26s %6dx%-4d T=%-4d %s %s", s.name.c_str(), N, K, T,
-                          f16 ? "fp16" : "bf16", p1 ? "P1 off" : "");
+                          f16 ? "fp16" : "bf16", p1 == 1 ? "P1 off" : p1 == 2 ? "P1w off" : f16 ? "wgmma" : "");
             tally.report(what, e, ee, "", K);
           }
       }
@@ -267,13 +270,19 @@ int run(const Options& o) {
         const char* tile;
         bool p2off;
         bool f16;
+        bool mmasync = false;   // P1w off: fp16 on the mma.sync kernel instead of wgmma
       };
       for (const Variant& v : {Variant{"", false, true}, Variant{"32", false, true}, Variant{"64", false, true},
-                               Variant{"128", false, true}, Variant{"", true, true}, Variant{"", false, false},
+                               Variant{"128", false, true}, Variant{"", true, true}, Variant{"", false, true, true},
+                               Variant{"32", false, true, true}, Variant{"64", false, true, true},
+                               Variant{"128", false, true, true}, Variant{"", false, false},
                                Variant{"32", false, false}, Variant{"128", false, false}, Variant{"", true, false}}) {
         setenv("LILY_MOE_TILE", v.tile, 1);
         set_gemm_precision(v.f16);
-        set_abl(v.p2off ? std::vector<std::string>{"P2"} : std::vector<std::string>{});
+        std::vector<std::string> off;
+        if (v.p2off) off.push_back("P2");
+        if (v.mmasync) off.push_back("P1w");
+        set_abl(off);
         gpu->fill_zero(yd, 4LL * T * H);
         gpu->moe(c, dm, xd, T, yd);
         gpu->copy_to_host(y.data(), yd, 4LL * T * H);
@@ -298,7 +307,8 @@ int run(const Options& o) {
         if (diff > std::max(1, T / 50)) e.finite = false;
         char what[160], extra[96];
         std::snprintf(what, sizeof what, "moe T=%-4d tile %-4s %s %s", T, *v.tile ? v.tile : "auto",
-                      v.f16 ? "fp16" : "bf16", v.p2off ? "P2 off (host routing)" : "");
+                      v.f16 ? (v.mmasync ? "fp16 P1w off" : "fp16 wgmma") : "bf16",
+                      v.p2off ? "P2 off (host routing)" : "");
         std::snprintf(extra, sizeof extra, "  routing differs on %d/%d tokens%s", diff, T,
                       diff > std::max(1, T / 50) ? " (too many)" : "");
         tally.report(what, e, ee, extra, 0, v.f16 ? kEmuRmsBound : kEmuRmsMoeBf16);
@@ -330,13 +340,15 @@ int run(const Options& o) {
     if (int64_t(T) * N > max_y) continue;
     // fp16 (auto tile), bf16, fp16 with P1 off, fp16 with the M-tile forced to 64 / 128; matrices
     // under LILY_GEMM_SMALL_N rows run the f32 GEMV by default: also timed on the GEMM.
-    const char* names[6] = {"fp16", "bf16", "fp16 P1 off", "fp16 BM=64", "fp16 BM=128", "fp16 on GEMM"};
-    for (int v = 0; v < 6; ++v) {
+    // v >= 6: the same fp16 cases on the mma.sync kernel (P1w off); fp16 defaults to wgmma.
+    const char* names[9] = {"fp16 wgmma", "bf16",        "fp16 P1 off",  "wgmma BM=64", "wgmma BM=128",
+                            "fp16 on GEMM", "mma.sync",  "mma.sync BM64", "mma.sync BM128"};
+    for (int v = 0; v < 9; ++v) {
       const bool small = N < 64;
-      if ((small && (v == 3 || v == 4)) || (!small && v == 5)) continue;
+      if ((small && (v == 3 || v == 4 || v >= 6)) || (!small && v == 5)) continue;
       set_gemm_precision(v != 1);
-      set_abl(v == 2 ? std::vector<std::string>{"P1"} : std::vector<std::string>{});
-      setenv("LILY_GEMM_BM", v == 3 ? "64" : v == 4 ? "128" : "", 1);
+      set_abl(v == 2 ? std::vector<std::string>{"P1"} : v >= 6 ? std::vector<std::string>{"P1w"} : std::vector<std::string>{});
+      setenv("LILY_GEMM_BM", v == 3 || v == 7 ? "64" : v == 4 || v == 8 ? "128" : "", 1);
       setenv("LILY_GEMM_SMALL_N", v == 5 ? "0" : "", 1);
       const double ms = median(cuda_tools::time_ops(*gpu, [&] { gpu->matmul(s.dev, xd, T, yd); }, 3, 20));
       const double tf = 2.0 * T * N * K / (ms * 1e-3) / 1e12;
@@ -367,16 +379,19 @@ int run(const Options& o) {
   const int H = c.hidden_size, I = c.moe_intermediate_size, k = c.num_experts_per_tok;
   for (int T : {512, 2048, 4096}) {
     const double flop = 2.0 * T * (double(k) * 3 * I * H + 3.0 * I * H + double(c.num_experts) * H);
-    for (const char* tile : {"", "32", "64", "128", "P2", "bf16"}) {
-      const bool p2 = std::string(tile) == "P2", bf = std::string(tile) == "bf16";
-      setenv("LILY_MOE_TILE", p2 || bf ? "" : tile, 1);
+    for (const char* tile : {"", "32", "64", "128", "P2", "bf16", "P1w", "P1w32", "P1w64", "P1w128"}) {
+      const std::string ts = tile;
+      const bool p2 = ts == "P2", bf = ts == "bf16", mmasync = ts.rfind("P1w", 0) == 0;
+      setenv("LILY_MOE_TILE", p2 || bf ? "" : mmasync ? tile + 3 : tile, 1);
       set_gemm_precision(!bf);
-      set_abl(p2 ? std::vector<std::string>{"P2"} : std::vector<std::string>{});
+      set_abl(p2 ? std::vector<std::string>{"P2"} : mmasync ? std::vector<std::string>{"P1w"} : std::vector<std::string>{});
       const double ms =
           median(cuda_tools::time_ops(*gpu, [&] { gpu->moe(c, dev.layers[0].mlp, xd, T, yd); }, 3, 20));
       const double tf = flop / (ms * 1e-3) / 1e12;
       std::printf("moe T=%-4d %-14s %8.3f ms  %6.1f TFLOP/s (%4.1f%% of peak)  %8.0f tok/s per layer\n", T,
-                  p2 ? "P2 off" : bf ? "bf16 tile auto" : *tile ? (std::string("tile ") + tile).c_str() : "tile auto", ms, tf,
+                  p2 ? "P2 off" : bf ? "bf16 tile auto"
+                  : mmasync ? (std::string("mma.sync ") + (tile[3] ? tile + 3 : "auto")).c_str()
+                  : *tile ? (std::string("tile ") + tile).c_str() : "tile auto", ms, tf,
                   100 * tf / peak, T / (ms * 1e-3));
     }
     // Per-stage split of the default configuration (profiler events, one call), fp16 then bf16.

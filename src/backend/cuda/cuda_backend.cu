@@ -520,6 +520,7 @@ class CudaBackend final : public Backend {
     kv16_u4_enabled() = env_int("LILY_ATTN_KV16_U4", 0) != 0;   // fp16 split-KV: 4 positions per warp in flight
     p1_off_ = abl_.has("P1");   // P1: separate dequantisation pass into bf16 before the GEMM
     p2_off_ = abl_.has("P2");   // P2: MoE prefill groups built on the host
+    gemm_set_wgmma(!abl_.has("P1w"));   // P1w: wgmma mainloop for 4-bit fp16 GEMMs (off: mma.sync)
   }
   // Counting starts at the next MoE call of layer 0; counts are per layer.
   void set_expert_histogram(bool on) {

@@ -546,6 +546,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     }
 }
 
+#include "backend/cuda/gemm_wgmma.cuh"
+
 // x f32 [T, K] -> the GEMM's A operands in mma k-order, one block per row. xa: fp16 scaled by the
 // row's 2^s (rs[row] = 2^-s) or bf16 (f16 == 0); xh/xl (optional): bf16 x_hi and remainders
 // x - x_hi for 8-bit matrices. One thread writes 8 consecutive staged columns (16 bytes) per output.
@@ -646,7 +648,10 @@ void launch_bm(int bm, const GemmArgs& a, int grid_m, int grid_n, cudaStream_t s
 }
 
 void launch_any(int bt, int am, int bm, const GemmArgs& a, int grid_m, int grid_n, cudaStream_t s) {
-  if (bt == kQ4) {
+  if (bt == kQ4 && am != kAmBf16 && gemm_wgmma()) {
+    if (am == kAmF16Grp) launch_wgmma_bm<kAmF16Grp>(bm, a, grid_m, grid_n, s);
+    else launch_wgmma_bm<kAmF16>(bm, a, grid_m, grid_n, s);
+  } else if (bt == kQ4) {
     if (am == kAmF16Grp) launch_bm<kQ4, kAmF16Grp>(bm, a, grid_m, grid_n, s);
     else if (am == kAmF16) launch_bm<kQ4, kAmF16>(bm, a, grid_m, grid_n, s);
     else launch_bm<kQ4, kAmBf16>(bm, a, grid_m, grid_n, s);
@@ -665,6 +670,16 @@ int env_int(const char* name, int def) {
 }
 
 }  // namespace
+
+namespace {
+bool g_wgmma = true;
+}
+void gemm_set_wgmma(bool on) { g_wgmma = on; }
+bool gemm_wgmma() {
+  const char* v = std::getenv("LILY_GEMM_WGMMA");
+  if (v && *v) return std::strcmp(v, "0") != 0;
+  return g_wgmma;
+}
 
 bool gemm_f16() {
   const char* v = std::getenv("LILY_GEMM_BF16");

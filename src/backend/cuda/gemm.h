@@ -29,6 +29,13 @@ __host__ __device__ constexpr int gemm_kperm_inv(int P) {
 bool gemm_f16();
 constexpr int kGemmF16WExp = 8;   // fp16: weights enter as (s·2^8)·q + b·2^8
 
+// P1w: 4-bit matrices with fp16 operands (dense, SwiGLU and down GEMMs of the MoE) run on the Hopper
+// wgmma kernel (gemm_wgmma.cuh: producer warpgroup dequantising each stage once, consumer warpgroups
+// on wgmma.mma_async); everything else, and P1w off, on the mma.sync kernel. gemm_set_wgmma is the
+// ablation switch (process-wide); LILY_GEMM_WGMMA=0/1, read on every call, overrides it.
+void gemm_set_wgmma(bool on);
+bool gemm_wgmma();
+
 // True when the GEMM handles W: 4/8-bit affine with group 64 and bf16 scales, cols % 512 == 0.
 bool gemm_ok(const QMat& w);
 // Matrices with fewer rows than this (in_proj_a/b: 32, shared_expert_gate: 1) go to the f32 GEMV
