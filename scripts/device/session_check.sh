@@ -3,7 +3,8 @@
 # readings: kernel tests (prefill GEMM + MoE, prefill GDN + attention), whole-model cuda-check with the
 # prefill GEMM held back (decode-path changes alone), with everything on (prefill paths at chunk 128),
 # on the demo model; on a decode failure, the same check with each decode id off; then the kernel
-# benches and one round of bench decode / bench prefill. Logs to $OUT. Usage: session_check.sh [nobench]
+# benches and one round of bench decode / bench prefill (ablating DABL, default all of DIDS together;
+# PABL for prefill). Logs to $OUT. Usage: session_check.sh [nobench]
 set -o pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 B=${B:-/root/work/build}
@@ -47,6 +48,6 @@ el "bench prefill"
 timeout 150 "$L" bench prefill --synthetic --lengths ${PLENGTHS:-4096,32768} --rounds 1 --chunk 4096 --ablate "${PABL:-P4c}" \
   --out "$OUT" --tag prefill-quick --commit "${LILY_COMMIT:-unknown}" 2>&1 | grep -v "^bench:" | tail -30
 el "bench decode"
-timeout 200 "$L" bench decode --contexts ${DCONTEXTS:-4096,131072} --tokens 128 --rounds 1 --ablate "${DIDS//,/+}" \
+timeout 200 "$L" bench decode --contexts ${DCONTEXTS:-4096,131072} --tokens 128 --rounds 1 --ablate "${DABL:-${DIDS//,/+}}" \
   --profile-context 4096 --out "$OUT" --tag decode-quick --commit "${LILY_COMMIT:-unknown}" 2>&1 | grep -v "^bench:" | tail -45
 el "done"
