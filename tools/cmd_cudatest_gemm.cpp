@@ -278,6 +278,7 @@ int run(const Options& o) {
                                Variant{"128", false, true, true}, Variant{"", false, false},
                                Variant{"32", false, false}, Variant{"128", false, false}, Variant{"", true, false}}) {
         setenv("LILY_MOE_TILE", v.tile, 1);
+        setenv("LILY_GEMM_WGMMA_GRP", "1", 1);   // the grouped GEMMs' wgmma form stays tested (off by default)
         set_gemm_precision(v.f16);
         std::vector<std::string> off;
         if (v.p2off) off.push_back("P2");
@@ -315,6 +316,7 @@ int run(const Options& o) {
       }
     }
     unsetenv("LILY_MOE_TILE");
+    unsetenv("LILY_GEMM_WGMMA_GRP");
     set_abl({});
     unsetenv("LILY_GEMM_BF16");
     if (!tally.failed.empty()) {
@@ -339,7 +341,7 @@ int run(const Options& o) {
     const int T = s.big ? 128 : 4096;
     if (int64_t(T) * N > max_y) continue;
     // fp16 (auto tile), bf16, fp16 with P1 off, fp16 with the M-tile forced to 64 / 128; matrices
-    // under LILY_GEMM_SMALL_N rows run the f32 GEMV by default: also timed on the GEMM.
+    // under 64 rows run the f32 GEMV with P7 off (timed so) and on the GEMM (P7 on, T >= 256).
     // v >= 6: the same fp16 cases on the mma.sync kernel (P1w off); fp16 defaults to wgmma.
     const char* names[9] = {"fp16 wgmma", "bf16",        "fp16 P1 off",  "wgmma BM=64", "wgmma BM=128",
                             "fp16 on GEMM", "mma.sync",  "mma.sync BM64", "mma.sync BM128"};
@@ -347,7 +349,10 @@ int run(const Options& o) {
       const bool small = N < 64;
       if ((small && (v == 3 || v == 4 || v >= 6)) || (!small && v == 5)) continue;
       set_gemm_precision(v != 1);
-      set_abl(v == 2 ? std::vector<std::string>{"P1"} : v >= 6 ? std::vector<std::string>{"P1w"} : std::vector<std::string>{});
+      set_abl(v == 2   ? std::vector<std::string>{"P1"}
+              : v >= 6 ? std::vector<std::string>{"P1w"}
+              : small && v == 0 ? std::vector<std::string>{"P7"}   // the f32 GEMV (P7 off)
+                                : std::vector<std::string>{});
       setenv("LILY_GEMM_BM", v == 3 || v == 7 ? "64" : v == 4 || v == 8 ? "128" : "", 1);
       setenv("LILY_GEMM_SMALL_N", v == 5 ? "0" : "", 1);
       const double ms = median(cuda_tools::time_ops(*gpu, [&] { gpu->matmul(s.dev, xd, T, yd); }, 3, 20));

@@ -38,6 +38,11 @@ if [ -z "$QUICK" ]; then
   timeout 240 "$L" cuda-check --layers 4 --tokens 64 --prompt 300 --chunk 128 --cpu-emulate fp16 2>&1 |
     tail -7 | tee "$OUT/check_prefill_emul.txt"
 fi
+if [ -n "$LONGCHECK" ]; then
+  el "same, prompt 700 in chunks of 512 (T >= 256: P7 skinny projections on the GEMM)"
+  timeout 240 "$L" cuda-check --layers 4 --tokens 32 --prompt 700 --chunk 512 --cpu-emulate fp16 2>&1 |
+    tail -7 | tee "$OUT/check_prefill_emul512.txt"
+fi
 "$L" make-demo --out /tmp/demo >/dev/null 2>&1 &&
   timeout 120 "$L" cuda-check --model /tmp/demo --tokens 64 --prompt 40 --chunk 16 2>&1 | tail -6 | tee "$OUT/check_demo.txt"
 [ "$1" = "nobench" ] && exit 0
@@ -45,9 +50,9 @@ el "kernel benches"
 timeout 100 "$L" cuda-test-gemm --bench >"$OUT/bench_gemm.txt" 2>&1; tail -25 "$OUT/bench_gemm.txt"
 timeout 100 "$L" cuda-test-attn --bench >"$OUT/bench_attn.txt" 2>&1; grep -E "T= 4096|pos0" "$OUT/bench_attn.txt" | head -20
 el "bench prefill"
-timeout 150 "$L" bench prefill --synthetic --lengths ${PLENGTHS:-4096,32768} --rounds 1 --chunk 4096 --ablate "${PABL:-P4c}" \
+timeout 150 "$L" bench prefill --synthetic --lengths ${PLENGTHS:-4096,32768} --rounds ${BROUNDS:-1} --chunk 4096 --ablate "${PABL:-P4c}" \
   --out "$OUT" --tag prefill-quick --commit "${LILY_COMMIT:-unknown}" 2>&1 | grep -v "^bench:" | tail -30
 el "bench decode"
-timeout 200 "$L" bench decode --contexts ${DCONTEXTS:-4096,131072} --tokens 128 --rounds 1 --ablate "${DABL:-${DIDS//,/+}}" \
+timeout 200 "$L" bench decode --contexts ${DCONTEXTS:-4096,131072} --tokens 128 --rounds ${BROUNDS:-1} --ablate "${DABL:-${DIDS//,/+}}" \
   --profile-context 4096 --out "$OUT" --tag decode-quick --commit "${LILY_COMMIT:-unknown}" 2>&1 | grep -v "^bench:" | tail -45
 el "done"

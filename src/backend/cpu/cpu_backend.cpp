@@ -30,7 +30,8 @@ inline float* scratch(std::vector<float>& v, int64_t n) {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const BackendOptions& opt)
-      : pool_(opt.threads), emu_(gemm_emu_from_env()), emu_min_t_(gemm_emu_min_t()) {}
+      : pool_(opt.threads), emu_(gemm_emu_from_env()), emu_min_t_(gemm_emu_min_t()),
+        emu_skinny_(!opt.ablations.has("P7")) {}
   ~CpuBackend() override {
     for (void* p : allocs_) std::free(p);
   }
@@ -105,13 +106,14 @@ class CpuBackend final : public Backend {
   // their matmul operands as the GPU GEMM does. op_T is the op's token count, not the rows of this
   // product (an expert sees fewer rows than the MoE op's T).
   void mm(const QMatrix& W, const float* x, int T, float* y, int op_T) {
-    if (emu_ != GemmEmu::kOff && op_T >= emu_min_t_ && gemm_emu_applies(W)) qmatmul_emulated(emu_, W, x, T, y, pool_);
+    if (emu_ != GemmEmu::kOff && op_T >= emu_min_t_ && gemm_emu_applies(W, op_T, emu_skinny_)) qmatmul_emulated(emu_, W, x, T, y, pool_);
     else qmatmul(W, x, T, y, pool_);
   }
 
   ThreadPool pool_;
   GemmEmu emu_ = GemmEmu::kOff;
   int emu_min_t_ = 16;
+  bool emu_skinny_ = true;   // the CUDA ablation P7 (gemm_emulate.h)
   std::vector<void*> allocs_;
   std::vector<float> conv_out_, gates_, router_, xe_, ge_, ue_, de_, sh_g_, sh_u_, sh_d_, sh_s_;
   std::vector<int32_t> topk_idx_;

@@ -30,9 +30,10 @@ int gemm_emu_min_t() {
   return v && *v ? std::atoi(v) : 16;
 }
 
-bool gemm_emu_applies(const QMatrix& W) {
-  const char* v = std::getenv("LILY_GEMM_SMALL_N");   // gemm_small_n() of the CUDA backend
-  const int small_n = v && *v ? std::atoi(v) : 64;
+bool gemm_emu_applies(const QMatrix& W, int T, bool skinny) {
+  auto env = [](const char* n, int def) { const char* v = std::getenv(n); return v && *v ? std::atoi(v) : def; };
+  int small_n = env("LILY_GEMM_SMALL_N", 64);   // gemm_small_n(T) of the CUDA backend
+  if (skinny && T >= env("LILY_GEMM_SKINNY_T", 256)) small_n = std::min(small_n, env("LILY_GEMM_SKINNY_N", 32));
   return (W.type == WType::kAffine4 || W.type == WType::kAffine8) && W.group_size == 64 && !W.sb_f32 &&
          W.cols % 512 == 0 && W.rows > 0 && W.rows >= small_n;
 }
@@ -86,7 +87,7 @@ int fp16_row_exp(float amax) {
 }
 
 void qmatmul_emulated(GemmEmu mode, const QMatrix& W, const float* x, int T, float* y, ThreadPool& pool) {
-  LILY_CHECK(mode != GemmEmu::kOff && gemm_emu_applies(W), "qmatmul_emulated: unsupported matrix");
+  LILY_CHECK(mode != GemmEmu::kOff && gemm_emu_applies(W, 1 << 30), "qmatmul_emulated: unsupported matrix");
   if (T <= 0) return;
   const int64_t K = W.cols, N = W.rows, G = K / 64;
   const bool q8 = W.type == WType::kAffine8;

@@ -18,9 +18,11 @@ GemmEmu gemm_emu_from_env();
 // The CUDA backend's GEMM threshold (LILY_GEMM_MIN_T, default 16): ops with T below it run the
 // exact f32 GEMV on the GPU, so the emulation applies from the same T.
 int gemm_emu_min_t();
-// True when the CUDA GEMM would take W (4/8-bit affine, group 64, bf16 scales, cols % 512 == 0,
-// rows >= LILY_GEMM_SMALL_N, default 64: smaller ones run the exact f32 GEMV on the GPU).
-bool gemm_emu_applies(const QMatrix& W);
+// True when the CUDA GEMM would take W in an op of T tokens (4/8-bit affine, group 64, bf16 scales,
+// cols % 512 == 0, rows >= gemm_small_n(T) of the CUDA backend: LILY_GEMM_SMALL_N, default 64, and
+// unless `skinny` is off (ablation P7) LILY_GEMM_SKINNY_N, default 32, from T >= LILY_GEMM_SKINNY_T,
+// default 256; smaller ones run the exact f32 GEMV on the GPU).
+bool gemm_emu_applies(const QMatrix& W, int T, bool skinny = true);
 
 // Rounding to nearest-even of a double to bf16 / fp16 (subnormals included, fp16 overflow to inf).
 float round_bf16(double v);

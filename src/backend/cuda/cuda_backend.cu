@@ -520,7 +520,8 @@ class CudaBackend final : public Backend {
     kv16_u4_enabled() = env_int("LILY_ATTN_KV16_U4", 0) != 0;   // fp16 split-KV: 4 positions per warp in flight
     p1_off_ = abl_.has("P1");   // P1: separate dequantisation pass into bf16 before the GEMM
     p2_off_ = abl_.has("P2");   // P2: MoE prefill groups built on the host
-    gemm_set_wgmma(!abl_.has("P1w"));   // P1w: wgmma mainloop for 4-bit fp16 GEMMs (off: mma.sync)
+    gemm_set_wgmma(!abl_.has("P1w"));   // P1w: wgmma mainloop for 4-bit fp16 dense GEMMs (off: mma.sync)
+    gemm_set_skinny(!abl_.has("P7"));   // P7: 32-row projections (in_proj_a/b) on the GEMM from T >= 256
   }
   // Counting starts at the next MoE call of layer 0; counts are per layer.
   void set_expert_histogram(bool on) {
@@ -690,7 +691,7 @@ class CudaBackend final : public Backend {
     if (pend_.empty()) return;
     if (pend_T_ >= gemm_min_t_) {   // prefill: the GEMM for what it takes, GEMV for the rest
       std::vector<GemvJob> big, small;
-      for (const GemvJob& j : pend_) (gemm_takes(j.w) ? big : small).push_back(j);
+      for (const GemvJob& j : pend_) (gemm_takes(j.w, pend_T_) ? big : small).push_back(j);
       if (!big.empty()) {
         pend_.swap(big);
         flush_gemm();   // empties pend_

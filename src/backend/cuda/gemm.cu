@@ -647,8 +647,10 @@ void launch_bm(int bm, const GemmArgs& a, int grid_m, int grid_n, cudaStream_t s
   else launch_gemm<32, BT, AM>(a, grid_m, grid_n, s);
 }
 
+int env_int(const char* name, int def);
+
 void launch_any(int bt, int am, int bm, const GemmArgs& a, int grid_m, int grid_n, cudaStream_t s) {
-  if (bt == kQ4 && am != kAmBf16 && gemm_wgmma()) {
+  if (bt == kQ4 && (am == kAmF16 || (am == kAmF16Grp && env_int("LILY_GEMM_WGMMA_GRP", 0))) && gemm_wgmma()) {
     if (am == kAmF16Grp) launch_wgmma_bm<kAmF16Grp>(bm, a, grid_m, grid_n, s);
     else launch_wgmma_bm<kAmF16>(bm, a, grid_m, grid_n, s);
   } else if (bt == kQ4) {
@@ -690,9 +692,17 @@ bool gemm_ok(const QMat& w) {
   return (w.type == kQ4 || w.type == kQ8) && w.gs == 64 && !w.sb_f32 && w.cols % 512 == 0 && w.rows > 0;
 }
 
-int gemm_small_n() { return env_int("LILY_GEMM_SMALL_N", 64); }
+namespace {
+bool g_skinny = true;
+}
+void gemm_set_skinny(bool on) { g_skinny = on; }
+int gemm_small_n(int T) {
+  const int n = env_int("LILY_GEMM_SMALL_N", 64);
+  if (!g_skinny || T < env_int("LILY_GEMM_SKINNY_T", 256)) return n;
+  return std::min(n, env_int("LILY_GEMM_SKINNY_N", 32));
+}
 
-bool gemm_takes(const QMat& w) { return gemm_ok(w) && w.rows >= gemm_small_n(); }
+bool gemm_takes(const QMat& w, int T) { return gemm_ok(w) && w.rows >= gemm_small_n(T); }
 
 void gemm_convert_a(const float* x, int T, int K, const GemmA& o, cudaStream_t s) {
   LILY_CHECK(!o.f16 || (o.a && o.rs), "gemm_convert_a: fp16 needs the row scales");

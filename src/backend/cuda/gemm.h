@@ -29,21 +29,27 @@ __host__ __device__ constexpr int gemm_kperm_inv(int P) {
 bool gemm_f16();
 constexpr int kGemmF16WExp = 8;   // fp16: weights enter as (s·2^8)·q + b·2^8
 
-// P1w: 4-bit matrices with fp16 operands (dense, SwiGLU and down GEMMs of the MoE) run on the Hopper
-// wgmma kernel (gemm_wgmma.cuh: producer warpgroup dequantising each stage once, consumer warpgroups
-// on wgmma.mma_async); everything else, and P1w off, on the mma.sync kernel. gemm_set_wgmma is the
-// ablation switch (process-wide); LILY_GEMM_WGMMA=0/1, read on every call, overrides it.
+// P1w: dense 4-bit matrices with fp16 operands run on the Hopper wgmma kernel (gemm_wgmma.cuh:
+// producer warpgroup dequantising each stage once, consumer warpgroups on wgmma.mma_async; +13 % on
+// the 8192x2048 projections at T = 4096); everything else, and P1w off, on the mma.sync kernel. The
+// MoE's grouped GEMMs stay on mma.sync: on wgmma the MoE block at T = 4096 took 2.45 ms vs 1.68 ms
+// (LILY_GEMM_WGMMA_GRP=1 puts them on wgmma, for tests). gemm_set_wgmma is the ablation switch
+// (process-wide); LILY_GEMM_WGMMA=0/1, read on every call, overrides it.
 void gemm_set_wgmma(bool on);
 bool gemm_wgmma();
 
 // True when the GEMM handles W: 4/8-bit affine with group 64 and bf16 scales, cols % 512 == 0.
 bool gemm_ok(const QMat& w);
-// Matrices with fewer rows than this (in_proj_a/b: 32, shared_expert_gate: 1) go to the f32 GEMV
-// kernels even in prefill: a GEMM CTA would walk all of K for a mostly empty 128-row tile, ~30
-// serial k-steps with little work in each. LILY_GEMM_SMALL_N (default 64; 0 = GEMM for all).
-int gemm_small_n();
-// gemm_ok(w) and w.rows >= gemm_small_n(): the prefill matmul path for W.
-bool gemm_takes(const QMat& w);
+// Matrices with fewer rows than gemm_small_n(T) go to the f32 GEMV kernels even in prefill. The
+// GEMV reads the matrix once per token (in_proj_a/b, 32 x 2048: 0.283 ms at T = 4096), the GEMM walks
+// all of K once per 128-token tile for a half-empty 64-row tile (0.049 ms at T = 4096) but has a
+// fixed cost that loses at small T. So: rows >= LILY_GEMM_SMALL_N (default 64) always, and with P7
+// on, rows >= LILY_GEMM_SKINNY_N (default 32: in_proj_a/b) from T >= LILY_GEMM_SKINNY_T (default
+// 256). shared_expert_gate (1 row) always stays on the GEMV. gemm_set_skinny is the P7 switch.
+void gemm_set_skinny(bool on);
+int gemm_small_n(int T);
+// gemm_ok(w) and w.rows >= gemm_small_n(T): the prefill matmul path for W at T tokens.
+bool gemm_takes(const QMat& w, int T);
 
 // The GEMM's view of one input x [T, K], all in the mma k-order (device buffers of T·K halves,
 // rs of T floats):

@@ -532,7 +532,7 @@ __device__ __forceinline__ void stage_x_q8(const float* xin, const float* gain, 
   for (int idx = threadIdx.x; idx < kRouterCols / 4; idx += blockDim.x) {
     float4 v = reinterpret_cast<const float4*>(xin)[idx];
     if (gain) {
-      *ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      if (ss) *ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;   // null: the caller has the sum already
       const float4 g = reinterpret_cast<const float4*>(gain)[idx];
       v.x *= g.x;
       v.y *= g.y;
@@ -903,16 +903,6 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   // D17 needs the ids from the router kernel (not gate/up) and the FFMA down kernel, and must be
   // set identically for the gate/up and down launches of one call.
   a.early_down = dec && dec->early_down && fused_router && fast_down && !(mma_q4_enabled() && mma_q4_all()) ? 1 : 0;
-  if (stages & 1) {
-    if (fused_router) {
-      launch(moe_router_topk_kernel, dim3((m.E + 1 + kRouterWarps - 1) / kRouterWarps), dim3(32 * kRouterWarps), 0,
-             s, a, norm ? *norm : GemvNorm{}, dec->counter);
-      CUDA_LAUNCH_CHECK();
-    } else {
-      GemvJob jobs[2] = {{m.router, x, logits}, {m.shared_gate, x, sg}};
-      gemv_batch(jobs, 2, T, fast, s, norm, dec ? &dec->pf : nullptr);
-    }
-  }
   // D19: the whole block as one persistent kernel (all three stages in one call).
   if (stages == 7 && dec && dec->persist && fused_router && moe_persist_ok(m, T, fast)) {
     static int grid = -1;
@@ -933,6 +923,16 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
              dec->persist);
       CUDA_LAUNCH_CHECK();
       return;
+    }
+  }
+  if (stages & 1) {
+    if (fused_router) {
+      launch(moe_router_topk_kernel, dim3((m.E + 1 + kRouterWarps - 1) / kRouterWarps), dim3(32 * kRouterWarps), 0,
+             s, a, norm ? *norm : GemvNorm{}, dec->counter);
+      CUDA_LAUNCH_CHECK();
+    } else {
+      GemvJob jobs[2] = {{m.router, x, logits}, {m.shared_gate, x, sg}};
+      gemv_batch(jobs, 2, T, fast, s, norm, dec ? &dec->pf : nullptr);
     }
   }
   const bool fast_up = fast && m.H % 1024 == 0 && m.H <= 4096 && q4ok(m.gate0) && q4ok(m.up0) &&

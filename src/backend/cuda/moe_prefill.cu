@@ -300,7 +300,7 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
   if (o.stages & 1) {
     gemm_convert_a(x, T, m.H, xa, s);
     gemm(m.router, xa, T, logits, m.E, false, nullptr, 0, s);
-    if (gemm_takes(m.shared_gate)) {
+    if (gemm_takes(m.shared_gate, T)) {
       gemm(m.shared_gate, xa, T, sg, 1, false, nullptr, 0, s);
     } else {   // one row: the f32 GEMV kernel (gemm_small_n)
       const GemvJob j{m.shared_gate, x, sg};
