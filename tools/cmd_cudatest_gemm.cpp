@@ -146,6 +146,8 @@ struct Shape {
 };
 
 int run(const Options& o) {
+  // wgmma (P1w) is opt-in in the backend; the tests and benches here run it and its ablation.
+  setenv("LILY_GEMM_WGMMA", "1", 1);
   BackendOptions cpu_opt;
   cpu_opt.name = "cpu";
   cpu_opt.threads = o.num("threads");
@@ -222,7 +224,7 @@ int run(const Options& o) {
         gpu->copy_from_host(xd, x.data(), 4LL * T * K);
         std::vector<float> y(size_t(T) * N);
         for (int f16 = 1; f16 >= 0; --f16)
-          for (int p1 = 0; p1 < 3; ++p1) {   // 0: default (fp16: wgmma), 1: P1 off, 2: P1w off (mma.sync)
+          for (int p1 = 0; p1 < 3; ++p1) {   // 0: fp16 wgmma (opted in above), 1: P1 off, 2: P1w off (mma.sync)
             if (p1 == 2 && !f16) continue;       // bf16 never takes the wgmma kernel
             set_gemm_precision(f16);
             set_abl(p1 == 1   ? std::vector<std::string>{"P1"}

@@ -520,7 +520,9 @@ class CudaBackend final : public Backend {
     kv16_u4_enabled() = env_int("LILY_ATTN_KV16_U4", 0) != 0;   // fp16 split-KV: 4 positions per warp in flight
     p1_off_ = abl_.has("P1");   // P1: separate dequantisation pass into bf16 before the GEMM
     p2_off_ = abl_.has("P2");   // P2: MoE prefill groups built on the host
-    gemm_set_wgmma(!abl_.has("P1w"));   // P1w: wgmma mainloop for 4-bit fp16 dense GEMMs (off: mma.sync)
+    // P1w: wgmma mainloop for 4-bit fp16 dense GEMMs; opt-in (LILY_GEMM_WGMMA=1): measured 4 % slower
+    // end to end than mma.sync at 4K although faster in isolation (docs/CUDA.md). --ablate P1w turns it off.
+    gemm_set_wgmma(!abl_.has("P1w") && env_int("LILY_GEMM_WGMMA", 0) != 0);
     gemm_set_skinny(!abl_.has("P7"));   // P7: 32-row projections (in_proj_a/b) on the GEMM from T >= 256
   }
   // Counting starts at the next MoE call of layer 0; counts are per layer.

@@ -674,14 +674,10 @@ int env_int(const char* name, int def) {
 }  // namespace
 
 namespace {
-bool g_wgmma = true;
+bool g_wgmma = false;
 }
 void gemm_set_wgmma(bool on) { g_wgmma = on; }
-bool gemm_wgmma() {
-  const char* v = std::getenv("LILY_GEMM_WGMMA");
-  if (v && *v) return std::strcmp(v, "0") != 0;
-  return g_wgmma;
-}
+bool gemm_wgmma() { return g_wgmma; }
 
 bool gemm_f16() {
   const char* v = std::getenv("LILY_GEMM_BF16");

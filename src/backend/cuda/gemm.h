@@ -33,8 +33,9 @@ constexpr int kGemmF16WExp = 8;   // fp16: weights enter as (s·2^8)·q + b·2^8
 // producer warpgroup dequantising each stage once, consumer warpgroups on wgmma.mma_async; +13 % on
 // the 8192x2048 projections at T = 4096); everything else, and P1w off, on the mma.sync kernel. The
 // MoE's grouped GEMMs stay on mma.sync: on wgmma the MoE block at T = 4096 took 2.45 ms vs 1.68 ms
-// (LILY_GEMM_WGMMA_GRP=1 puts them on wgmma, for tests). gemm_set_wgmma is the ablation switch
-// (process-wide); LILY_GEMM_WGMMA=0/1, read on every call, overrides it.
+// (LILY_GEMM_WGMMA_GRP=1 puts them on wgmma, for tests). Opt-in: end to end, prefill at 4K was 4 %
+// slower with it (24.9K vs 26.0K tok/s) although each dense GEMM alone is faster. gemm_set_wgmma is
+// the process-wide switch, set by the backend from LILY_GEMM_WGMMA=1 unless P1w is ablated.
 void gemm_set_wgmma(bool on);
 bool gemm_wgmma();
 
