@@ -4,7 +4,8 @@
 // to T = 1). Each case runs two consecutive chunks (state / KV cache carried) from a zero or random
 // carried state / a KV cache holding pos0 random rows, with the outputs poisoned (NaN) beforehand,
 // and compares both chunks' outputs and the final state or cache. Attention runs with the backend's
-// KV cache type: fp16 by default (D18), f32 in the variants with D18 off. `--bench` times the kernels.
+// KV cache type: fp16 by default (D18), f32 in the variants with D18 off. With the fp16 cache the
+// decode split-KV pass (T < 16, or every T with P6 off) runs on tensor cores (D20) unless D20 is off. `--bench` times the kernels.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -271,8 +272,10 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                    {"kv16 flash (T>=16)", {}, "0", "16", 1},
                                    {"kv16 flash (all T)", {}, "0", "1", 1},
                                    {"kv16 D7 off (1 split)", {"D7"}, "0", "16", 1},
-                                   {"kv16 U4 (4 pos/warp)", {}, "0", "16", 1, "", "1", "0", "1"},
-                                   {"kv16 U4, P6 off", {"P6"}, "0", "16", 1, "", "1", "0", "1"},
+                                   {"kv16 D20 off (FMA)", {"D20"}, "0", "16", 1},
+                                   {"kv16 D20 off, P6 off", {"D20", "P6"}, "0", "16", 1},
+                                   {"kv16 U4 (4 pos/warp)", {"D20"}, "0", "16", 1, "", "1", "0", "1"},
+                                   {"kv16 U4, P6 off", {"D20", "P6"}, "0", "16", 1, "", "1", "0", "1"},
                                    {"kv32 P6 off (per-tok)", {"P6", "D18"}},
                                    {"kv32 flash (T>=16)", {"D18"}, "0", "16", 1},
                                    {"kv32 flash (all T)", {"D18"}, "0", "1", 1},

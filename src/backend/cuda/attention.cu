@@ -294,6 +294,183 @@ __global__ void __launch_bounds__(256, 2) attn_split_kernel(AttnDims d, const KV
   }
 }
 
+// ---- D20: tensor-core split-KV decode (fp16 cache, head_dim 256, 8 query heads per KV head) ----
+// The same slices and partials as attn_split_kernel<8, 8, __half> (so the merge kernels are shared),
+// but the per-position dot products and the P·V sums run on mma.sync m16n8k16 (fp16 in, f32
+// accumulate) instead of FMAs plus a 5-shuffle reduction per position and head. A warp takes 16
+// positions per step:
+//   S^T[16 pos][8 heads] = K[16 pos][256] · Q^T     (16 k-steps; A = K rows straight from the cache)
+//   O^T[256][8 heads]  += V^T[256][16 pos] · P^T     (16 m-tiles; A = V^T built from 4 cache rows)
+// The 256 dims may be visited in any order as long as the two operands agree, so each lane's
+// fragment elements are chosen to be contiguous in memory (16-byte loads, whole sectors per warp):
+//   S: logical dim (ks, 2t+j) -> 32(ks/2) + 8t + 4(ks%2) + j, (ks, 2t+8+j) -> the same + 2;
+//   O: output row (mt, g) -> 64(mt/4) + 8g + 2(mt%4), row (mt, g+8) -> that + 1,
+// with g = lane/4, t = lane%4 (the PTX fragment coordinates). P leaves the S^T accumulators as fp16
+// pairs and becomes the B operand of the second product through movmatrix.trans (one per 8 positions).
+// Softmax in the log2 domain as in attn_split_kernel (q pre-scaled by log2 e here). 4 warps per CTA
+// (~190 registers per lane: 2 CTAs per SM, the grid of the FMA kernel stays one wave).
+constexpr int kMmaDecWarps = 4;
+
+__device__ __forceinline__ void mma_f16_16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                              uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+__device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ uint32_t u4w(const uint4& u, int i) { return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w; }
+
+__global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(AttnDims d, const __half* kc,
+                                                                             const __half* vc, int pos0,
+                                                                             const int32_t* pos_dev,
+                                                                             const float* qbuf, float* part) {
+  constexpr int hd = 256, HPB = 8, NW = kMmaDecWarps;
+  extern __shared__ float sm[];   // [NW][HPB][hd] acc, then [NW][HPB] (m, l)
+  pdl_trigger();
+  pdl_wait();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int split = blockIdx.x, tt = blockIdx.z, splits = gridDim.x;
+  const int h0 = blockIdx.y * HPB, kvh = blockIdx.y;
+  const int len = min(cur_pos(pos0, pos_dev) + tt + 1, d.capacity);
+  const int chunk = split_chunk(len, splits);
+  const int lo = split * chunk, hi = min(len, lo + chunk);
+  float* pbase = part + ((int64_t(tt) * d.heads + h0) * splits + split) * (hd + 2);
+  const int64_t hstride = int64_t(splits) * (hd + 2);
+  if (lo >= hi) {
+    if (threadIdx.x < HPB) pbase[threadIdx.x * hstride + hd + 1] = 0.f;   // l = 0: empty slice
+    return;
+  }
+  // Q^T fragments: head g, dims 32i + 8t + [0, 8) for i < 8, times log2 e, as fp16 pairs.
+  const float kLog2e = 1.4426950408889634f;
+  uint32_t qw[8][4];
+  {
+    const float* qh = qbuf + (int64_t(tt) * d.heads + h0 + g) * hd + 8 * t;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float4 a = *reinterpret_cast<const float4*>(qh + 32 * i);
+      const float4 b = *reinterpret_cast<const float4*>(qh + 32 * i + 4);
+      qw[i][0] = pack_h2(a.x * kLog2e, a.y * kLog2e);
+      qw[i][1] = pack_h2(a.z * kLog2e, a.w * kLog2e);
+      qw[i][2] = pack_h2(b.x * kLog2e, b.y * kLog2e);
+      qw[i][3] = pack_h2(b.z * kLog2e, b.w * kLog2e);
+    }
+  }
+  float acc[16][4];
+#pragma unroll
+  for (int mt = 0; mt < 16; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+  float m0 = -FLT_MAX, m1 = -FLT_MAX, l0 = 0.f, l1 = 0.f;   // heads 2t, 2t+1
+  const int64_t rs = int64_t(d.kv_heads) * hd;            // halves per cache row
+  const __half* kb = kc + int64_t(kvh) * hd;
+  const __half* vb = vc + int64_t(kvh) * hd;
+  for (int p0 = lo + 16 * warp; p0 < hi; p0 += 16 * NW) {
+    // K rows p0+g and p0+g+8 (a row past the slice loads row lo; its score is masked).
+    uint4 kr[2][8];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int p = p0 + g + 8 * r;
+      const uint4* src = reinterpret_cast<const uint4*>(kb + int64_t(p < hi ? p : lo) * rs) + t;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) kr[r][i] = __ldcs(src + 4 * i);
+    }
+    float sc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int ks = 0; ks < 16; ++ks) {
+      const int i = ks >> 1, w = 2 * (ks & 1);
+      mma_f16_16816(sc, u4w(kr[0][i], w), u4w(kr[1][i], w), u4w(kr[0][i], w + 1), u4w(kr[1][i], w + 1),
+                    qw[i][w], qw[i][w + 1]);
+    }
+    // V rows p0 + {2t, 2t+1, 2t+8, 2t+9}, dims 64q + 8g + [0, 8): issued before the softmax math.
+    uint4 vr[4][4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int p = p0 + 2 * t + (r & 1) + 8 * (r >> 1);
+      const uint4* src = reinterpret_cast<const uint4*>(vb + int64_t(p < hi ? p : lo) * rs) + g;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) vr[r][q] = __ldcs(src + 8 * q);
+    }
+    // sc: (pos g, head 2t), (pos g, head 2t+1), (pos g+8, head 2t), (pos g+8, head 2t+1).
+    if (p0 + g >= hi) sc[0] = sc[1] = -FLT_MAX;
+    if (p0 + g + 8 >= hi) sc[2] = sc[3] = -FLT_MAX;
+    float x0 = fmaxf(sc[0], sc[2]), x1 = fmaxf(sc[1], sc[3]);
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+      x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, o));
+      x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, o));
+    }
+    const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
+    const float c0 = exp2f(m0 - n0), c1 = exp2f(m1 - n1);
+    m0 = n0;
+    m1 = n1;
+    const float e0 = exp2f(sc[0] - n0), e1 = exp2f(sc[1] - n1), e2 = exp2f(sc[2] - n0), e3 = exp2f(sc[3] - n1);
+    l0 = fmaf(l0, c0, e0 + e2);
+    l1 = fmaf(l1, c1, e1 + e3);
+    // P^T fragments: rows (pos) g / g+8, cols (heads) 2t, 2t+1 -> transposed: head g, pos 2t, 2t+1 (+8).
+    const uint32_t pb0 = movmatrix_trans(pack_h2(e0, e1)), pb1 = movmatrix_trans(pack_h2(e2, e3));
+#pragma unroll
+    for (int mt = 0; mt < 16; ++mt) {
+      const int q = mt >> 2, w = mt & 3;
+      acc[mt][0] *= c0;
+      acc[mt][1] *= c1;
+      acc[mt][2] *= c0;
+      acc[mt][3] *= c1;
+      const uint32_t v0 = u4w(vr[0][q], w), v1 = u4w(vr[1][q], w), v2 = u4w(vr[2][q], w), v3 = u4w(vr[3][q], w);
+      mma_f16_16816(acc[mt], __byte_perm(v0, v1, 0x5410), __byte_perm(v0, v1, 0x7632), __byte_perm(v2, v3, 0x5410),
+                    __byte_perm(v2, v3, 0x7632), pb0, pb1);
+    }
+  }
+  // Row sums over the 8 lane groups; then the warps of the CTA combine as in attn_split_kernel.
+#pragma unroll
+  for (int o = 4; o < 32; o <<= 1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, o);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, o);
+  }
+  float* sacc = sm;
+  float* sml = sm + NW * HPB * hd;
+#pragma unroll
+  for (int mt = 0; mt < 16; ++mt) {
+    const int dim = 64 * (mt >> 2) + 8 * g + 2 * (mt & 3);
+    float* a0 = sacc + (warp * HPB + 2 * t) * hd;
+    float* a1 = a0 + hd;
+    a0[dim] = acc[mt][0];
+    a1[dim] = acc[mt][1];
+    a0[dim + 1] = acc[mt][2];
+    a1[dim + 1] = acc[mt][3];
+  }
+  if (g == 0) {
+    sml[(warp * HPB + 2 * t) * 2] = m0;
+    sml[(warp * HPB + 2 * t) * 2 + 1] = l0;
+    sml[(warp * HPB + 2 * t + 1) * 2] = m1;
+    sml[(warp * HPB + 2 * t + 1) * 2 + 1] = l1;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < HPB * hd; idx += blockDim.x) {
+    const int h = idx / hd, e = idx % hd;
+    float M = -FLT_MAX;
+    for (int w = 0; w < NW; ++w) M = fmaxf(M, sml[(w * HPB + h) * 2]);
+    float L = 0.f, A = 0.f;
+    for (int w = 0; w < NW; ++w) {
+      const float f = exp2f(sml[(w * HPB + h) * 2] - M);
+      L = fmaf(sml[(w * HPB + h) * 2 + 1], f, L);
+      A = fmaf(sacc[(w * HPB + h) * hd + e], f, A);
+    }
+    float* pb = pbase + h * hstride;
+    pb[e] = A;
+    if (e == 0) {
+      pb[hd] = M;
+      pb[hd + 1] = L;
+    }
+  }
+}
+
 // grid (heads, T), block hd: o = Σ_s acc_s 2^(m_s−M) / Σ_s l_s 2^(m_s−M), times σ(gate). The
 // split weights are computed once into shared memory; each thread then sums its dim over splits.
 __global__ void attn_merge_kernel(AttnDims d, int splits, int pos0, const int32_t* pos_dev, const float* part,
@@ -477,6 +654,11 @@ bool& kv16_u4_enabled() {
   return on;
 }
 
+bool& attn_mma_decode_enabled() {
+  static bool on = true;
+  return on;
+}
+
 void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void* kc, void* vc, bool kv16,
                int pos0, const int32_t* pos_dev, const float* q, const float* k, const float* v,
                int T, float* o, float* work, int splits, bool pack_gqa, cudaStream_t s, const L2Prefetch* pf) {
@@ -499,7 +681,17 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void
   float* qbuf = work;
   float* part = work + int64_t(T) * d.heads * hd;
   launch_prep(d, q_norm, k_norm, kc, vc, kv16, pos0, pos_dev, q, k, v, T, qbuf, pf ? *pf : L2Prefetch{}, s);
-  if (kv16)
+  if (kv16 && attn_mma_decode_enabled() && hd == 256 && hpb == 8 && G == 8) {   // D20
+    const size_t smem = sizeof(float) * (kMmaDecWarps * 8 * 256 + kMmaDecWarps * 16);
+    static bool attr_set = false;
+    if (!attr_set) {
+      CUDA_CHECK(cudaFuncSetAttribute(attn_split_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      attr_set = true;
+    }
+    launch(attn_split_mma_kernel, dim3(splits, d.kv_heads, T), dim3(32 * kMmaDecWarps), smem, s, d,
+           static_cast<const __half*>(kc), static_cast<const __half*>(vc), pos0, pos_dev, (const float*)qbuf, part);
+    CUDA_LAUNCH_CHECK();
+  } else if (kv16)
     launch_split_all(d, hpb, static_cast<const __half*>(kc), static_cast<const __half*>(vc), pos0, pos_dev, qbuf,
                      part, splits, T, s);
   else

@@ -504,6 +504,7 @@ class CudaBackend final : public Backend {
     persist_ = !abl_.has("D19");          // D19: decode MoE block as one persistent kernel
     pack_gqa_ = !abl_.has("D6");
     splits_ = abl_.has("D7") ? 1 : 0;   // 0: sized from the SM count
+    attn_mma_decode_enabled() = !abl_.has("D20");   // D20: tensor-core split-KV decode (fp16 cache)
     kv16_ = !abl_.has("D18");           // D18: fp16 KV cache (off = f32); applies to caches allocated later
     // Prefill mixers: P4 off = the decode GDN kernel for every T, P6 off = per-token split-KV
     // attention for every T. Thresholds and the scan's columns per lane come from the environment.

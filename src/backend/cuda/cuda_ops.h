@@ -87,6 +87,9 @@ bool& merge_warps_enabled();
 // With an fp16 cache, the split-KV kernel keeps 4 positions per warp in flight (raw fp16, converted
 // where used) instead of 2 (process-wide switch, env LILY_ATTN_KV16_U4=1; off by default).
 bool& kv16_u4_enabled();
+// D20: with an fp16 cache, head_dim 256 and 8 query heads per KV head, the decode split-KV pass runs
+// on tensor cores (attn_split_mma_kernel; process-wide switch, ablation D20).
+bool& attn_mma_decode_enabled();
 // Workspace floats needed for T tokens (prepared queries + split-KV partials).
 int64_t attention_workspace_floats(const AttnDims& d, int T);
 // `splits`: KV blocks per (token, kv head) for decode (D7); `pack_gqa`: one KV pass per KV head (D6).
