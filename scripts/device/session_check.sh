@@ -42,6 +42,11 @@ if [ -n "$LONGCHECK" ]; then
   el "same, prompt 700 in chunks of 512 (T >= 256: P7 skinny projections on the GEMM)"
   timeout 240 "$L" cuda-check --layers 4 --tokens 32 --prompt 700 --chunk 512 --cpu-emulate fp16 2>&1 |
     tail -7 | tee "$OUT/check_prefill_emul512.txt"
+  if [ -n "$LONGABL" ]; then
+    el "same with --ablate $LONGABL"
+    timeout 240 "$L" cuda-check --layers 4 --tokens 32 --prompt 700 --chunk 512 --cpu-emulate fp16 --ablate "$LONGABL" 2>&1 |
+      tail -7 | tee "$OUT/check_prefill_emul512_abl.txt"
+  fi
 fi
 "$L" make-demo --out /tmp/demo >/dev/null 2>&1 &&
   timeout 120 "$L" cuda-check --model /tmp/demo --tokens 64 --prompt 40 --chunk 16 2>&1 | tail -6 | tee "$OUT/check_demo.txt"
