@@ -34,6 +34,7 @@ int serve_main(int argc, char** argv) {
              {"port", "8080", "port to bind (0 = any free port)", ""},
              {"api-key", "", "require 'Authorization: Bearer KEY'", "LILY_API_KEY"},
              {"max-body-mb", "16", "largest accepted request body, MiB", ""},
+             {"keep-alive", "2", "seconds an idle keep-alive connection stays open (also bounds shutdown with idle clients)", ""},
              {"timeout", "600", "per-request time limit in seconds (0 = none)", ""},
              {"ping-interval", "5", "SSE keep-alive comment after this many idle seconds", ""},
              {"http-threads", "32", "HTTP worker threads (concurrent connections)", ""},
@@ -54,6 +55,7 @@ int serve_main(int argc, char** argv) {
     so.model_name = p.filename().empty() ? p.parent_path().filename().string() : p.filename().string();
   }
   so.max_body_bytes = size_t(o.real("max-body-mb") * (1 << 20));
+  so.keep_alive_s = o.num("keep-alive");
   so.request_timeout_s = o.real("timeout");
   so.ping_interval_s = o.real("ping-interval");
   so.http_threads = o.num("http-threads");

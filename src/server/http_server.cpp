@@ -62,6 +62,7 @@ HttpServer::HttpServer(ServerOptions opt) : opt_(std::move(opt)), http_(std::mak
   const int threads = std::max(4, opt_.http_threads);
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
   http_->set_payload_max_length(opt_.max_body_bytes);
+  http_->set_keep_alive_timeout(std::max(1, opt_.keep_alive_s));
   http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (req.path == "/health" || authorized(req.get_header_value("Authorization")))
       return httplib::Server::HandlerResponse::Unhandled;

@@ -24,6 +24,9 @@ struct ServerOptions {
   double request_timeout_s = 600;       // 0 = none
   double ping_interval_s = 5;           // SSE keep-alive comment when nothing else was sent
   int http_threads = 32;
+  // Idle keep-alive connections close after this. cpp-httplib (0.11) checks for shutdown only
+  // between requests, so it also bounds how long stop() waits on an idle client (was 5 s).
+  int keep_alive_s = 2;
 };
 
 class HttpServer {

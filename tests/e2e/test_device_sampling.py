@@ -262,7 +262,7 @@ def test_deadline_ends_a_device_decode(lily_bin, demo_dir):
             data = [l[6:] for l in resp.iter_lines() if l.startswith("data: ")]
         assert data[-1] == "[DONE]" and json.loads(data[-2])["error"]["code"] == "timeout"
         assert len(data) > 3
-        with s.client() as c:   # closed: an idle keep-alive connection delays SIGTERM by 5 s
+        with s.client() as c:   # closed: an idle keep-alive connection delays SIGTERM by up to --keep-alive (2 s)
             assert chat(c).choices[0].finish_reason == "length"
     finally:
         s.stop()

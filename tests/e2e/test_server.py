@@ -445,6 +445,18 @@ def test_sigterm_stops_promptly_during_a_stream(lily_bin, demo_dir):
     s.log.close()
 
 
+def test_sigterm_with_an_idle_keep_alive_client(lily_bin, demo_dir):
+    s = Server(lily_bin, demo_dir)
+    with httpx.Client(base_url=s.base, timeout=10) as c:   # keeps its connection open after the request
+        assert c.get("/v1/models").status_code == 200
+        t0 = time.time()
+        s.proc.terminate()
+        s.proc.wait(15)
+        assert time.time() - t0 < 3.5   # --keep-alive (2 s) bounds the wait on the idle connection
+    assert s.proc.returncode == 0
+    s.log.close()
+
+
 def test_health_is_503_while_loading(lily_bin, demo_dir, tmp_path):
     # The weights file is a FIFO nobody writes to: loading blocks, the API must already answer.
     d = tmp_path / "slow"
