@@ -17,6 +17,20 @@ bool Ablations::has(const std::string& id) const {
   return std::find(off.begin(), off.end(), id) != off.end();
 }
 
+void Ablations::merge_env(const char* var) {
+  const char* e = std::getenv(var);
+  if (!e) return;
+  const std::string ids = e;
+  for (size_t i = 0; i <= ids.size();) {
+    const size_t j = std::min(ids.find(',', i), ids.size());
+    std::string id = ids.substr(i, j - i);
+    id.erase(0, id.find_first_not_of(" \t"));
+    id.erase(id.find_last_not_of(" \t") + 1);
+    if (!id.empty() && !has(id)) off.push_back(id);
+    i = j + 1;
+  }
+}
+
 SampleConfig make_sample_config(float temperature, float top_p, int top_k, float min_p, float presence,
                                 float frequency, float repetition, uint64_t seed, int n_valid) {
   SampleConfig c;

@@ -31,7 +31,7 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const BackendOptions& opt)
       : pool_(opt.threads), emu_(gemm_emu_from_env()), emu_min_t_(gemm_emu_min_t()),
-        emu_skinny_(!opt.ablations.has("P7")) {}
+        emu_skinny_(!with_env(opt.ablations).has("P7")) {}
   ~CpuBackend() override {
     for (void* p : allocs_) std::free(p);
   }
@@ -100,6 +100,11 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];
     const float inv = float(1.0 / std::sqrt(ss / double(n) + eps));
     for (int64_t i = 0; i < n; ++i) out[i] = x[i] * inv * w[i];
+  }
+
+  static Ablations with_env(Ablations a) {   // LILY_ABLATE applies to the CUDA side's P7 too
+    a.merge_env();
+    return a;
   }
 
   // TEST AID (LILY_CPU_EMULATE, gemm_emulate.h): ops with op_T >= the CUDA GEMM threshold round

@@ -489,14 +489,7 @@ class CudaBackend final : public Backend {
     abl_ = a;
     // LILY_ABLATE (comma-separated ids): switched off in every setting, on top of the caller's (a
     // process-wide default, e.g. to run a server or a whole benchmark without one optimization).
-    if (const char* e = std::getenv("LILY_ABLATE"); e && *e) {
-      std::string ids = e;
-      for (size_t i = 0; i <= ids.size();) {
-        const size_t j = std::min(ids.find(',', i), ids.size());
-        if (j > i && !abl_.has(ids.substr(i, j - i))) abl_.off.push_back(ids.substr(i, j - i));
-        i = j + 1;
-      }
-    }
+    abl_.merge_env();
     fast_ = !abl_.has("D1");
     mma_q4_enabled() = !abl_.has("D1m");   // D1m: no mma.sync 4-bit kernels (f44444c FFMA ones)
     batch_ = !abl_.has("D3b");
