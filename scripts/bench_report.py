@@ -269,12 +269,17 @@ def plot(doc, path):
     return True
 
 
-def build(paths, command=""):
+def build(paths, command="", versions=None):
+    """versions: {engine: version} for engines whose own output lacks it (a llama.cpp built from a
+    source archive reports build_commit "unknown"); it replaces a missing or "unknown" commit."""
     sources = []
     for p in paths:
         results, meta = load_source(p)
         sources.append((p, results, meta))
     results, engines, notes = merge(sources)
+    for name, ver in (versions or {}).items():
+        if name in engines and engines[name].get("commit") in (None, "", "unknown"):
+            engines[name]["commit"] = ver
     if not results:
         raise ValueError("no results in the inputs")
     lily = engines.get("lily", {})
@@ -292,7 +297,15 @@ def main():
     ap.add_argument("--out", default="docs/benchmarks")
     ap.add_argument("--tag", default="report")
     ap.add_argument("--skip-missing", action="store_true", help="ignore inputs that do not exist or do not parse")
+    ap.add_argument("--version", action="append", default=[], metavar="ENGINE=VER",
+                    help="version of an engine whose output says 'unknown' (e.g. llama.cpp=0c1e57098)")
     args = ap.parse_args()
+    versions = {}
+    for v in args.version:
+        if "=" not in v:
+            ap.error(f"--version wants ENGINE=VER, got {v!r}")
+        k, val = v.split("=", 1)
+        versions[k] = val
     paths = []
     for p in args.inputs:
         try:
@@ -302,7 +315,7 @@ def main():
             if not args.skip_missing:
                 raise
             print(f"skipped {p}: {e}", file=sys.stderr)
-    doc = build(paths, " ".join(["scripts/bench_report.py"] + sys.argv[1:]))
+    doc = build(paths, " ".join(["scripts/bench_report.py"] + sys.argv[1:]), versions)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.tag}.json").write_text(json.dumps(doc, indent=1) + "\n")

@@ -145,7 +145,9 @@ if [ ! -s "$W/llama/llama_prefill.json" ] && [ ! -s "$W/llama/llama_decode.json"
   INPUTS+=("$W/llama/llama_summary.json")
 fi
 if has report && (( ${#INPUTS[@]} > 0 )); then
-  python3 scripts/bench_report.py "${INPUTS[@]}" --skip-missing --out "$OUT" --tag report >"$W/report.txt" 2>&1
+  VERS=()   # llama.cpp built from a source archive reports build_commit "unknown"
+  [ -s .baseline/LLAMA_COMMIT ] && VERS=(--version "llama.cpp=$(tr -d '[:space:]' <.baseline/LLAMA_COMMIT)")
+  python3 scripts/bench_report.py "${INPUTS[@]}" "${VERS[@]}" --skip-missing --out "$OUT" --tag report >"$W/report.txt" 2>&1
   say "report rc=$?"
   grep -E "mean ratio|faster" "$OUT/report.md" | tee -a "$LOG"
 fi

@@ -117,6 +117,19 @@ def test_duplicates_keep_first(inputs, tmp_path):
     assert any("duplicate" in n for n in doc["notes"])
 
 
+def test_version_override_only_fills_unknown(inputs, tmp_path):
+    doc = bench_report.build(inputs, versions={"llama.cpp": "0c1e570", "lily": "nope"})
+    assert doc["engines"]["llama.cpp"]["commit"] == "llamafix"   # the file's own commit wins
+    assert doc["engines"]["lily"]["commit"] != "nope"
+    raw = json.loads(pathlib.Path(inputs[2]).read_text())
+    for t in raw:
+        t["build_commit"] = "unknown"
+    p = tmp_path / "llama_unknown.json"
+    p.write_text(json.dumps(raw))
+    doc = bench_report.build([inputs[0], str(p)], versions={"llama.cpp": "0c1e570"})
+    assert doc["engines"]["llama.cpp"]["commit"] == "0c1e570"
+
+
 def test_rejects_unknown_shape(tmp_path):
     p = tmp_path / "x.json"
     p.write_text(json.dumps({"foo": 1}))
