@@ -10,6 +10,10 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
+#ifdef LILY_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #include "command.h"
 #include "core/common.h"
 #include "core/options.h"
@@ -63,6 +67,8 @@ int cudacheck_main(int argc, char** argv) {
              {"ablate", "", "optimization ids switched off on the cuda side"},
              {"min-cosine", "0.999", "pass bound on every position's logits cosine"},
              {"cpu-emulate", "", "test aid: cpu reference rounds prefill GEMM operands as the GPU does (bf16|fp16)"},
+             {"follow-routing", "false", "test aid: in the prefill-path comparison the cpu reference uses the gpu's "
+              "expert ids (routing differences are counted, with their router margins, instead)", "", true},
              {"verbose", "false", "print every position", "", true}});
   if (!o.parse(argc, argv)) return 0;
   // Backends first: a build or machine without CUDA fails before any weights are built.
@@ -99,12 +105,36 @@ int cudacheck_main(int argc, char** argv) {
   const bool verbose = o.flag("verbose");
   const int cap = P + N + 8;
 
-  // 1. Prefill path: all positions at once (chunks of --chunk), every row of logits.
+  // 1. Prefill path: all positions at once (chunks of --chunk), every row of logits. With
+  //    --follow-routing the gpu runs first, recording its expert ids per MoE call, and the cpu
+  //    reference routes every prefill-path call the same way.
   std::vector<float> la(size_t(P + N) * V), lb(size_t(P + N) * V);
+  const bool follow = o.flag("follow-routing");
+  size_t calls = 0, followed = 0;
+  cpu_tools::RoutingStats rst;
   {
     auto sa = cpu.new_state(cap), sb = gpu.new_state(cap);
-    cpu.forward(*sa, seq, la.data(), true);
-    gpu.forward(*sb, seq, lb.data(), true);
+    if (follow) {
+#ifdef LILY_HAVE_CUDA
+      cuda_tools::record_moe_ids(*cuda_be, true);
+      gpu.forward(*sb, seq, lb.data(), true);
+      std::vector<std::vector<int32_t>> ids = cuda_tools::take_moe_ids(*cuda_be);
+      cuda_tools::record_moe_ids(*cuda_be, false);
+      calls = ids.size();
+      for (const auto& v : ids) followed += !v.empty();
+      cpu_tools::set_routing_override(*cpu_be, std::move(ids));
+      cpu.forward(*sa, seq, la.data(), true);
+      rst = cpu_tools::routing_stats(*cpu_be);
+      const size_t left = cpu_tools::routing_override_left(*cpu_be);
+      cpu_tools::set_routing_override(*cpu_be, {});
+      if (left) throw Error("cuda-check --follow-routing: the cpu made fewer MoE calls than the gpu recorded");
+#else
+      throw Error("cuda-check --follow-routing: this build has no CUDA backend");
+#endif
+    } else {
+      cpu.forward(*sa, seq, la.data(), true);
+      gpu.forward(*sb, seq, lb.data(), true);
+    }
   }
   Cmp pre;
   compare_rows(la.data(), lb.data(), P + N, V, pre, "prefill", verbose);
@@ -158,8 +188,12 @@ int cudacheck_main(int argc, char** argv) {
               o.str("model").empty() ? "synthetic" : o.str("model").c_str(), c.num_hidden_layers, V, P, N,
               g16 && *g16 && *g16 != '0' ? "bf16" : "fp16", cuda_be->kv_type() == KvType::f16 ? "fp16" : "f32",
               emu && *emu ? "emulating " : "f32", emu && *emu ? emu : "");
-  std::printf("  prefill path: min cosine %.6f  max|diff| %.4g  top-1 %d/%d\n", pre.min_cos, pre.max_abs,
-              pre.top1_same, pre.n);
+  std::printf("  prefill path: min cosine %.6f  max|diff| %.4g  top-1 %d/%d%s\n", pre.min_cos, pre.max_abs,
+              pre.top1_same, pre.n, follow ? " (cpu following the gpu's experts)" : "");
+  if (follow)
+    std::printf("  routing: followed in %zu of %zu MoE calls (%lld token-layers); the cpu's own top-%d differed on "
+                "%lld, its largest k-th vs (k+1)-th log-probability gap among those %.3g\n",
+                followed, calls, (long long)rst.tokens, c.num_experts_per_tok, (long long)rst.differing, rst.max_gap);
   std::printf("  decode path:  min cosine %.6f  max|diff| %.4g  top-1 %d/%d (teacher-forced)\n", dec.min_cos,
               dec.max_abs, dec.top1_same, dec.n);
   std::printf("  greedy:       %s", first_diff < 0 ? "identical" : "DIVERGED");

@@ -38,6 +38,9 @@ if [ -z "$QUICK" ]; then
   timeout 240 "$L" cuda-check --layers 4 --tokens 64 --prompt 300 --chunk 128 --cpu-emulate fp16 2>&1 |
     tail -7 | tee "$OUT/check_prefill_emul.txt"
 fi
+el "same, f32 reference following the gpu's expert choices (routing flips counted apart)"
+timeout 240 "$L" cuda-check --layers 4 --tokens 64 --prompt 300 --chunk 128 --follow-routing 2>&1 | tail -8 |
+  tee "$OUT/check_prefill_follow.txt"
 if [ -n "$LONGCHECK" ]; then
   el "same, prompt 700 in chunks of 512 (T >= 256: P7 skinny projections on the GEMM)"
   timeout 240 "$L" cuda-check --layers 4 --tokens 32 --prompt 700 --chunk 512 --cpu-emulate fp16 2>&1 |

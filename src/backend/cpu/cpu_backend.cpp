@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include "backend/cpu/gemm_emulate.h"
@@ -124,6 +126,13 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> topk_idx_;
   std::vector<int> order_, start_, fill_, slot_;
   std::vector<float> topk_w_;
+
+ public:
+  // TEST AID (cpu_tools::set_routing_override): expert ids [T, k] per coming MoE call, used instead
+  // of this backend's own top-k (weights renormalised from its own probabilities); stats of where its
+  // own choice differed.
+  std::deque<std::vector<int32_t>> route_override_;
+  cpu_tools::RoutingStats route_stats_;
 };
 
 // Gated DeltaNet core (MODEL.md §2.2): conv + SiLU, l2norm, gates, delta rule, gated RMSNorm.
@@ -293,6 +302,13 @@ void CpuBackend::moe(const ModelConfig& c, const MoeWeights& w, const float* x, 
   topk_w_.resize(size_t(T) * k);
   order_.resize(size_t(E));
   std::vector<int>& order = order_;
+  std::optional<std::vector<int32_t>> route_now;   // this call's forced routing (test aid), if any
+  if (!route_override_.empty()) {
+    route_now = std::move(route_override_.front());
+    route_override_.pop_front();
+    if (route_now->empty()) route_now.reset();   // the producer had none for this call: own routing
+    else if (route_now->size() != size_t(T) * k) throw Error("cpu moe: routing override of the wrong size");
+  }
   for (int t = 0; t < T; ++t) {
     float* l = logits + int64_t(t) * E;   // softmax over all experts in f32
     const float mx = *std::max_element(l, l + E);
@@ -300,13 +316,29 @@ void CpuBackend::moe(const ModelConfig& c, const MoeWeights& w, const float* x, 
     for (int e = 0; e < E; ++e) sum += (l[e] = std::exp(l[e] - mx));
     for (int e = 0; e < E; ++e) l[e] = float(l[e] / sum);
     std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+    const int ks = std::min(E, k + 1);   // k + 1: the runner-up's margin for the routing-override stats
+    std::partial_sort(order.begin(), order.begin() + ks, order.end(),
                       [&](int p, int q) { return l[p] > l[q] || (l[p] == l[q] && p < q); });
+    const int32_t* forced = route_now && route_now->size() == size_t(T) * k ? route_now->data() + size_t(t) * k
+                                                                             : nullptr;
+    if (forced) {
+      ++route_stats_.tokens;
+      std::vector<int32_t> own(order.begin(), order.begin() + k), given(forced, forced + k);
+      std::sort(own.begin(), own.end());
+      std::sort(given.begin(), given.end());
+      if (own != given) {
+        ++route_stats_.differing;
+        const double gap = ks > k ? std::log(double(l[order[k - 1]])) - std::log(double(l[order[k]])) : 0.0;
+        route_stats_.max_gap = std::max(route_stats_.max_gap, gap);
+      }
+    }
     double top = 0;
-    for (int j = 0; j < k; ++j) top += l[order[j]];
+    for (int j = 0; j < k; ++j) top += l[forced ? forced[j] : order[j]];
     for (int j = 0; j < k; ++j) {
-      topk_idx_[size_t(t) * k + j] = order[j];
-      topk_w_[size_t(t) * k + j] = float(l[order[j]] / top);   // renormalised
+      const int e = forced ? forced[j] : order[j];
+      if (e < 0 || e >= E) throw Error("cpu moe: routing override with an expert id out of range");
+      topk_idx_[size_t(t) * k + j] = e;
+      topk_w_[size_t(t) * k + j] = float(l[e] / top);   // renormalised
     }
   }
 
@@ -357,5 +389,22 @@ void CpuBackend::moe(const ModelConfig& c, const MoeWeights& w, const float* x, 
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opt) {
   return std::make_unique<CpuBackend>(opt);
 }
+
+namespace cpu_tools {
+namespace {
+CpuBackend& as_cpu(Backend& be) {
+  auto* p = dynamic_cast<CpuBackend*>(&be);
+  LILY_CHECK(p, "cpu_tools: not the cpu backend");
+  return *p;
+}
+}  // namespace
+void set_routing_override(Backend& be, std::vector<std::vector<int32_t>> per_call) {
+  CpuBackend& c = as_cpu(be);
+  c.route_override_.assign(std::make_move_iterator(per_call.begin()), std::make_move_iterator(per_call.end()));
+  c.route_stats_ = {};
+}
+RoutingStats routing_stats(Backend& be) { return as_cpu(be).route_stats_; }
+size_t routing_override_left(Backend& be) { return as_cpu(be).route_override_.size(); }
+}  // namespace cpu_tools
 
 }  // namespace lily

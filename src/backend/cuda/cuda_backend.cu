@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <utility>
 
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/prefill_attn.h"
@@ -366,7 +367,11 @@ class CudaBackend final : public Backend {
       m.hist = hist_ + int64_t(moe_calls_ % c.num_hidden_layers) * m.E;
     }
     ++moe_calls_;
-    if (T >= gemm_min_t_ && moe_prefill(m, x, T, out)) return;
+    if (T >= gemm_min_t_ && moe_prefill(m, x, T, out)) {
+      if (record_ids_) recorded_ids_.push_back(last_moe_ids());   // test aid: synchronises
+      return;
+    }
+    if (record_ids_) recorded_ids_.push_back({});   // decode-path kernels: not recorded
     float* ws = workspace(moe_workspace_floats(m, T));
     auto expert_bytes = [](const QStack& s) { return double(type_bytes(s.first) + 2 * sb_bytes(s.first)); };
     auto mat_bytes = [](const QMatrix& q) { return double(type_bytes(q) + 2 * sb_bytes(q)); };
@@ -566,6 +571,12 @@ class CudaBackend final : public Backend {
     for (auto& e : ev) cudaEventDestroy(e);
     return ms;
   }
+  void record_moe_ids(bool on) {
+    LILY_CHECK(!capturing_, "cuda backend: MoE id recording during graph capture");
+    record_ids_ = on;
+    recorded_ids_.clear();
+  }
+  std::vector<std::vector<int32_t>> take_moe_ids() { return std::exchange(recorded_ids_, {}); }
   std::vector<int32_t> last_moe_ids() {
     std::vector<int32_t> ids;
     if (!last_moe_.ws) return ids;
@@ -877,6 +888,8 @@ class CudaBackend final : public Backend {
   bool prefetch_ = true;              // D13
   bool early_down_ = true;            // D17
   bool persist_ = true;               // D19
+  bool record_ids_ = false;           // test aid: the expert ids of every prefill-path MoE call
+  std::vector<std::vector<int32_t>> recorded_ids_;
   int* persist_ctr_ = nullptr;        // D19: the persistent MoE kernel's handoff counters (self-resetting)
   std::vector<L2Prefetch> plan_;      // D13: byte ranges per launch unit of the last forward pass
   int unit_ = 0;
@@ -915,6 +928,8 @@ std::vector<double> time_ops(Backend& be, const std::function<void()>& op, int w
   return as_cuda(be).time_ops(op, warmup, reps);
 }
 std::vector<int32_t> last_moe_ids(Backend& be) { return as_cuda(be).last_moe_ids(); }
+void record_moe_ids(Backend& be, bool on) { as_cuda(be).record_moe_ids(on); }
+std::vector<std::vector<int32_t>> take_moe_ids(Backend& be) { return as_cuda(be).take_moe_ids(); }
 int64_t device_bytes(Backend& be) { return as_cuda(be).device_bytes(); }
 int last_sample_path(Backend& be) {
   as_cuda(be).synchronize();
