@@ -53,16 +53,20 @@ void Engine::overwrite_kv(int q, std::span<const int32_t> incoming, const Snapsh
   live_kv_.insert(live_kv_.end(), incoming.begin(), incoming.end());
 }
 
+void Engine::drop_live() {
+  // The state may be half-updated: never reuse it, nor snapshots sharing its KV rows.
+  live_valid_ = false;
+  live_tokens_.clear();
+  live_kv_.clear();
+  cache_.drop_shared();
+}
+
 void Engine::forward_live(std::span<const int32_t> tokens) {
   try {
     overwrite_kv(live_->pos(), tokens);
     lm_.forward(*live_, tokens, logits_.data());
   } catch (...) {
-    // The state may be half-updated: never reuse it, nor snapshots sharing its KV rows.
-    live_valid_ = false;
-    live_tokens_.clear();
-    live_kv_.clear();
-    cache_.drop_shared();
+    drop_live();
     throw;
   }
   live_tokens_.insert(live_tokens_.end(), tokens.begin(), tokens.end());
@@ -85,10 +89,7 @@ void Engine::decode_on_device(const GenerationRequest& req, int max_tokens, int 
                               return take(id);
                             });
   } catch (...) {
-    live_valid_ = false;
-    live_tokens_.clear();
-    live_kv_.clear();
-    cache_.drop_shared();
+    drop_live();
     throw;
   }
   LILY_CHECK(consumed >= 0 && consumed <= int(picks.size()) && live_->pos() == q + consumed,

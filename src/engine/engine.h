@@ -102,6 +102,8 @@ class Engine {
   // false if cancelled or past the deadline.
   bool prefill(const GenerationRequest& req, int from, const EventSink& sink);
   void forward_live(std::span<const int32_t> tokens);
+  // After a failed forward or decode: forgets the live state and snapshots sharing its KV rows.
+  void drop_live();
   // The decode loop inside the model (LanguageModel::generate); `take` handles each pick and says
   // whether to go on. Keeps live_tokens_ / live_kv_ equal to what the state really consumed.
   void decode_on_device(const GenerationRequest& req, int max_tokens, int n_valid,
