@@ -5,7 +5,6 @@ with `--device-sampling off` (host Sampler, one forward per token) and prefix re
 picks do not depend on where the token is chosen, and the rule is the same for penalties."""
 import concurrent.futures
 import json
-import subprocess
 
 import openai
 import pytest
@@ -18,13 +17,6 @@ except ImportError:   # newer openai releases depend on the httpx2 fork (same AP
 from test_server import Server, disconnect_mid_stream
 
 CTX = 512
-
-
-@pytest.fixture(scope="module")
-def demo_dir(lily_bin, tmp_path_factory):
-    d = tmp_path_factory.mktemp("e2e-ds") / "demo"
-    subprocess.run([lily_bin, "make-demo", "--out", str(d)], check=True, capture_output=True)
-    return d
 
 
 @pytest.fixture(scope="module")

@@ -65,13 +65,6 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def demo_dir(lily_bin, tmp_path_factory):
-    d = tmp_path_factory.mktemp("e2e") / "demo"
-    subprocess.run([lily_bin, "make-demo", "--out", str(d)], check=True, capture_output=True)
-    return d
-
-
-@pytest.fixture(scope="module")
 def server(lily_bin, demo_dir):
     s = Server(lily_bin, demo_dir, "--ctx", "4096", "--chunk", "32", "--max-body-mb", "1",
                "--ping-interval", "0.2")
