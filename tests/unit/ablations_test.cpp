@@ -2,10 +2,13 @@
 // prefill GEMM's small-matrix rule (gemm_small_n(T), P7), which cuda-check relies on.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <random>
 
 #include "backend/backend.h"
 #include "backend/cpu/gemm_emulate.h"
+#include "core/common.h"
 #include "model/weights.h"
 
 namespace lily {
@@ -67,6 +70,27 @@ TEST(GemmEmulation, SmallMatrixRuleFollowsTheCudaGemm) {
     EnvGuard n("LILY_GEMM_SMALL_N", "0");   // 0: the GEMM for every matrix it supports
     EXPECT_TRUE(gemm_emu_applies(gate1, 16));
   }
+}
+
+}  // namespace
+}  // namespace lily
+
+namespace lily {
+namespace {
+
+// The emulation's rounding against independent references: the compiler's _Float16 conversion
+// (round to nearest even, subnormals, overflow to inf) and core's f32_to_bf16.
+TEST(GemmEmulation, RoundingMatchesReferences) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> mant(1.f, 2.f);
+  std::uniform_int_distribution<int> ex(-30, 20), sign(0, 1);
+  for (int i = 0; i < 200000; ++i) {
+    const float f = std::ldexp(mant(rng), ex(rng)) * (sign(rng) ? -1.f : 1.f);
+    ASSERT_EQ(round_fp16(f), float(static_cast<_Float16>(f))) << f;
+    ASSERT_EQ(round_bf16(f), bf16_to_f32(f32_to_bf16(f))) << f;
+  }
+  for (float f : {0.f, -0.f, 65504.f, 65520.f, 1e6f, 0x1p-24f, 0x1p-25f, 0x1.8p-25f, 0x1p-14f})
+    EXPECT_EQ(round_fp16(f), float(static_cast<_Float16>(f))) << f;
 }
 
 }  // namespace
