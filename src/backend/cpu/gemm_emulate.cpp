@@ -47,33 +47,29 @@ double round_to(double v, int frac, int emin) {
   const int q = std::max(e - 1, emin) - frac;
   return std::ldexp(std::nearbyint(std::ldexp(v, -q)), q);
 }
+// Nearest-even rounding of a finite float's bits to its top 32 - drop bits (same exponent range).
+float round_f32_bits(float f, int drop) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t half = (1u << (drop - 1)) - 1u, mask = ~((1u << drop) - 1u);
+  u = (u + half + ((u >> drop) & 1u)) & mask;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
 }  // namespace
 
 // Fast paths: when v is exactly a float (always, for the products formed here), nearest-even
 // rounding of its f32 bits; the general path only for inexact, subnormal-fp16 or huge values.
 float round_bf16(double v) {
   const float f = float(v);
-  if (double(f) == v && std::isfinite(f)) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-    float r;
-    std::memcpy(&r, &u, 4);
-    return r;
-  }
+  if (double(f) == v && std::isfinite(f)) return round_f32_bits(f, 16);
   return float(round_to(v, 7, -126));
 }
 
 float round_fp16(double v) {
   const float f = float(v);
-  if (double(f) == v && std::fabs(f) >= 0x1p-14f && std::fabs(f) <= 65504.f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    u = (u + 0xFFFu + ((u >> 13) & 1u)) & 0xFFFFE000u;
-    float r;
-    std::memcpy(&r, &u, 4);
-    return r;
-  }
+  if (double(f) == v && std::fabs(f) >= 0x1p-14f && std::fabs(f) <= 65504.f) return round_f32_bits(f, 13);
   if (v == 0) return float(v);
   const double r = round_to(v, 10, -14);
   return std::fabs(r) > 65504.0 ? float(std::copysign(INFINITY, r)) : float(r);
