@@ -316,7 +316,7 @@ void CpuBackend::moe(const ModelConfig& c, const MoeWeights& w, const float* x, 
     for (int e = 0; e < E; ++e) sum += (l[e] = std::exp(l[e] - mx));
     for (int e = 0; e < E; ++e) l[e] = float(l[e] / sum);
     std::iota(order.begin(), order.end(), 0);
-    const int ks = std::min(E, k + 1);   // k + 1: the runner-up's margin for the routing-override stats
+    const int ks = route_now ? std::min(E, k + 1) : k;   // k + 1: the runner-up's margin (override stats)
     std::partial_sort(order.begin(), order.begin() + ks, order.end(),
                       [&](int p, int q) { return l[p] > l[q] || (l[p] == l[q] && p < q); });
     const int32_t* forced = route_now && route_now->size() == size_t(T) * k ? route_now->data() + size_t(t) * k
