@@ -124,6 +124,50 @@ __global__ void attn_prep_kernel(AttnDims d, const float* qn, const float* kn, K
   }
 }
 
+// The slice [lo, hi) of the cache that split `blockIdx.x` of token t covers, and where its partials
+// go ([T, heads, splits, hd + 2] from head h0). An empty slice writes l = 0 for its HPB heads.
+struct SplitSlice {
+  int lo, hi;
+  float* pbase;
+  int64_t hstride;
+};
+template <int HPB>
+__device__ __forceinline__ SplitSlice split_slice(const AttnDims& d, int pos0, const int32_t* pos_dev, int t, int h0,
+                                                  int hd, float* part) {
+  const int splits = gridDim.x, split = blockIdx.x;
+  const int len = min(cur_pos(pos0, pos_dev) + t + 1, d.capacity);
+  const int chunk = split_chunk(len, splits);
+  SplitSlice sl;
+  sl.lo = split * chunk;
+  sl.hi = min(len, sl.lo + chunk);
+  sl.pbase = part + ((int64_t(t) * d.heads + h0) * splits + split) * (hd + 2);
+  sl.hstride = int64_t(splits) * (hd + 2);
+  if (sl.lo >= sl.hi && threadIdx.x < HPB) sl.pbase[threadIdx.x * sl.hstride + hd + 1] = 0.f;   // l = 0
+  return sl;
+}
+// After a block barrier: combines the NW warps' (acc [NW][HPB][hd], (m, l) [NW][HPB][2]) of the
+// block into the slice's partials (Σ p·v, m, l per head).
+template <int NW, int HPB>
+__device__ __forceinline__ void combine_warps(const float* sacc, const float* sml, int hd, const SplitSlice& sl) {
+  for (int idx = threadIdx.x; idx < HPB * hd; idx += blockDim.x) {
+    const int h = idx / hd, e = idx % hd;
+    float M = -FLT_MAX;
+    for (int w = 0; w < NW; ++w) M = fmaxf(M, sml[(w * HPB + h) * 2]);
+    float L = 0.f, A = 0.f;
+    for (int w = 0; w < NW; ++w) {
+      const float f = exp2f(sml[(w * HPB + h) * 2] - M);
+      L = fmaf(sml[(w * HPB + h) * 2 + 1], f, L);
+      A = fmaf(sacc[(w * HPB + h) * hd + e], f, A);
+    }
+    float* pb = sl.pbase + h * sl.hstride;
+    pb[e] = A;
+    if (e == 0) {
+      pb[hd] = M;
+      pb[hd + 1] = L;
+    }
+  }
+}
+
 // Partial softmax of HPB query heads over one slice of the cache. grid (splits, kv_heads*G/HPB, T),
 // 8 warps; a warp takes every 8th position of the slice, lanes hold DPL consecutive dims.
 // Partials: [T, heads, splits, hd + 2] = (Σ p·v, m, l) with m the running max (log2 domain).
@@ -141,18 +185,12 @@ __global__ void __launch_bounds__(256, 2) attn_split_kernel(AttnDims d, const KV
   pdl_trigger();
   pdl_wait();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int split = blockIdx.x, t = blockIdx.z, splits = gridDim.x;
+  const int t = blockIdx.z;
   const int G = d.heads / d.kv_heads;
   const int h0 = blockIdx.y * HPB, kvh = h0 / G;
-  const int len = min(cur_pos(pos0, pos_dev) + t + 1, d.capacity);
-  const int chunk = split_chunk(len, splits);
-  const int lo = split * chunk, hi = min(len, lo + chunk);
-  float* pbase = part + ((int64_t(t) * d.heads + h0) * splits + split) * (hd + 2);
-  const int64_t hstride = int64_t(splits) * (hd + 2);
-  if (lo >= hi) {
-    if (threadIdx.x < HPB) pbase[threadIdx.x * hstride + hd + 1] = 0.f;   // l = 0: empty slice
-    return;
-  }
+  const SplitSlice sl = split_slice<HPB>(d, pos0, pos_dev, t, h0, hd, part);
+  const int lo = sl.lo, hi = sl.hi;
+  if (lo >= hi) return;
   // Queries live in shared memory (registers go to the cache rows in flight): [h][e/4][lane] float4.
   const float kLog2e = 1.4426950408889634f;
   float4* q4 = reinterpret_cast<float4*>(sm + 8 * HPB * hd + 16 * HPB);
@@ -275,23 +313,7 @@ __global__ void __launch_bounds__(256, 2) attn_split_kernel(AttnDims d, const KV
     }
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < HPB * hd; idx += blockDim.x) {
-    const int h = idx / hd, e = idx % hd;
-    float M = -FLT_MAX;
-    for (int w = 0; w < 8; ++w) M = fmaxf(M, sml[(w * HPB + h) * 2]);
-    float L = 0.f, A = 0.f;
-    for (int w = 0; w < 8; ++w) {
-      const float f = exp2f(sml[(w * HPB + h) * 2] - M);
-      L = fmaf(sml[(w * HPB + h) * 2 + 1], f, L);
-      A = fmaf(sacc[(w * HPB + h) * hd + e], f, A);
-    }
-    float* pb = pbase + h * hstride;
-    pb[e] = A;
-    if (e == 0) {
-      pb[hd] = M;
-      pb[hd + 1] = L;
-    }
-  }
+  combine_warps<8, HPB>(sacc, sml, hd, sl);
 }
 
 // ---- D20: tensor-core split-KV decode (fp16 cache, head_dim 256, 8 query heads per KV head) ----
@@ -338,17 +360,11 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
   pdl_trigger();
   pdl_wait();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int split = blockIdx.x, tt = blockIdx.z, splits = gridDim.x;
+  const int tt = blockIdx.z;
   const int h0 = blockIdx.y * HPB, kvh = blockIdx.y;
-  const int len = min(cur_pos(pos0, pos_dev) + tt + 1, d.capacity);
-  const int chunk = split_chunk(len, splits);
-  const int lo = split * chunk, hi = min(len, lo + chunk);
-  float* pbase = part + ((int64_t(tt) * d.heads + h0) * splits + split) * (hd + 2);
-  const int64_t hstride = int64_t(splits) * (hd + 2);
-  if (lo >= hi) {
-    if (threadIdx.x < HPB) pbase[threadIdx.x * hstride + hd + 1] = 0.f;   // l = 0: empty slice
-    return;
-  }
+  const SplitSlice sl = split_slice<HPB>(d, pos0, pos_dev, tt, h0, hd, part);
+  const int lo = sl.lo, hi = sl.hi;
+  if (lo >= hi) return;
   // Q^T fragments: head g, dims 32i + 8t + [0, 8) for i < 8, times log2 e, as fp16 pairs.
   const float kLog2e = 1.4426950408889634f;
   uint32_t qw[8][4];
@@ -452,23 +468,7 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
     sml[(warp * HPB + 2 * t + 1) * 2 + 1] = l1;
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < HPB * hd; idx += blockDim.x) {
-    const int h = idx / hd, e = idx % hd;
-    float M = -FLT_MAX;
-    for (int w = 0; w < NW; ++w) M = fmaxf(M, sml[(w * HPB + h) * 2]);
-    float L = 0.f, A = 0.f;
-    for (int w = 0; w < NW; ++w) {
-      const float f = exp2f(sml[(w * HPB + h) * 2] - M);
-      L = fmaf(sml[(w * HPB + h) * 2 + 1], f, L);
-      A = fmaf(sacc[(w * HPB + h) * hd + e], f, A);
-    }
-    float* pb = pbase + h * hstride;
-    pb[e] = A;
-    if (e == 0) {
-      pb[hd] = M;
-      pb[hd + 1] = L;
-    }
-  }
+  combine_warps<NW, HPB>(sacc, sml, hd, sl);
 }
 
 // grid (heads, T), block hd: o = Σ_s acc_s 2^(m_s−M) / Σ_s l_s 2^(m_s−M), times σ(gate). The
