@@ -446,6 +446,7 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamSynchronize(s_));
     CUDA_CHECK(cudaStreamBeginCapture(s_, cudaStreamCaptureModeThreadLocal));
     capturing_ = true;
+    moe_trace_call_ = 0;   // the step's MoE calls fill trace slots 0, 1, ... at every replay
     return true;
   }
   void end_capture() override {
@@ -495,6 +496,9 @@ class CudaBackend final : public Backend {
     // LILY_ABLATE (comma-separated ids): switched off in every setting, on top of the caller's (a
     // process-wide default, e.g. to run a server or a whole benchmark without one optimization).
     abl_.merge_env();
+    skip_.clear();
+    for (const std::string& id : abl_.off)
+      if (id.rfind("skip=", 0) == 0 && id.size() > 5) skip_.push_back(id.substr(5));
     fast_ = !abl_.has("D1");
     mma_q4_enabled() = !abl_.has("D1m");   // D1m: no mma.sync 4-bit kernels (f44444c FFMA ones)
     batch_ = !abl_.has("D3b");
@@ -577,6 +581,23 @@ class CudaBackend final : public Backend {
     recorded_ids_.clear();
   }
   std::vector<std::vector<int32_t>> take_moe_ids() { return std::exchange(recorded_ids_, {}); }
+  void set_moe_trace(bool on) {
+    LILY_CHECK(!capturing_, "cuda backend: MoE trace switched during graph capture");
+    synchronize();
+    const int64_t n = int64_t(kTraceSlots) * kMoeTraceCtas * kMoeTracePhases;
+    if (on && !moe_trace_buf_) moe_trace_buf_ = static_cast<unsigned long long*>(alloc_bytes(n * 8));
+    if (on) fill_zero(moe_trace_buf_, n * 8);
+    moe_trace_ = on ? moe_trace_buf_ : nullptr;
+    moe_trace_call_ = 0;
+  }
+  std::vector<unsigned long long> moe_trace() {
+    synchronize();
+    std::vector<unsigned long long> t;
+    if (!moe_trace_buf_) return t;
+    t.resize(size_t(kTraceSlots) * kMoeTraceCtas * kMoeTracePhases);
+    copy_to_host(t.data(), moe_trace_buf_, int64_t(t.size()) * 8);
+    return t;
+  }
   std::vector<int32_t> last_moe_ids() {
     std::vector<int32_t> ids;
     if (!last_moe_.ws) return ids;
@@ -639,8 +660,16 @@ class CudaBackend final : public Backend {
     return ws_;
   }
 
+  // Investigation aid: ablation ids "skip=TEXT" leave out every op whose name contains TEXT (the
+  // step's in-graph time without it, by subtraction; the results are wrong on purpose).
+  bool skipped(const std::string& name) const {
+    for (const std::string& k : skip_)
+      if (name.find(k) != std::string::npos) return true;
+    return false;
+  }
   template <class F>
   void timed(const std::string& name, double bytes, F&& launch) {
+    if (!skip_.empty() && skipped(name)) return;
     if (!profiling_ || capturing_) {
       launch();
       return;
@@ -688,6 +717,8 @@ class CudaBackend final : public Backend {
       p.dec.pf = unit_prefetch(mine, p.T);
       p.dec.pf_down = prefetch_ && p.T == 1;
     }
+    if (moe_trace_ && p.T == 1)
+      p.dec.trace = moe_trace_ + int64_t(moe_trace_call_++ % kTraceSlots) * kMoeTraceCtas * kMoeTracePhases;
     const MoeDecode* dec = &p.dec;
     const int T = p.T;
     if (profiling_ && !capturing_ && p.dec.persist && T == 1 && cuda::moe_persist_ok(p.m, T, fast_)) {
@@ -702,6 +733,7 @@ class CudaBackend final : public Backend {
         timed(names[st], p.bytes[st], [&] { cuda::moe(p.m, p.x, T, p.out, p.ws, fast_, 1 << st, s_, dec); });
       return;
     }
+    if (!skip_.empty() && skipped("moe")) return;
     cuda::moe(p.m, p.x, T, p.out, p.ws, fast_, 7, s_, dec);
   }
   void flush_mm() {
@@ -897,6 +929,10 @@ class CudaBackend final : public Backend {
   cudaGraph_t graph_ = nullptr, graph_next_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
   bool profiling_ = false, hold_ = false;
+  std::vector<std::string> skip_;   // "skip=" ids (see skipped)
+  static constexpr int kTraceSlots = 64;
+  unsigned long long *moe_trace_ = nullptr, *moe_trace_buf_ = nullptr;
+  int moe_trace_call_ = 0;
   bool hist_on_ = false;
   int32_t* hist_ = nullptr;
   int hist_layers_ = 0, hist_E_ = 0;
@@ -930,6 +966,55 @@ std::vector<double> time_ops(Backend& be, const std::function<void()>& op, int w
 std::vector<int32_t> last_moe_ids(Backend& be) { return as_cuda(be).last_moe_ids(); }
 void record_moe_ids(Backend& be, bool on) { as_cuda(be).record_moe_ids(on); }
 std::vector<std::vector<int32_t>> take_moe_ids(Backend& be) { return as_cuda(be).take_moe_ids(); }
+void set_moe_trace(Backend& be, bool on) { as_cuda(be).set_moe_trace(on); }
+std::vector<std::string> moe_trace_summary(Backend& be) {
+  static const char* names[kMoeTracePhases] = {
+      "entry", "past PDL wait", "x staged, norm folded", "router rows done", "shared-expert rows done",
+      "past handoff 1 (logits)", "top-k + weights", "routed gate/up done", "past handoff 2 (activations)", "end"};
+  const std::vector<unsigned long long> t = as_cuda(be).moe_trace();
+  const size_t per = size_t(kMoeTraceCtas) * kMoeTracePhases;
+  // Per traced call: each phase's time since the call's first CTA entered, at the median CTA and
+  // at the last CTA; then the median of those over the calls.
+  std::vector<std::vector<double>> med(kMoeTracePhases), last(kMoeTracePhases);
+  int calls = 0, ctas = 0;
+  for (size_t c = 0; c * per < t.size(); ++c) {
+    const unsigned long long* b = t.data() + c * per;
+    int G = 0;
+    while (G < kMoeTraceCtas && b[size_t(G) * kMoeTracePhases] != 0) ++G;
+    if (G == 0) continue;
+    unsigned long long t0 = ~0ull;
+    for (int g = 0; g < G; ++g) t0 = std::min(t0, b[size_t(g) * kMoeTracePhases]);
+    for (int ph = 0; ph < kMoeTracePhases; ++ph) {
+      std::vector<double> v;
+      for (int g = 0; g < G; ++g) {
+        const unsigned long long x = b[size_t(g) * kMoeTracePhases + ph];
+        if (x >= t0) v.push_back(double(x - t0) * 1e-3);
+      }
+      if (v.empty()) continue;
+      std::sort(v.begin(), v.end());
+      med[ph].push_back(v[v.size() / 2]);
+      last[ph].push_back(v.back());
+    }
+    ++calls;
+    ctas = G;
+  }
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::vector<std::string> out;
+  out.push_back("D19 phase trace: " + std::to_string(calls) + " calls, " + std::to_string(ctas) +
+                " CTAs; us since the call's first CTA entered (median over calls)");
+  out.push_back("| phase | median CTA | last CTA |");
+  out.push_back("|---|---:|---:|");
+  for (int ph = 0; ph < kMoeTracePhases; ++ph) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "| %d %s | %.2f | %.2f |", ph, names[ph], median(med[ph]), median(last[ph]));
+    out.push_back(buf);
+  }
+  return out;
+}
 int64_t device_bytes(Backend& be) { return as_cuda(be).device_bytes(); }
 int last_sample_path(Backend& be) {
   as_cuda(be).synchronize();

@@ -59,6 +59,11 @@ std::vector<int32_t> last_moe_ids(Backend& be);
 // synchronises. take_moe_ids returns and clears the list (for cpu_tools::set_routing_override).
 void record_moe_ids(Backend& be, bool on);
 std::vector<std::vector<int32_t>> take_moe_ids(Backend& be);
+// Investigation aid: from now on (and in steps captured from now on) the persistent MoE decode
+// kernel (D19) writes a timestamp per CTA at each phase boundary; the summary gives, per phase, the
+// time since the call's first CTA entered (median over the calls of the last step traced).
+void set_moe_trace(Backend& be, bool on);
+std::vector<std::string> moe_trace_summary(Backend& be);
 
 }  // namespace cuda_tools
 }  // namespace lily

@@ -119,7 +119,12 @@ struct MoeDecode {
   bool pf_down = false;       // D13: the gate/up stage prefetches the chosen experts' down rows
   bool early_down = false;    // D17: down issues its expert-row loads before its PDL wait (D10 on)
   int* persist = nullptr;     // D19: one persistent kernel for the block (3 zeroed ints, self-resetting)
+  // Investigation aid (cuda_tools::set_moe_trace): the D19 kernel's CTAs write %globaltimer at
+  // each phase boundary here, [CTA][kMoeTracePhases]; null = off.
+  unsigned long long* trace = nullptr;
 };
+constexpr int kMoeTracePhases = 10;
+constexpr int kMoeTraceCtas = 1024;   // per call slot
 int64_t moe_workspace_floats(const MoeDev& m, int T);
 // `fast` false uses the generic kernels (ablation D1). `stages` bits: 1 router, 2 gate/up, 4 down
 // (the profiler launches them one at a time).

@@ -31,7 +31,17 @@ struct MoeArgs {
   L2Prefetch pf;           // D13: the next launch's weights (issued by the router stage)
   int pf_down;             // D13: gate/up prefetches the chosen experts' down projections
   int early_down;          // D17: gate/up triggers after its wait; down loads its rows before its wait
+  unsigned long long* trace;   // investigation aid: D19 phase timestamps [CTA][kMoeTracePhases]
 };
+
+// D19 phase timestamp (thread 0 of each CTA; only with a trace buffer).
+__device__ __forceinline__ void trace_mark(const MoeArgs& a, int phase) {
+  if (a.trace && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    a.trace[blockIdx.x * kMoeTracePhases + phase] = t;
+  }
+}
 
 __device__ __forceinline__ const void* stack_ptr(const void* base, int64_t stride, int e, int64_t off);
 
@@ -733,10 +743,12 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   // Weights never change: this warp's first router or shared-expert row is loaded before the wait.
   Q8RouterRow rr;
   Q4Rows<2, 2> cur;
+  trace_mark(a, 0);
   if (gw <= m.E) rr.load(gw == m.E ? m.shared_gate : m.router, gw < m.E ? gw : 0);
   else if (gw < pre) load_q4(cur, m.sh_gate, m.sh_up, gw - m.E - 1);
   l2_prefetch(a.pf);   // D13: the next launch's weights
   pdl_wait();
+  trace_mark(a, 1);
   const float* xin = nrm.w ? nrm.h : a.x;
   float ss = 0.f;
   stage_x_q4(xin, m.H, xq4, xs4, nrm.w, &ss);
@@ -750,6 +762,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   const float ns = nrm.w ? fold_norm_scale(red, nwc, m.H, nrm.eps, nrm.h, nrm.w,
                                            blockIdx.x == 0 ? const_cast<float*>(a.x) : nullptr)
                          : 1.f;
+  trace_mark(a, 2);
   // 1. router rows
   for (int p = gw; p <= m.E; p += nw) {
     if (p != gw) rr.load(p == m.E ? m.shared_gate : m.router, p < m.E ? p : 0);
@@ -760,6 +773,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     }
   }
   __syncthreads();
+  trace_mark(a, 3);
   if (blockIdx.x < nR) grid_arrive(&ctr[0]);
   // 2. shared expert gate/up rows (unweighted SwiGLU)
   for (int p = gw; p < pre; p += nw) {
@@ -770,7 +784,9 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     if (lane == 0) act[m.K * a.imax + (p - m.E - 1)] = siluf_(r[0] * ns) * (r[1] * ns);
   }
   // 3. routing, then the routed experts' gate/up rows
+  trace_mark(a, 4);
   grid_wait(&ctr[0], nR);
+  trace_mark(a, 5);
   for (int e = threadIdx.x; e < m.E; e += kPersistThreads) lg[e] = __ldcg(a.logits + e);
   __syncthreads();
   select_topk_block(lg, m.E, m.K, ckey, cidx, sid, sv);
@@ -793,6 +809,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     if (blockIdx.x == 0 && lane == 0) a.wts[m.K] = sw[m.K];
   }
   __syncthreads();
+  trace_mark(a, 6);
   const int items = m.K * m.I;
   auto load_routed = [&](Q4Rows<2, 2>& q, int it) {
     const int sl = it / m.I, row = it % m.I;
@@ -809,6 +826,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     if (lane == 0) act[(it / m.I) * a.imax + it % m.I] = sw[it / m.I] * siluf_(r[0] * ns) * (r[1] * ns);
   }
   __syncthreads();
+  trace_mark(a, 7);
   grid_arrive(&ctr[1]);
   // 4. down projections: this CTA's first 16 output rows are loaded before the wait
   const int nbd = (m.H + 15) / 16;
@@ -816,13 +834,17 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   auto id_of = [&](int s) { return sid[s]; };
   if (blockIdx.x < nbd) dr.load(m, (blockIdx.x * nwc + warp) * 2, id_of);
   grid_wait(&ctr[1], G);
+  trace_mark(a, 8);
   pdl_trigger();   // every CTA of the grid is resident now (see above)
   if (threadIdx.x == 0 && atomicAdd(&ctr[2], 1) == G - 1) {   // last CTA past the handoffs
     ctr[0] = 0;
     ctr[1] = 0;
     ctr[2] = 0;
   }
-  if (blockIdx.x >= nbd) return;
+  if (blockIdx.x >= nbd) {
+    trace_mark(a, 9);
+    return;
+  }
   stage_down_act(act, S, a.imax, dq, dsum, slot_scale);
   __syncthreads();
   for (int hb = blockIdx.x; hb < nbd; hb += G) {
@@ -839,6 +861,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
       }
     }
   }
+  trace_mark(a, 9);
 }
 
 bool q4ok(const QMat& w) { return w.type == kQ4 && !w.sb_f32 && w.gs == 64; }
@@ -902,6 +925,7 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   const bool fast_down = fast && m.I == 512 && m.Is == 512 && m.K <= 9 && q4ok(m.down0) && q4ok(m.sh_down);
   // D17 needs the ids from the router kernel (not gate/up) and the FFMA down kernel, and must be
   // set identically for the gate/up and down launches of one call.
+  a.trace = dec ? dec->trace : nullptr;
   a.early_down = dec && dec->early_down && fused_router && fast_down && !(mma_q4_enabled() && mma_q4_all()) ? 1 : 0;
   // D19: the whole block as one persistent kernel (all three stages in one call).
   if (stages == 7 && dec && dec->persist && fused_router && moe_persist_ok(m, T, fast)) {
