@@ -84,6 +84,8 @@ struct AttnDims {
 };
 // D11: decode merge with warps across splits (process-wide switch, ablation D11).
 bool& merge_warps_enabled();
+// D21: decode kernels stage x / activations from registers (every load in flight at once).
+bool& stage_regs_enabled();
 // With an fp16 cache, the split-KV kernel keeps 4 positions per warp in flight (raw fp16, converted
 // where used) instead of 2 (process-wide switch, env LILY_ATTN_KV16_U4=1; off by default).
 bool& kv16_u4_enabled();

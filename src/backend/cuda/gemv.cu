@@ -21,6 +21,7 @@ struct GemvLaunch {
   GemvNorm norm;        // D9 (norm.w set): stage rmsnorm(norm.h) instead of job.x
   float* norm_out;      // D9: CTA 0 writes rmsnorm(norm.h) here (the jobs' x), else null
   L2Prefetch pf;        // D13: the next launch's weights
+  int stage_regs;       // D21: x staged from registers (all loads in flight at once)
 };
 
 // Epilogue of one output: y, plus the folded residual add (D9).
@@ -68,17 +69,35 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
   pdl_trigger();
   l2_prefetch(L.pf);
   load(cur, bj);   // weights never change: safe before the wait
-  pdl_wait();
-  float ss = 0.f;
-  stage_x_q4(L.norm.w ? L.norm.h : jb.x, cols, sm4, xsum, L.norm.w, &ss);
-  if (L.norm.w) {
-    ss = warp_sum(ss);
-    if (lane == 0) red[warp] = ss;
+  // x staged from registers, every load in flight at once; the norm gain (a weight) before the wait.
+  XRegs<CPL> xr;
+  if (L.stage_regs) {
+    if (L.norm.w) xr.load(L.norm.w, cols / 4);
+    XRegs<CPL> g = xr;
+    pdl_wait();
+    xr.load(L.norm.w ? L.norm.h : jb.x, cols / 4);
+    if (L.norm.w) {
+      const float ss = warp_sum(xr.apply_gain(g));
+      if (lane == 0) red[warp] = ss;
+    }
+    stage_x_q4_regs(xr, cols, sm4, xsum);
+  } else {
+    pdl_wait();
+    float ss = 0.f;
+    stage_x_q4(L.norm.w ? L.norm.h : jb.x, cols, sm4, xsum, L.norm.w, &ss);
+    if (L.norm.w) {
+      ss = warp_sum(ss);
+      if (lane == 0) red[warp] = ss;
+    }
   }
   __syncthreads();
-  const float nscale = L.norm.w ? fold_norm_scale(red, 8, cols, L.norm.eps, L.norm.h, L.norm.w,
-                                                  blockIdx.x == 0 ? L.norm_out : nullptr)
-                                : 1.f;
+  float nscale = 1.f;
+  if (L.norm.w) {
+    const bool regs = L.stage_regs;
+    nscale = fold_norm_scale(red, 8, cols, L.norm.eps, L.norm.h, L.norm.w,
+                             blockIdx.x == 0 && !regs ? L.norm_out : nullptr);
+    if (blockIdx.x == 0 && regs && L.norm_out) xr.store_scaled(L.norm_out, cols / 4, nscale);
+  }
   // Software pipeline: the next row group's loads are in flight while this one is computed.
   for (int g = bj; g * 8 * R < rows; g += nb) {
     const int r0 = g * 8 * R + warp * R;
@@ -312,6 +331,7 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
   pf = nullptr;   // D13: once per batch
   L.n = int(jobs.size());
   L.T = 1;
+  L.stage_regs = stage_regs_enabled() ? 1 : 0;
   if (norm) {   // D9: the first launch of the batch writes the normalised x
     L.norm = *norm;
     L.norm_out = norm_written ? nullptr : const_cast<float*>(jobs[0].x);
@@ -449,6 +469,11 @@ __global__ void add_kernel(float* h, const float* r, int64_t n) {
 }
 
 }  // namespace
+
+bool& stage_regs_enabled() {
+  static bool on = true;
+  return on;
+}
 
 bool& gemv_one_wave_enabled() {
   static bool on = true;

@@ -31,6 +31,7 @@ struct MoeArgs {
   L2Prefetch pf;           // D13: the next launch's weights (issued by the router stage)
   int pf_down;             // D13: gate/up prefetches the chosen experts' down projections
   int early_down;          // D17: gate/up triggers after its wait; down loads its rows before its wait
+  int stage_regs;          // D21: x and the down activations staged from registers
   unsigned long long* trace;   // investigation aid: D19 phase timestamps [CTA][kMoeTracePhases]
 };
 
@@ -363,8 +364,47 @@ struct DownRows {
 // Stages the S slots' activations (512 each, slot s at act + s*imax, read through L2) for
 // DownRows::dot: slot s, chunk c (16 per row), float4 f -> [s*128 + f*16 + c], pre-scaled for
 // dot8_q4, plus per-chunk sums. slot_scale (shared memory, optional) multiplies slot s's values.
+// D21 (`regs`, 256 threads): every load of a round of 5 float4s per thread is issued first (S <= 10
+// is one round) instead of one L2 round trip per loop iteration.
 __device__ __forceinline__ void stage_down_act(const float* act, int S, int imax, float4* sm4, float* xsum,
-                                               const float* slot_scale) {
+                                               const float* slot_scale, bool regs = false) {
+  if (regs) {
+    constexpr int kN = 5;
+    for (int base = 0; base < S * 128; base += kN * 256) {
+      float4 vr[kN];
+#pragma unroll
+      for (int k = 0; k < kN; ++k) {
+        const int idx = base + int(threadIdx.x) + 256 * k;
+        vr[k] = idx < S * 128 ? __ldcg(reinterpret_cast<const float4*>(act + (idx / 128) * imax) + idx % 128)
+                              : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int k = 0; k < kN; ++k) {
+        const int idx = base + int(threadIdx.x) + 256 * k;
+        if (idx >= S * 128) break;   // uniform per warp (multiples of 128)
+        const int s = idx / 128, r = idx % 128, cc = r / 8, f = r % 8, h = (f & 1) * 4;
+        float4 v = vr[k];
+        if (slot_scale) {
+          const float sk = slot_scale[s];
+          v.x *= sk;
+          v.y *= sk;
+          v.z *= sk;
+          v.w *= sk;
+        }
+        float sum = (v.x + v.y) + (v.z + v.w);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+        if (f == 0) xsum[s * 16 + cc] = sum;
+        v.x *= nib_prescale(h);
+        v.y *= nib_prescale(h + 1);
+        v.z *= nib_prescale(h + 2);
+        v.w *= nib_prescale(h + 3);
+        sm4[s * 128 + f * 16 + cc] = v;
+      }
+    }
+    return;
+  }
   for (int idx = threadIdx.x; idx < S * 128; idx += blockDim.x) {
     const int s = idx / 128, r = idx % 128, cc = r / 8, f = r % 8, h = (f & 1) * 4;
     float4 v = __ldcg(reinterpret_cast<const float4*>(act + s * imax) + r);
@@ -411,7 +451,7 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const __grid_constant__ M
     DownRows dr;
     dr.load(m, h0, [&](int ss) { return __ldcg(sid + ss); });   // L2: written by another kernel
     if (a.early_down) pdl_wait();   // D17: act comes from the gate/up kernel
-    stage_down_act(act, S, a.imax, sm4, xsum, nullptr);
+    stage_down_act(act, S, a.imax, sm4, xsum, nullptr, a.stage_regs);
     __syncthreads();
     if (h0 >= m.H) return;
     dr.dot(sm4, xsum, S, acc);
@@ -537,6 +577,23 @@ constexpr int kRouterCols = 2048;   // H: 128 16-byte chunks of 16 codes per row
 // Stages x (kRouterCols floats; gain ⊙ x with D9, adding the thread's share of Σx² to *ss) as
 // gemv_q8_kernel does: chunk ci (16 codes), float4 f -> [(ci/32)*128 + f*32 + ci%32], bytes 1 and
 // 3 of a word pre-scaled by 1/256, plus the plain sum of each chunk. Needs blockDim.x % 32 == 0.
+// stage_x_q8 from registers (256 threads, 2 float4s each: the router's 2048 columns).
+__device__ __forceinline__ void stage_x_q8_regs(const XRegs<2>& x, float4* sm4, float* xsum) {
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int idx = int(threadIdx.x) + 256 * k;
+    float4 v = x.v[k];
+    const int ci = idx >> 2, f = idx & 3;
+    float s4 = (v.x + v.y) + (v.z + v.w);
+    s4 += __shfl_xor_sync(0xffffffffu, s4, 1);
+    s4 += __shfl_xor_sync(0xffffffffu, s4, 2);
+    if (f == 0) xsum[ci] = s4;
+    v.y *= 1.f / 256;
+    v.w *= 1.f / 256;
+    sm4[(ci >> 5) * 128 + f * 32 + (ci & 31)] = v;
+  }
+}
+
 __device__ __forceinline__ void stage_x_q8(const float* xin, const float* gain, float4* sm4, float* xsum,
                                            float* ss) {
   for (int idx = threadIdx.x; idx < kRouterCols / 4; idx += blockDim.x) {
@@ -747,21 +804,42 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   if (gw <= m.E) rr.load(gw == m.E ? m.shared_gate : m.router, gw < m.E ? gw : 0);
   else if (gw < pre) load_q4(cur, m.sh_gate, m.sh_up, gw - m.E - 1);
   l2_prefetch(a.pf);   // D13: the next launch's weights
-  pdl_wait();
-  trace_mark(a, 1);
   const float* xin = nrm.w ? nrm.h : a.x;
-  float ss = 0.f;
-  stage_x_q4(xin, m.H, xq4, xs4, nrm.w, &ss);
-  stage_x_q8(xin, nrm.w, xq8, xs8, nullptr);
-  if (nrm.w) {
-    ss = warp_sum(ss);
-    if (lane == 0) red[warp] = ss;
+  float ns = 1.f;
+  if (a.stage_regs && m.H == 2 * 4 * kPersistThreads) {
+    // D21: x once into registers (the norm gain, a weight, before the wait), both layouts from there.
+    XRegs<2> xr;
+    if (nrm.w) xr.load(nrm.w, m.H / 4);
+    const XRegs<2> g = xr;
+    pdl_wait();
+    trace_mark(a, 1);
+    xr.load(xin, m.H / 4);
+    if (nrm.w) {
+      const float ss = warp_sum(xr.apply_gain(g));
+      if (lane == 0) red[warp] = ss;
+    }
+    stage_x_q4_regs(xr, m.H, xq4, xs4);
+    stage_x_q8_regs(xr, xq8, xs8);
+    __syncthreads();
+    if (nrm.w) {
+      ns = fold_norm_scale(red, nwc, m.H, nrm.eps, nrm.h, nrm.w, nullptr);
+      if (blockIdx.x == 0) xr.store_scaled(const_cast<float*>(a.x), m.H / 4, ns);
+    }
+  } else {
+    pdl_wait();
+    trace_mark(a, 1);
+    float ss = 0.f;
+    stage_x_q4(xin, m.H, xq4, xs4, nrm.w, &ss);
+    stage_x_q8(xin, nrm.w, xq8, xs8, nullptr);
+    if (nrm.w) {
+      ss = warp_sum(ss);
+      if (lane == 0) red[warp] = ss;
+    }
+    __syncthreads();
+    // D9: the staged x is gain ⊙ h; the rmsnorm scale multiplies the dot products instead.
+    if (nrm.w)
+      ns = fold_norm_scale(red, nwc, m.H, nrm.eps, nrm.h, nrm.w, blockIdx.x == 0 ? const_cast<float*>(a.x) : nullptr);
   }
-  __syncthreads();
-  // D9: the staged x is gain ⊙ h; the rmsnorm scale multiplies the dot products instead.
-  const float ns = nrm.w ? fold_norm_scale(red, nwc, m.H, nrm.eps, nrm.h, nrm.w,
-                                           blockIdx.x == 0 ? const_cast<float*>(a.x) : nullptr)
-                         : 1.f;
   trace_mark(a, 2);
   // 1. router rows
   for (int p = gw; p <= m.E; p += nw) {
@@ -845,7 +923,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     trace_mark(a, 9);
     return;
   }
-  stage_down_act(act, S, a.imax, dq, dsum, slot_scale);
+  stage_down_act(act, S, a.imax, dq, dsum, slot_scale, a.stage_regs);
   __syncthreads();
   for (int hb = blockIdx.x; hb < nbd; hb += G) {
     const int h0 = (hb * nwc + warp) * 2;
@@ -926,6 +1004,7 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   // D17 needs the ids from the router kernel (not gate/up) and the FFMA down kernel, and must be
   // set identically for the gate/up and down launches of one call.
   a.trace = dec ? dec->trace : nullptr;
+  a.stage_regs = stage_regs_enabled() ? 1 : 0;
   a.early_down = dec && dec->early_down && fused_router && fast_down && !(mma_q4_enabled() && mma_q4_all()) ? 1 : 0;
   // D19: the whole block as one persistent kernel (all three stages in one call).
   if (stages == 7 && dec && dec->persist && fused_router && moe_persist_ok(m, T, fast)) {
