@@ -304,15 +304,15 @@ int bench_main(int argc, char** argv) {
   }
 #endif
 
-  // Investigation aid (LILY_MOEP_TRACE=1): phase timestamps of the persistent MoE kernel (D19)
-  // inside the replayed step at the first context.
+  // Investigation aid (LILY_KERNEL_TRACE=1): phase timestamps of the persistent MoE kernel (D19)
+  // and the decode GEMVs inside the replayed step at the first context.
   std::vector<std::string> trace_lines;
 #ifdef LILY_HAVE_CUDA
-  if (const char* e = std::getenv("LILY_MOEP_TRACE"); e && *e && *e != '0' && be->name() == "cuda") {
-    cuda_tools::set_moe_trace(*be, true);
+  if (const char* e = std::getenv("LILY_KERNEL_TRACE"); e && *e && *e != '0' && be->name() == "cuda") {
+    cuda_tools::set_kernel_trace(*be, true);
     run(ctxs.front(), 16);
-    trace_lines = cuda_tools::moe_trace_summary(*be);
-    cuda_tools::set_moe_trace(*be, false);
+    trace_lines = cuda_tools::kernel_trace_summary(*be);
+    cuda_tools::set_kernel_trace(*be, false);
     for (const auto& l : trace_lines) std::fprintf(stderr, "bench: %s\n", l.c_str());
   }
 #endif
@@ -367,7 +367,7 @@ int bench_main(int argc, char** argv) {
   if (!balance.empty()) js << ",\n  \"expert_balance\": \"" << balance << "\"";
   js << "\n}\n";
   if (!trace_lines.empty()) {
-    md << "\n## " << trace_lines[0] << " (context " << ctxs.front() << ")\n\n";
+    md << "\n## " << trace_lines[0] << " (context " << ctxs.front() << ")\n";
     for (size_t i = 1; i < trace_lines.size(); ++i) md << trace_lines[i] << "\n";
   }
   if (!prof_lines.empty()) {

@@ -359,6 +359,7 @@ class CudaBackend final : public Backend {
       dec.counter = router_ticket_;
       dec.early_down = early_down_;
       if (persist_) dec.persist = persist_ctr_;
+      dec.flags = moep_flags_;
     }
     if (hist_on_) {
       if (!hist_) hist_ = alloc_i32(int64_t(c.num_hidden_layers) * m.E);
@@ -446,7 +447,7 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamSynchronize(s_));
     CUDA_CHECK(cudaStreamBeginCapture(s_, cudaStreamCaptureModeThreadLocal));
     capturing_ = true;
-    moe_trace_call_ = 0;   // the step's MoE calls fill trace slots 0, 1, ... at every replay
+    trace_call_ = 0;   // the step's traced launches fill slots 0, 1, ... at every replay
     return true;
   }
   void end_capture() override {
@@ -497,8 +498,11 @@ class CudaBackend final : public Backend {
     // process-wide default, e.g. to run a server or a whole benchmark without one optimization).
     abl_.merge_env();
     skip_.clear();
-    for (const std::string& id : abl_.off)
+    moep_flags_ = 0;
+    for (const std::string& id : abl_.off) {
       if (id.rfind("skip=", 0) == 0 && id.size() > 5) skip_.push_back(id.substr(5));
+      if (id.rfind("moep=", 0) == 0) moep_flags_ = std::atoi(id.c_str() + 5);   // D19 experiments
+    }
     fast_ = !abl_.has("D1");
     mma_q4_enabled() = !abl_.has("D1m");   // D1m: no mma.sync 4-bit kernels (f44444c FFMA ones)
     batch_ = !abl_.has("D3b");
@@ -582,21 +586,30 @@ class CudaBackend final : public Backend {
     recorded_ids_.clear();
   }
   std::vector<std::vector<int32_t>> take_moe_ids() { return std::exchange(recorded_ids_, {}); }
-  void set_moe_trace(bool on) {
-    LILY_CHECK(!capturing_, "cuda backend: MoE trace switched during graph capture");
+  void set_kernel_trace(bool on) {
+    LILY_CHECK(!capturing_, "cuda backend: kernel trace switched during graph capture");
     synchronize();
     const int64_t n = int64_t(kTraceSlots) * kMoeTraceCtas * kMoeTracePhases;
-    if (on && !moe_trace_buf_) moe_trace_buf_ = static_cast<unsigned long long*>(alloc_bytes(n * 8));
-    if (on) fill_zero(moe_trace_buf_, n * 8);
-    moe_trace_ = on ? moe_trace_buf_ : nullptr;
-    moe_trace_call_ = 0;
+    if (on && !trace_buf_) trace_buf_ = static_cast<unsigned long long*>(alloc_bytes(n * 8));
+    if (on) fill_zero(trace_buf_, n * 8);
+    trace_on_ = on;
+    trace_call_ = 0;
+    trace_names_.assign(kTraceSlots, std::string());
   }
-  std::vector<unsigned long long> moe_trace() {
+  // The next trace slot ([CTA][kMoeTracePhases] timestamps) for a launch named `name`; null when off.
+  unsigned long long* trace_slot(const std::string& name) {
+    if (!trace_on_) return nullptr;
+    const int slot = trace_call_++ % kTraceSlots;
+    trace_names_[slot] = name;
+    return trace_buf_ + int64_t(slot) * kMoeTraceCtas * kMoeTracePhases;
+  }
+  std::vector<unsigned long long> kernel_trace(std::vector<std::string>& names) {
     synchronize();
     std::vector<unsigned long long> t;
-    if (!moe_trace_buf_) return t;
+    names = trace_names_;
+    if (!trace_buf_) return t;
     t.resize(size_t(kTraceSlots) * kMoeTraceCtas * kMoeTracePhases);
-    copy_to_host(t.data(), moe_trace_buf_, int64_t(t.size()) * 8);
+    copy_to_host(t.data(), trace_buf_, int64_t(t.size()) * 8);
     return t;
   }
   std::vector<int32_t> last_moe_ids() {
@@ -718,8 +731,7 @@ class CudaBackend final : public Backend {
       p.dec.pf = unit_prefetch(mine, p.T);
       p.dec.pf_down = prefetch_ && p.T == 1;
     }
-    if (moe_trace_ && p.T == 1)
-      p.dec.trace = moe_trace_ + int64_t(moe_trace_call_++ % kTraceSlots) * kMoeTraceCtas * kMoeTracePhases;
+    if (p.T == 1) p.dec.trace = trace_slot("moe.persist");
     const MoeDecode* dec = &p.dec;
     const int T = p.T;
     if (profiling_ && !capturing_ && p.dec.persist && T == 1 && cuda::moe_persist_ok(p.m, T, fast_)) {
@@ -767,6 +779,7 @@ class CudaBackend final : public Backend {
     L2Prefetch mine;
     for (const GemvJob& j : jobs) pf_add_mat(mine, j.w);
     const L2Prefetch pf = unit_prefetch(mine, pend_T_);
+    gemv_trace_next() = trace_slot(name);
     timed(name, bytes, [&] {
       gemv_batch(jobs.data(), int(jobs.size()), pend_T_, fast_, s_, has_norm ? &norm : nullptr, &pf);
     });
@@ -931,9 +944,12 @@ class CudaBackend final : public Backend {
   cudaGraphExec_t exec_ = nullptr;
   bool profiling_ = false, hold_ = false;
   std::vector<std::string> skip_;   // "skip=" ids (see skipped)
-  static constexpr int kTraceSlots = 64;
-  unsigned long long *moe_trace_ = nullptr, *moe_trace_buf_ = nullptr;
-  int moe_trace_call_ = 0;
+  int moep_flags_ = 0;              // "moep=N": MoeDecode::flags
+  static constexpr int kTraceSlots = 160;   // traced launches per step (40 MoE + 81 GEMV batches)
+  unsigned long long* trace_buf_ = nullptr;
+  bool trace_on_ = false;
+  int trace_call_ = 0;
+  std::vector<std::string> trace_names_;
   bool hist_on_ = false;
   int32_t* hist_ = nullptr;
   int hist_layers_ = 0, hist_E_ = 0;
@@ -967,22 +983,33 @@ std::vector<double> time_ops(Backend& be, const std::function<void()>& op, int w
 std::vector<int32_t> last_moe_ids(Backend& be) { return as_cuda(be).last_moe_ids(); }
 void record_moe_ids(Backend& be, bool on) { as_cuda(be).record_moe_ids(on); }
 std::vector<std::vector<int32_t>> take_moe_ids(Backend& be) { return as_cuda(be).take_moe_ids(); }
-void set_moe_trace(Backend& be, bool on) { as_cuda(be).set_moe_trace(on); }
-std::vector<std::string> moe_trace_summary(Backend& be) {
-  static const char* names[kMoeTracePhases] = {
+void set_kernel_trace(Backend& be, bool on) { as_cuda(be).set_kernel_trace(on); }
+std::vector<std::string> kernel_trace_summary(Backend& be) {
+  static const char* moe_names[kMoeTracePhases] = {
       "entry", "past PDL wait", "x staged, norm folded", "router rows done", "shared-expert rows done",
-      "past handoff 1 (logits)", "top-k + weights", "routed gate/up done", "past handoff 2 (activations)", "end"};
-  const std::vector<unsigned long long> t = as_cuda(be).moe_trace();
+      "past handoff 1 (logits)", "top-k + weights", "routed gate/up done", "past handoff 2 (activations)",
+      "down: activations staged", "down: rows done (thread 0)", "end (CTA)"};
+  static const char* gemv_names[4] = {"entry", "past PDL wait", "x staged, norm folded", "end (thread 0)"};
+  std::vector<std::string> slot_names;
+  const std::vector<unsigned long long> t = as_cuda(be).kernel_trace(slot_names);
   const size_t per = size_t(kMoeTraceCtas) * kMoeTracePhases;
-  // Per traced call: each phase's time since the call's first CTA entered, at the median CTA and
-  // at the last CTA; then the median of those over the calls.
-  std::vector<std::vector<double>> med(kMoeTracePhases), last(kMoeTracePhases);
-  int calls = 0, ctas = 0;
-  for (size_t c = 0; c * per < t.size(); ++c) {
+  // Per traced launch: each phase's time since the launch's first CTA entered, at the median CTA
+  // and at the last CTA; then, per launch name, the median of those over its launches.
+  struct Acc {
+    std::vector<std::vector<double>> med, last;
+    int calls = 0, ctas = 0;
+  };
+  std::map<std::string, Acc> acc;
+  std::vector<std::string> order;
+  for (size_t c = 0; c * per < t.size() && c < slot_names.size(); ++c) {
     const unsigned long long* b = t.data() + c * per;
     int G = 0;
     while (G < kMoeTraceCtas && b[size_t(G) * kMoeTracePhases] != 0) ++G;
-    if (G == 0) continue;
+    if (G == 0 || slot_names[c].empty()) continue;
+    if (!acc.count(slot_names[c])) order.push_back(slot_names[c]);
+    Acc& a = acc[slot_names[c]];
+    a.med.resize(kMoeTracePhases);
+    a.last.resize(kMoeTracePhases);
     unsigned long long t0 = ~0ull;
     for (int g = 0; g < G; ++g) t0 = std::min(t0, b[size_t(g) * kMoeTracePhases]);
     for (int ph = 0; ph < kMoeTracePhases; ++ph) {
@@ -993,11 +1020,11 @@ std::vector<std::string> moe_trace_summary(Backend& be) {
       }
       if (v.empty()) continue;
       std::sort(v.begin(), v.end());
-      med[ph].push_back(v[v.size() / 2]);
-      last[ph].push_back(v.back());
+      a.med[ph].push_back(v[v.size() / 2]);
+      a.last[ph].push_back(v.back());
     }
-    ++calls;
-    ctas = G;
+    ++a.calls;
+    a.ctas = G;
   }
   auto median = [](std::vector<double> v) {
     if (v.empty()) return 0.0;
@@ -1005,14 +1032,21 @@ std::vector<std::string> moe_trace_summary(Backend& be) {
     return v[v.size() / 2];
   };
   std::vector<std::string> out;
-  out.push_back("D19 phase trace: " + std::to_string(calls) + " calls, " + std::to_string(ctas) +
-                " CTAs; us since the call's first CTA entered (median over calls)");
-  out.push_back("| phase | median CTA | last CTA |");
-  out.push_back("|---|---:|---:|");
-  for (int ph = 0; ph < kMoeTracePhases; ++ph) {
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "| %d %s | %.2f | %.2f |", ph, names[ph], median(med[ph]), median(last[ph]));
-    out.push_back(buf);
+  out.push_back("Kernel phase trace: us since each launch's first CTA entered (median over the launches of one step)");
+  for (const std::string& n : order) {
+    const Acc& a = acc[n];
+    const bool moe = n.rfind("moe", 0) == 0;
+    out.push_back("");
+    out.push_back("| " + n + " (" + std::to_string(a.calls) + " launches, " + std::to_string(a.ctas) +
+                  " CTAs) | median CTA | last CTA |");
+    out.push_back("|---|---:|---:|");
+    for (int ph = 0; ph < (moe ? kMoeTracePhases : 4); ++ph) {
+      if (a.med[ph].empty()) continue;
+      char buf[200];
+      std::snprintf(buf, sizeof buf, "| %d %s | %.2f | %.2f |", ph, moe ? moe_names[ph] : gemv_names[ph],
+                    median(a.med[ph]), median(a.last[ph]));
+      out.push_back(buf);
+    }
   }
   return out;
 }

@@ -60,10 +60,11 @@ std::vector<int32_t> last_moe_ids(Backend& be);
 void record_moe_ids(Backend& be, bool on);
 std::vector<std::vector<int32_t>> take_moe_ids(Backend& be);
 // Investigation aid: from now on (and in steps captured from now on) the persistent MoE decode
-// kernel (D19) writes a timestamp per CTA at each phase boundary; the summary gives, per phase, the
-// time since the call's first CTA entered (median over the calls of the last step traced).
-void set_moe_trace(Backend& be, bool on);
-std::vector<std::string> moe_trace_summary(Backend& be);
+// kernel (D19) and the 4-bit decode GEMV write a %globaltimer stamp per CTA at each phase
+// boundary; the summary gives, per launch name and phase, the time since the launch's first CTA
+// entered (median over the launches of the last step traced).
+void set_kernel_trace(Backend& be, bool on);
+std::vector<std::string> kernel_trace_summary(Backend& be);
 
 }  // namespace cuda_tools
 }  // namespace lily

@@ -187,6 +187,18 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int f) {
   return f == 0 ? v.x : f == 1 ? v.y : f == 2 ? v.z : v.w;
 }
 
+constexpr int kMoeTracePhases = 12;   // trace stamps per CTA
+constexpr int kMoeTraceCtas = 1024;   // CTAs per traced launch slot
+// Investigation aid (cuda_tools::set_kernel_trace): thread 0 of each CTA writes %globaltimer to
+// tr[CTA][phase] (kMoeTracePhases per CTA); tr null = off.
+__device__ __forceinline__ void trace_stamp(unsigned long long* tr, int phase) {
+  if (tr && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    tr[blockIdx.x * kMoeTracePhases + phase] = t;
+  }
+}
+
 // A vector of floats held in registers across a block of NT threads: thread t owns float4s
 // t, t + NT, ..., t + (NIT-1)·NT. load() issues every load before any is used, so staging a
 // vector costs one memory round trip instead of one per loop iteration (the loop form waits for

@@ -86,6 +86,8 @@ struct AttnDims {
 bool& merge_warps_enabled();
 // D21: decode kernels stage x / activations from registers (every load in flight at once).
 bool& stage_regs_enabled();
+// Investigation aid: the trace slot for the next 4-bit decode GEMV launch (consumed by it).
+unsigned long long*& gemv_trace_next();
 // With an fp16 cache, the split-KV kernel keeps 4 positions per warp in flight (raw fp16, converted
 // where used) instead of 2 (process-wide switch, env LILY_ATTN_KV16_U4=1; off by default).
 bool& kv16_u4_enabled();
@@ -124,9 +126,11 @@ struct MoeDecode {
   // Investigation aid (cuda_tools::set_moe_trace): the D19 kernel's CTAs write %globaltimer at
   // each phase boundary here, [CTA][kMoeTracePhases]; null = off.
   unsigned long long* trace = nullptr;
+  // Experiment switches of the D19 kernel (ablation ids "moep=N", bits): 1 releases PDL dependents
+  // only at the end, 2 makes every down row's loads complete before the second handoff, 4 spins
+  // on the handoff counters without sleeping.
+  int flags = 0;
 };
-constexpr int kMoeTracePhases = 10;
-constexpr int kMoeTraceCtas = 1024;   // per call slot
 int64_t moe_workspace_floats(const MoeDev& m, int T);
 // `fast` false uses the generic kernels (ablation D1). `stages` bits: 1 router, 2 gate/up, 4 down
 // (the profiler launches them one at a time).

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_ops.h"
@@ -22,6 +23,7 @@ struct GemvLaunch {
   float* norm_out;      // D9: CTA 0 writes rmsnorm(norm.h) here (the jobs' x), else null
   L2Prefetch pf;        // D13: the next launch's weights
   int stage_regs;       // D21: x staged from registers (all loads in flight at once)
+  unsigned long long* trace;   // investigation aid: phase stamps (trace_stamp)
 };
 
 // Epilogue of one output: y, plus the folded residual add (D9).
@@ -66,6 +68,7 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
   };
   Q4Rows<CPL, R> cur;
   __shared__ float red[8];
+  trace_stamp(L.trace, 0);
   pdl_trigger();
   l2_prefetch(L.pf);
   load(cur, bj);   // weights never change: safe before the wait
@@ -75,6 +78,7 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     if (L.norm.w) xr.load(L.norm.w, cols / 4);
     XRegs<CPL> g = xr;
     pdl_wait();
+    trace_stamp(L.trace, 1);
     xr.load(L.norm.w ? L.norm.h : jb.x, cols / 4);
     if (L.norm.w) {
       const float ss = warp_sum(xr.apply_gain(g));
@@ -83,6 +87,7 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     stage_x_q4_regs(xr, cols, sm4, xsum);
   } else {
     pdl_wait();
+    trace_stamp(L.trace, 1);
     float ss = 0.f;
     stage_x_q4(L.norm.w ? L.norm.h : jb.x, cols, sm4, xsum, L.norm.w, &ss);
     if (L.norm.w) {
@@ -98,6 +103,7 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
                              blockIdx.x == 0 && !regs ? L.norm_out : nullptr);
     if (blockIdx.x == 0 && regs && L.norm_out) xr.store_scaled(L.norm_out, cols / 4, nscale);
   }
+  trace_stamp(L.trace, 2);
   // Software pipeline: the next row group's loads are in flight while this one is computed.
   for (int g = bj; g * 8 * R < rows; g += nb) {
     const int r0 = g * 8 * R + warp * R;
@@ -112,6 +118,7 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
       for (int r = 0; r < R; ++r)
         if (r0 + r < rows) gemv_store(jb, r0 + r, acc[r] * nscale);
   }
+  trace_stamp(L.trace, 3);
 }
 
 // 4-bit rows of any cols % 256 == 0 on tensor cores (D1m): a CTA of 8 warps takes 8/KS 16-row
@@ -332,6 +339,7 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
   L.n = int(jobs.size());
   L.T = 1;
   L.stage_regs = stage_regs_enabled() ? 1 : 0;
+  L.trace = std::exchange(gemv_trace_next(), nullptr);
   if (norm) {   // D9: the first launch of the batch writes the normalised x
     L.norm = *norm;
     L.norm_out = norm_written ? nullptr : const_cast<float*>(jobs[0].x);
@@ -473,6 +481,10 @@ __global__ void add_kernel(float* h, const float* r, int64_t n) {
 bool& stage_regs_enabled() {
   static bool on = true;
   return on;
+}
+unsigned long long*& gemv_trace_next() {
+  static unsigned long long* p = nullptr;
+  return p;
 }
 
 bool& gemv_one_wave_enabled() {

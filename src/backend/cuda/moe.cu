@@ -32,17 +32,12 @@ struct MoeArgs {
   int pf_down;             // D13: gate/up prefetches the chosen experts' down projections
   int early_down;          // D17: gate/up triggers after its wait; down loads its rows before its wait
   int stage_regs;          // D21: x and the down activations staged from registers
+  int flags;               // MoeDecode::flags (D19 experiments)
   unsigned long long* trace;   // investigation aid: D19 phase timestamps [CTA][kMoeTracePhases]
 };
 
 // D19 phase timestamp (thread 0 of each CTA; only with a trace buffer).
-__device__ __forceinline__ void trace_mark(const MoeArgs& a, int phase) {
-  if (a.trace && threadIdx.x == 0) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    a.trace[blockIdx.x * kMoeTracePhases + phase] = t;
-  }
-}
+__device__ __forceinline__ void trace_mark(const MoeArgs& a, int phase) { trace_stamp(a.trace, phase); }
 
 __device__ __forceinline__ const void* stack_ptr(const void* base, int64_t stride, int e, int64_t off);
 
@@ -339,6 +334,15 @@ struct DownRows {
         bi[q][r] = bf16f(static_cast<const uint16_t*>(w.biases)[row * 8 + (c >> 1)]);
       }
     }
+  }
+  // Experiment (D19 flag 2): makes the loads complete here (their registers are used).
+  __device__ __forceinline__ void pin() const {
+#pragma unroll
+    for (int q = 0; q < 5; ++q)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        asm volatile("" ::"r"(wv[q][r].x), "r"(wv[q][r].y), "r"(wv[q][r].z), "r"(wv[q][r].w), "f"(sc[q][r]),
+                     "f"(bi[q][r]));
   }
   __device__ __forceinline__ void dot(const float4* sm4, const float* xsum, int S, float* acc) const {
     const int lane = threadIdx.x & 31, half = lane >> 4, c = lane & 15;
@@ -752,9 +756,13 @@ __device__ __forceinline__ void grid_arrive(int* c) {
     atomicAdd(c, 1);
   }
 }
-__device__ __forceinline__ void grid_wait(const int* c, int target) {
+__device__ __forceinline__ void grid_wait(const int* c, int target, bool nosleep = false) {
   if (threadIdx.x == 0) {
-    while (ld_acquire_gpu(c) < target) __nanosleep(32);
+    if (nosleep)
+      while (ld_acquire_gpu(c) < target) {
+      }
+    else
+      while (ld_acquire_gpu(c) < target) __nanosleep(32);
     __threadfence();
   }
   __syncthreads();
@@ -863,7 +871,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   }
   // 3. routing, then the routed experts' gate/up rows
   trace_mark(a, 4);
-  grid_wait(&ctr[0], nR);
+  grid_wait(&ctr[0], nR, a.flags & 4);
   trace_mark(a, 5);
   for (int e = threadIdx.x; e < m.E; e += kPersistThreads) lg[e] = __ldcg(a.logits + e);
   __syncthreads();
@@ -911,20 +919,22 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   DownRows dr;
   auto id_of = [&](int s) { return sid[s]; };
   if (blockIdx.x < nbd) dr.load(m, (blockIdx.x * nwc + warp) * 2, id_of);
-  grid_wait(&ctr[1], G);
+  if ((a.flags & 2) && blockIdx.x < nbd) dr.pin();
+  grid_wait(&ctr[1], G, a.flags & 4);
   trace_mark(a, 8);
-  pdl_trigger();   // every CTA of the grid is resident now (see above)
+  if (!(a.flags & 1)) pdl_trigger();   // every CTA of the grid is resident now (see above)
   if (threadIdx.x == 0 && atomicAdd(&ctr[2], 1) == G - 1) {   // last CTA past the handoffs
     ctr[0] = 0;
     ctr[1] = 0;
     ctr[2] = 0;
   }
   if (blockIdx.x >= nbd) {
-    trace_mark(a, 9);
+    trace_mark(a, 11);
     return;
   }
   stage_down_act(act, S, a.imax, dq, dsum, slot_scale, a.stage_regs);
   __syncthreads();
+  trace_mark(a, 9);
   for (int hb = blockIdx.x; hb < nbd; hb += G) {
     const int h0 = (hb * nwc + warp) * 2;
     if (hb != int(blockIdx.x)) dr.load(m, h0, id_of);
@@ -939,7 +949,9 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
       }
     }
   }
-  trace_mark(a, 9);
+  trace_mark(a, 10);
+  __syncthreads();
+  trace_mark(a, 11);
 }
 
 bool q4ok(const QMat& w) { return w.type == kQ4 && !w.sb_f32 && w.gs == 64; }
@@ -1005,6 +1017,7 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   // set identically for the gate/up and down launches of one call.
   a.trace = dec ? dec->trace : nullptr;
   a.stage_regs = stage_regs_enabled() ? 1 : 0;
+  a.flags = dec ? dec->flags : 0;
   a.early_down = dec && dec->early_down && fused_router && fast_down && !(mma_q4_enabled() && mma_q4_all()) ? 1 : 0;
   // D19: the whole block as one persistent kernel (all three stages in one call).
   if (stages == 7 && dec && dec->persist && fused_router && moe_persist_ok(m, T, fast)) {
