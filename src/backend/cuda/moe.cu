@@ -33,6 +33,7 @@ struct MoeArgs {
   int early_down;          // D17: gate/up triggers after its wait; down loads its rows before its wait
   int stage_regs;          // D21: x and the down activations staged from registers
   int flags;               // MoeDecode::flags (D19 experiments)
+  float* copies;           // flag 8: kMoeCopies-1 more copies of act, then of the logits
   unsigned long long* trace;   // investigation aid: D19 phase timestamps [CTA][kMoeTracePhases]
 };
 
@@ -314,9 +315,10 @@ __global__ void __launch_bounds__(256, 2) moe_gate_up_mma_kernel(const __grid_co
 // The FAST down path (I = Is = 512, K <= 9): output rows h0, h0+1 of a warp; a half-warp reads one
 // 256-byte expert row, so a warp covers two slots per step. load() issues every row load (id_of(s):
 // routed slot s's expert id), dot() adds the K+1 slots' products into acc (lane-partial sums).
-struct DownRows {
-  uint4 wv[5][2];
-  float sc[5][2], bi[5][2];
+template <int R = 2>
+struct DownRowsT {
+  uint4 wv[5][R];
+  float sc[5][R], bi[5][R];
   template <typename IdOf>
   __device__ __forceinline__ void load(const MoeDev& m, int h0, IdOf id_of) {
     const int lane = threadIdx.x & 31, half = lane >> 4, c = lane & 15, S = m.K + 1;
@@ -327,7 +329,7 @@ struct DownRows {
       const int e = shared ? 0 : id_of(ss);
       const QMat w = shared ? m.sh_down : stack_mat(m.down0, m.down_stride, m.down_sb_stride, e);
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
+      for (int r = 0; r < R; ++r) {
         const int64_t row = min(h0 + r, m.H - 1);
         wv[q][r] = __ldcs(static_cast<const uint4*>(w.data) + row * 16 + c);
         sc[q][r] = bf16f(static_cast<const uint16_t*>(w.scales)[row * 8 + (c >> 1)]);
@@ -340,7 +342,7 @@ struct DownRows {
 #pragma unroll
     for (int q = 0; q < 5; ++q)
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
+      for (int r = 0; r < R; ++r)
         asm volatile("" ::"r"(wv[q][r].x), "r"(wv[q][r].y), "r"(wv[q][r].z), "r"(wv[q][r].w), "f"(sc[q][r]),
                      "f"(bi[q][r]));
   }
@@ -351,19 +353,22 @@ struct DownRows {
       const int s = 2 * q + half;
       if (s >= S) continue;
       const float xs = xsum[s * 16 + c];
-      float d[2] = {0.f, 0.f};
+      float d[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) d[r] = 0.f;
 #pragma unroll
       for (int f = 0; f < 4; ++f) {
         const float4 xa = sm4[s * 128 + (2 * f) * 16 + c];
         const float4 xb = sm4[s * 128 + (2 * f + 1) * 16 + c];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) d[r] += dot8_q4(word_of(wv[q][r], f), xa, xb);
+        for (int r = 0; r < R; ++r) d[r] += dot8_q4(word_of(wv[q][r], f), xa, xb);
       }
 #pragma unroll
-      for (int r = 0; r < 2; ++r) acc[r] = fmaf(sc[q][r], d[r], fmaf(bi[q][r], xs, acc[r]));
+      for (int r = 0; r < R; ++r) acc[r] = fmaf(sc[q][r], d[r], fmaf(bi[q][r], xs, acc[r]));
     }
   }
 };
+using DownRows = DownRowsT<2>;
 
 // Stages the S slots' activations (512 each, slot s at act + s*imax, read through L2) for
 // DownRows::dot: slot s, chunk c (16 per row), float4 f -> [s*128 + f*16 + c], pre-scaled for
@@ -576,6 +581,45 @@ __device__ void select_topk_block(const float* lg, int E, int K, uint32_t* ckey,
   __syncthreads();
 }
 
+// Top k (k <= 8) of the E <= 256 logits at lg (global memory, read through L2) by one warp, the
+// logits held in registers (lane l: elements 4l..4l+3 and 128+4l..128+4l+3): per round, each lane's
+// best key (ascending index within the lane, so ties go to the lower index), redux.sync max over
+// the warp, then the min index among equal keys; the same order as select_topk_block. Lane 0 writes
+// sid/sv (shared); the caller syncs. One L2 round trip and no block barrier (D19 flag 32).
+__device__ void select_topk_warp(const float* lg, int E, int K, int* sid, float* sv) {
+  const int lane = threadIdx.x & 31;
+  uint32_t key[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int e = j < 4 ? 4 * lane + j : 128 + 4 * lane + (j - 4);
+    key[j] = e < E ? order_key(__ldcg(lg + e)) : 0u;
+  }
+  for (int k = 0; k < K; ++k) {
+    uint32_t bk = 0u, bi = 0xffffffffu;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t e = j < 4 ? 4 * lane + j : 128 + 4 * lane + (j - 4);
+      if (key[j] > bk) {
+        bk = key[j];
+        bi = e;
+      }
+    }
+    const uint32_t best = __reduce_max_sync(0xffffffffu, bk);
+    const uint32_t win = __reduce_min_sync(0xffffffffu, bk == best ? bi : 0xffffffffu);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t e = j < 4 ? 4 * lane + j : 128 + 4 * lane + (j - 4);
+      if (e == win) key[j] = 0u;
+    }
+    if (lane == 0) {
+      const int e = int(min(win, uint32_t(E - 1)));   // in range whatever the logits
+      sid[k] = e;
+      sv[k] = __uint_as_float((best & 0x80000000u) ? (best & 0x7fffffffu) : ~best);   // order_key inverted
+    }
+  }
+  __syncwarp();
+}
+
 constexpr int kRouterCols = 2048;   // H: 128 16-byte chunks of 16 codes per row, 4 per lane
 
 // Stages x (kRouterCols floats; gain ⊙ x with D9, adding the thread's share of Σx² to *ss) as
@@ -743,6 +787,7 @@ __global__ void __launch_bounds__(32 * kRouterWarps) moe_router_topk_kernel(cons
 // the second handoff, i.e. once every CTA of the grid is resident; earlier kernels in the stream
 // finish without waiting on this one, so every CTA eventually becomes resident.
 constexpr int kPersistThreads = 256;
+constexpr int kMoeCopies = 4;
 
 __device__ __forceinline__ int ld_acquire_gpu(const int* p) {
   int v;
@@ -796,6 +841,17 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   const int nR = min(G, (m.E + 1 + nwc - 1) / nwc);           // CTAs that own router rows
   const int pre = m.E + 1 + m.Is;                             // router rows, then shared rows
   float* act = a.act;                                         // [K+1, imax]
+  // Experiment (flag 8): the activations and logits that every CTA reads are written in
+  // kMoeCopies copies and CTA b reads copy b % kMoeCopies (spreads the broadcast over more L2 lines).
+  const int ncopies = (a.flags & 8) ? kMoeCopies : 1;
+  const int64_t cstride = int64_t(m.K + 1) * a.imax;
+  auto act_copy = [&](int c) { return c == 0 ? act : a.copies + (c - 1) * cstride; };
+  auto logit_copy = [&](int c) {
+    return c == 0 ? const_cast<float*>(a.logits) : a.copies + (kMoeCopies - 1) * cstride + (c - 1) * m.E;
+  };
+  auto put_act = [&](int64_t i, float v) {
+    for (int c = 0; c < ncopies; ++c) act_copy(c)[i] = v;
+  };
   auto load_q4 = [&](Q4Rows<2, 2>& q, const QMat& g, const QMat& u, int row) {
     const uint4* rp[2] = {static_cast<const uint4*>(g.data) + int64_t(row) * (m.H / 32),
                           static_cast<const uint4*>(u.data) + int64_t(row) * (m.H / 32)};
@@ -855,7 +911,8 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     const float v = rr.dot(xq8, xs8) * ns;
     if (lane == 0) {
       if (p == m.E) const_cast<float*>(a.sg)[0] = v;
-      else const_cast<float*>(a.logits)[p] = v;
+      else
+        for (int c = 0; c < ncopies; ++c) logit_copy(c)[p] = v;
     }
   }
   __syncthreads();
@@ -867,15 +924,20 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     if (p != gw) load_q4(cur, m.sh_gate, m.sh_up, p - m.E - 1);
     float r[2];
     cur.dot(xq4, xs4, r);
-    if (lane == 0) act[m.K * a.imax + (p - m.E - 1)] = siluf_(r[0] * ns) * (r[1] * ns);
+    if (lane == 0) put_act(m.K * a.imax + (p - m.E - 1), siluf_(r[0] * ns) * (r[1] * ns));
   }
   // 3. routing, then the routed experts' gate/up rows
   trace_mark(a, 4);
   grid_wait(&ctr[0], nR, a.flags & 4);
   trace_mark(a, 5);
-  for (int e = threadIdx.x; e < m.E; e += kPersistThreads) lg[e] = __ldcg(a.logits + e);
-  __syncthreads();
-  select_topk_block(lg, m.E, m.K, ckey, cidx, sid, sv);
+  const float* lsrc = logit_copy(int(blockIdx.x) % ncopies);
+  if (a.flags & 32) {   // experiment: one warp, logits in registers, no block barrier before the weights
+    if (warp == 0) select_topk_warp(lsrc, m.E, m.K, sid, sv);
+  } else {
+    for (int e = threadIdx.x; e < m.E; e += kPersistThreads) lg[e] = __ldcg(lsrc + e);
+    __syncthreads();
+    select_topk_block(lg, m.E, m.K, ckey, cidx, sid, sv);
+  }
   if (warp == 0) {
     const float p = lane < m.K ? __expf(sv[lane] - sv[0]) : 0.f;   // the full softmax denominator cancels
     const float sum = warp_sum(p);
@@ -909,46 +971,55 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     float r[2];
     cur.dot(xq4, xs4, r);
     cur = nxt;
-    if (lane == 0) act[(it / m.I) * a.imax + it % m.I] = sw[it / m.I] * siluf_(r[0] * ns) * (r[1] * ns);
+    if (lane == 0) put_act((it / m.I) * a.imax + it % m.I, sw[it / m.I] * siluf_(r[0] * ns) * (r[1] * ns));
   }
   __syncthreads();
   trace_mark(a, 7);
   grid_arrive(&ctr[1]);
-  // 4. down projections: this CTA's first 16 output rows are loaded before the wait
-  const int nbd = (m.H + 15) / 16;
-  DownRows dr;
-  auto id_of = [&](int s) { return sid[s]; };
-  if (blockIdx.x < nbd) dr.load(m, (blockIdx.x * nwc + warp) * 2, id_of);
-  if ((a.flags & 2) && blockIdx.x < nbd) dr.pin();
-  grid_wait(&ctr[1], G, a.flags & 4);
-  trace_mark(a, 8);
-  if (!(a.flags & 1)) pdl_trigger();   // every CTA of the grid is resident now (see above)
-  if (threadIdx.x == 0 && atomicAdd(&ctr[2], 1) == G - 1) {   // last CTA past the handoffs
-    ctr[0] = 0;
-    ctr[1] = 0;
-    ctr[2] = 0;
-  }
-  if (blockIdx.x >= nbd) {
-    trace_mark(a, 11);
-    return;
-  }
-  stage_down_act(act, S, a.imax, dq, dsum, slot_scale, a.stage_regs);
-  __syncthreads();
-  trace_mark(a, 9);
-  for (int hb = blockIdx.x; hb < nbd; hb += G) {
-    const int h0 = (hb * nwc + warp) * 2;
-    if (hb != int(blockIdx.x)) dr.load(m, h0, id_of);
-    float acc[2] = {0.f, 0.f};
+  // 4. down projections: this CTA's output rows (R per warp: 2 in 128 CTAs with flag 16, else 1 in
+  // 256 CTAs) and the residual values they add to are loaded before the wait.
+  auto down = [&](auto rtag) {
+    constexpr int R = decltype(rtag)::value;
+    const int nbd = (m.H + 8 * R - 1) / (8 * R);
+    DownRowsT<R> dr;
+    float resv[R];
+    auto id_of = [&](int s) { return sid[s]; };
+    const int h0 = (blockIdx.x * nwc + warp) * R;
+    if (blockIdx.x < nbd) {
+      dr.load(m, h0, id_of);
+      if (a.res && lane == 0)
+#pragma unroll
+        for (int r = 0; r < R; ++r) resv[r] = h0 + r < m.H ? a.res[h0 + r] : 0.f;
+    }
+    if ((a.flags & 2) && blockIdx.x < nbd) dr.pin();
+    grid_wait(&ctr[1], G, a.flags & 4);
+    trace_mark(a, 8);
+    if (!(a.flags & 1)) pdl_trigger();   // every CTA of the grid is resident now (see above)
+    if (threadIdx.x == 0 && atomicAdd(&ctr[2], 1) == G - 1) {   // last CTA past the handoffs
+      ctr[0] = 0;
+      ctr[1] = 0;
+      ctr[2] = 0;
+    }
+    if (blockIdx.x >= nbd) return;
+    stage_down_act(act_copy(int(blockIdx.x) % ncopies), S, a.imax, dq, dsum, slot_scale, a.stage_regs);
+    __syncthreads();
+    trace_mark(a, 9);
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.f;
     dr.dot(dq, dsum, S, acc);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < R; ++r) {
       const float v = warp_sum(acc[r]);
       if (lane == 0 && h0 + r < m.H) {
         a.out[h0 + r] = v;
-        if (a.res) a.res[h0 + r] += v;
+        if (a.res) a.res[h0 + r] = resv[r] + v;
       }
     }
-  }
+  };
+  static_assert(kPersistThreads == 256, "down: 8 warps per CTA");
+  if (a.flags & 16) down(std::integral_constant<int, 2>{});
+  else down(std::integral_constant<int, 1>{});
   trace_mark(a, 10);
   __syncthreads();
   trace_mark(a, 11);
@@ -980,7 +1051,8 @@ bool moe_persist_ok(const MoeDev& m, int T, bool fast) {
 
 int64_t moe_workspace_floats(const MoeDev& m, int T) {
   const int imax = std::max(m.I, m.Is);
-  return int64_t(T) * (m.E + 1 + m.K + (m.K + 1) * imax + m.K + 1) + 64;   // + padding of the sections
+  return int64_t(T) * (m.E + 1 + m.K + (m.K + 1) * imax + m.K + 1) + 64 +   // + padding of the sections
+         (T == 1 ? int64_t(kMoeCopies - 1) * ((m.K + 1) * imax + m.E) : 0);   // D19 flag 8
 }
 
 void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool fast, int stages, cudaStream_t s,
@@ -1001,6 +1073,7 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   a.out = out;
   a.imax = imax;
   a.wts = a.act + r4(int64_t(T) * (m.K + 1) * imax);
+  a.copies = a.wts + r4(int64_t(T) * (m.K + 1));
   // Decode fusions (T == 1): D9 folded norm and residual, D10 fused router + top-k.
   const GemvNorm* norm = dec && dec->norm.w ? &dec->norm : nullptr;
   LILY_CHECK(!norm || moe_norm_ok(m, T, fast), "moe: folded rmsnorm not supported for these weights");
