@@ -989,7 +989,8 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
       "entry", "past PDL wait", "x staged, norm folded", "router rows done", "shared-expert rows done",
       "past handoff 1 (logits)", "top-k + weights", "routed gate/up done", "past handoff 2 (activations)",
       "down: activations staged", "down: rows done (thread 0)", "end (CTA)"};
-  static const char* gemv_names[4] = {"entry", "past PDL wait", "x staged, norm folded", "end (thread 0)"};
+  static const char* gemv_names[6] = {"entry", "past PDL wait", "x staged, norm folded (after the barrier)",
+                                      "end (thread 0)", "x arrived (thread 0)", "x in shared memory (thread 0)"};
   std::vector<std::string> slot_names;
   const std::vector<unsigned long long> t = as_cuda(be).kernel_trace(slot_names);
   const size_t per = size_t(kMoeTraceCtas) * kMoeTracePhases;
@@ -1040,7 +1041,7 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
     out.push_back("| " + n + " (" + std::to_string(a.calls) + " launches, " + std::to_string(a.ctas) +
                   " CTAs) | median CTA | last CTA |");
     out.push_back("|---|---:|---:|");
-    for (int ph = 0; ph < (moe ? kMoeTracePhases : 4); ++ph) {
+    for (int ph = 0; ph < (moe ? kMoeTracePhases : 6); ++ph) {
       if (a.med[ph].empty()) continue;
       char buf[200];
       std::snprintf(buf, sizeof buf, "| %d %s | %.2f | %.2f |", ph, moe ? moe_names[ph] : gemv_names[ph],

@@ -80,11 +80,16 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     pdl_wait();
     trace_stamp(L.trace, 1);
     xr.load(L.norm.w ? L.norm.h : jb.x, cols / 4);
+    if (L.trace) {   // investigation aid: when this thread's x has arrived
+      asm volatile("" ::"f"(xr.v[0].x));
+      trace_stamp(L.trace, 4);
+    }
     if (L.norm.w) {
       const float ss = warp_sum(xr.apply_gain(g));
       if (lane == 0) red[warp] = ss;
     }
     stage_x_q4_regs(xr, cols, sm4, xsum);
+    trace_stamp(L.trace, 5);
   } else {
     pdl_wait();
     trace_stamp(L.trace, 1);

@@ -813,6 +813,30 @@ __device__ __forceinline__ void grid_wait(const int* c, int target, bool nosleep
   __syncthreads();
 }
 
+// Ticket handoffs (default; the reset scheme above is flag 64): 64-bit counters that only grow.
+// Thread 0 of every CTA takes a ticket at kernel start, before its PDL wait (off the critical
+// path); launch n = ticket / G (all G CTAs of launch n take theirs before any CTA of launch n+1
+// can start: launch n releases dependents only after its second handoff). The handoffs wait for
+// (n+1)·nR and (n+1)·G arrivals, so nothing is reset and no CTA waits on an atomic's return
+// between the handoffs (the reset scheme's ctr[2] add returned its value in thread 0 right before
+// the down stage). The waiter's acquire load orders the CTA's later reads (bar.sync after it).
+__device__ __forceinline__ unsigned long long ld_acquire_gpu64(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void grid_arrive64(unsigned long long* c) {
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(c, 1ull);
+  }
+}
+__device__ __forceinline__ void grid_wait64(const unsigned long long* c, unsigned long long target) {
+  if (threadIdx.x == 0)
+    while (ld_acquire_gpu64(c) < target) __nanosleep(32);
+  __syncthreads();
+}
+
 // Dynamic shared memory (floats): x staged for the 4-bit rows (H + H/32), then a region used first
 // for x staged for the 8-bit router rows (H + H/16) and later for the down activations (S*512 + S*16).
 size_t persist_smem(const MoeDev& m) {
@@ -865,6 +889,11 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   Q8RouterRow rr;
   Q4Rows<2, 2> cur;
   trace_mark(a, 0);
+  // Ticket handoffs (default): counters at ctr + 8 (tickets, router arrivals, gate/up arrivals).
+  unsigned long long* tk = reinterpret_cast<unsigned long long*>(ctr + 8);
+  const bool tickets = !(a.flags & 64);
+  __shared__ unsigned long long s_gen;
+  if (tickets && threadIdx.x == 0) s_gen = atomicAdd(&tk[0], 1ull) / unsigned(G);
   if (gw <= m.E) rr.load(gw == m.E ? m.shared_gate : m.router, gw < m.E ? gw : 0);
   else if (gw < pre) load_q4(cur, m.sh_gate, m.sh_up, gw - m.E - 1);
   l2_prefetch(a.pf);   // D13: the next launch's weights
@@ -917,7 +946,10 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   }
   __syncthreads();
   trace_mark(a, 3);
-  if (blockIdx.x < nR) grid_arrive(&ctr[0]);
+  if (blockIdx.x < nR) {
+    if (tickets) grid_arrive64(&tk[1]);
+    else grid_arrive(&ctr[0]);
+  }
   // 2. shared expert gate/up rows (unweighted SwiGLU)
   for (int p = gw; p < pre; p += nw) {
     if (p <= m.E) continue;
@@ -928,7 +960,8 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   }
   // 3. routing, then the routed experts' gate/up rows
   trace_mark(a, 4);
-  grid_wait(&ctr[0], nR, a.flags & 4);
+  if (tickets) grid_wait64(&tk[1], (s_gen + 1) * unsigned(nR));
+  else grid_wait(&ctr[0], nR, a.flags & 4);
   trace_mark(a, 5);
   const float* lsrc = logit_copy(int(blockIdx.x) % ncopies);
   if (a.flags & 32) {   // experiment: one warp, logits in registers, no block barrier before the weights
@@ -975,7 +1008,8 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   }
   __syncthreads();
   trace_mark(a, 7);
-  grid_arrive(&ctr[1]);
+  if (tickets) grid_arrive64(&tk[2]);
+  else grid_arrive(&ctr[1]);
   // 4. down projections: this CTA's output rows (R per warp: 2 in 128 CTAs with flag 16, else 1 in
   // 256 CTAs) and the residual values they add to are loaded before the wait.
   auto down = [&](auto rtag) {
@@ -992,10 +1026,11 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
         for (int r = 0; r < R; ++r) resv[r] = h0 + r < m.H ? a.res[h0 + r] : 0.f;
     }
     if ((a.flags & 2) && blockIdx.x < nbd) dr.pin();
-    grid_wait(&ctr[1], G, a.flags & 4);
+    if (tickets) grid_wait64(&tk[2], (s_gen + 1) * unsigned(G));
+    else grid_wait(&ctr[1], G, a.flags & 4);
     trace_mark(a, 8);
     if (!(a.flags & 1)) pdl_trigger();   // every CTA of the grid is resident now (see above)
-    if (threadIdx.x == 0 && atomicAdd(&ctr[2], 1) == G - 1) {   // last CTA past the handoffs
+    if (!tickets && threadIdx.x == 0 && atomicAdd(&ctr[2], 1) == G - 1) {   // last CTA past the handoffs
       ctr[0] = 0;
       ctr[1] = 0;
       ctr[2] = 0;
