@@ -41,7 +41,7 @@ __device__ __forceinline__ int find_job(const GemvLaunch& L) {
 // cols = 1024*CPL (each lane owns CPL 16-byte chunks of a row), R rows per warp per iteration,
 // 8 warps per block; blocks of a job stride over its row groups. The first group's weight loads
 // are issued before x is staged so that their latency overlaps the staging.
-template <int CPL, int R, bool WARM = false>
+template <int CPL, int R>
 __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__ GemvLaunch L) {
   extern __shared__ float4 sm4[];
   constexpr int cols = CPL * 1024;
@@ -72,80 +72,44 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
   pdl_trigger();
   l2_prefetch(L.pf);
   load(cur, bj);   // weights never change: safe before the wait
+  // x staged from registers, every load in flight at once; the norm gain (a weight) before the wait.
+  XRegs<CPL> xr;
   if (L.stage_regs) {
-    // D21: x staged from registers, every load in flight at once; the norm gain (a weight) before
-    // the wait. D22 (WARM): pass 0 runs this very code (staging, barrier, one group's dot; the
-    // loop is not unrolled, so both passes execute the same instructions) on zeros before the PDL
-    // wait, while the previous kernel still runs: the instruction fetches that otherwise stall the
-    // real pass (1.3–1.7 µs from x's arrival to x in shared memory in the kernel trace) happen
-    // during the wait, and the first group's weights are waited for there too.
-    const float* xsrc = L.norm.w ? L.norm.h : jb.x;
-#pragma unroll 1
-    for (int pass = WARM ? 0 : 1; pass < 2; ++pass) {
-      const bool real = pass == 1;
-      XRegs<CPL> xr, g;
-      if (L.norm.w) g.load(L.norm.w, cols / 4);   // pass 1 (after pass 0): an L1 hit
-      if (real) {
-        pdl_wait();
-        trace_stamp(L.trace, 1);
-        xr.load(xsrc, cols / 4);
-        if (L.trace) {   // investigation aid: when this thread's x has arrived
-          asm volatile("" ::"f"(xr.v[0].x));
-          trace_stamp(L.trace, 4);
-        }
-      } else {
-#pragma unroll
-        for (int k = 0; k < CPL; ++k) xr.v[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-      if (L.norm.w) {
-        const float ss = warp_sum(xr.apply_gain(g));
-        if (lane == 0) red[warp] = ss;
-      }
-      stage_x_q4_regs(xr, cols, sm4, xsum);
-      if (real) trace_stamp(L.trace, 5);
-      __syncthreads();
-      float nscale = 1.f;
-      if (L.norm.w) {
-        nscale = fold_norm_scale(red, 8, cols, L.norm.eps, L.norm.h, L.norm.w, nullptr);
-        if (real && blockIdx.x == 0 && L.norm_out) xr.store_scaled(L.norm_out, cols / 4, nscale);
-      }
-      if (real) trace_stamp(L.trace, 2);
-      // Software pipeline: the next row group's loads are in flight while this one is computed.
-      for (int gi = bj; gi * 8 * R < rows; gi += nb) {
-        const int r0 = gi * 8 * R + warp * R;
-        if (r0 >= rows) break;
-        Q4Rows<CPL, R> nxt;
-        if (real && (gi + nb) * 8 * R < rows) load(nxt, gi + nb);
-        float acc[R];
-        cur.dot(sm4, xsum, acc);
-        if (!real) {
-          asm volatile("" ::"f"(acc[0]));   // keeps the warm-up dot
-          break;
-        }
-        cur = nxt;
-        if (lane == 0)
-#pragma unroll
-          for (int r = 0; r < R; ++r)
-            if (r0 + r < rows) gemv_store(jb, r0 + r, acc[r] * nscale);
-      }
-      if (!real) __syncthreads();   // pass 1 restages shared memory
+    if (L.norm.w) xr.load(L.norm.w, cols / 4);
+    XRegs<CPL> g = xr;
+    pdl_wait();
+    trace_stamp(L.trace, 1);
+    xr.load(L.norm.w ? L.norm.h : jb.x, cols / 4);
+    if (L.trace) {   // investigation aid: when this thread's x has arrived
+      asm volatile("" ::"f"(xr.v[0].x));
+      trace_stamp(L.trace, 4);
     }
-    trace_stamp(L.trace, 3);
-    return;
-  }
-  pdl_wait();
-  trace_stamp(L.trace, 1);
-  float ss = 0.f;
-  stage_x_q4(L.norm.w ? L.norm.h : jb.x, cols, sm4, xsum, L.norm.w, &ss);
-  if (L.norm.w) {
-    ss = warp_sum(ss);
-    if (lane == 0) red[warp] = ss;
+    if (L.norm.w) {
+      const float ss = warp_sum(xr.apply_gain(g));
+      if (lane == 0) red[warp] = ss;
+    }
+    stage_x_q4_regs(xr, cols, sm4, xsum);
+    trace_stamp(L.trace, 5);
+  } else {
+    pdl_wait();
+    trace_stamp(L.trace, 1);
+    float ss = 0.f;
+    stage_x_q4(L.norm.w ? L.norm.h : jb.x, cols, sm4, xsum, L.norm.w, &ss);
+    if (L.norm.w) {
+      ss = warp_sum(ss);
+      if (lane == 0) red[warp] = ss;
+    }
   }
   __syncthreads();
-  const float nscale = L.norm.w ? fold_norm_scale(red, 8, cols, L.norm.eps, L.norm.h, L.norm.w,
-                                                  blockIdx.x == 0 ? L.norm_out : nullptr)
-                                : 1.f;
+  float nscale = 1.f;
+  if (L.norm.w) {
+    const bool regs = L.stage_regs;
+    nscale = fold_norm_scale(red, 8, cols, L.norm.eps, L.norm.h, L.norm.w,
+                             blockIdx.x == 0 && !regs ? L.norm_out : nullptr);
+    if (blockIdx.x == 0 && regs && L.norm_out) xr.store_scaled(L.norm_out, cols / 4, nscale);
+  }
   trace_stamp(L.trace, 2);
+  // Software pipeline: the next row group's loads are in flight while this one is computed.
   for (int g = bj; g * 8 * R < rows; g += nb) {
     const int r0 = g * 8 * R + warp * R;
     if (r0 >= rows) break;
@@ -407,9 +371,7 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
     launch(gemv_q8_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   } else {
     const int smem = CPL * 1024 * 4 + CPL * 32 * 4;
-    // D22: the warm-up pass (a separate instantiation: it costs registers, 60-112 bytes of spills).
-    if (gemv_warm_enabled() && L.stage_regs) launch(gemv_q4_kernel<CPL, R, true>, dim3(nb), dim3(256), smem, s, L);
-    else launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
+    launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   }
   CUDA_LAUNCH_CHECK();
 }
@@ -522,10 +484,6 @@ __global__ void add_kernel(float* h, const float* r, int64_t n) {
 }  // namespace
 
 bool& stage_regs_enabled() {
-  static bool on = true;
-  return on;
-}
-bool& gemv_warm_enabled() {
   static bool on = true;
   return on;
 }
