@@ -98,7 +98,7 @@ class CudaBackend final : public Backend {
     if (const char* v = std::getenv("LILY_GEMM_MIN_T"); v && *v) gemm_min_t_ = std::atoi(v);
     argmax_ws_ = alloc_bytes(argmax_scratch_bytes(4096));
     router_ticket_ = static_cast<int*>(alloc_bytes(64));
-    persist_ctr_ = static_cast<int*>(alloc_bytes(64));
+    persist_ctr_ = static_cast<int*>(alloc_bytes(4096));   // D19: counters (64 B), tagged logits
   }
   ~CudaBackend() override {
     if (exec_) cudaGraphExecDestroy(exec_);

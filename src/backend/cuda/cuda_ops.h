@@ -122,14 +122,15 @@ struct MoeDecode {
   L2Prefetch pf;              // D13: the next launch's weights, prefetched by the router stage
   bool pf_down = false;       // D13: the gate/up stage prefetches the chosen experts' down rows
   bool early_down = false;    // D17: down issues its expert-row loads before its PDL wait (D10 on)
-  int* persist = nullptr;     // D19: one persistent kernel's counters (64 zeroed bytes; see moe.cu)
+  int* persist = nullptr;     // D19: one persistent kernel's counters and tagged logits (4 KB zeroed; moe.cu)
   // Investigation aid (cuda_tools::set_moe_trace): the D19 kernel's CTAs write %globaltimer at
   // each phase boundary here, [CTA][kMoeTracePhases]; null = off.
   unsigned long long* trace = nullptr;
   // Experiment switches of the D19 kernel (ablation ids "moep=N", bits): 1 releases PDL dependents
   // only at the end, 2 makes every down row's loads complete before the second handoff, 4 spins
-  // on the handoff counters without sleeping, 64 uses the self-resetting counters instead of tickets
-  // (separate memory; both schemes stay consistent when launches alternate).
+  // on the handoff counters without sleeping, 16 takes 2 down rows per warp (128 CTAs), 64 uses the
+  // self-resetting counters instead of tickets (separate memory; both schemes stay consistent when
+  // launches alternate), 128 hands the logits over through the counter instead of tagged slots.
   int flags = 0;
 };
 int64_t moe_workspace_floats(const MoeDev& m, int T);

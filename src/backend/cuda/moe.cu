@@ -33,7 +33,6 @@ struct MoeArgs {
   int early_down;          // D17: gate/up triggers after its wait; down loads its rows before its wait
   int stage_regs;          // D21: x and the down activations staged from registers
   int flags;               // MoeDecode::flags (D19 experiments)
-  float* copies;           // flag 8: kMoeCopies-1 more copies of act, then of the logits
   unsigned long long* trace;   // investigation aid: D19 phase timestamps [CTA][kMoeTracePhases]
 };
 
@@ -581,45 +580,6 @@ __device__ void select_topk_block(const float* lg, int E, int K, uint32_t* ckey,
   __syncthreads();
 }
 
-// Top k (k <= 8) of the E <= 256 logits at lg (global memory, read through L2) by one warp, the
-// logits held in registers (lane l: elements 4l..4l+3 and 128+4l..128+4l+3): per round, each lane's
-// best key (ascending index within the lane, so ties go to the lower index), redux.sync max over
-// the warp, then the min index among equal keys; the same order as select_topk_block. Lane 0 writes
-// sid/sv (shared); the caller syncs. One L2 round trip and no block barrier (D19 flag 32).
-__device__ void select_topk_warp(const float* lg, int E, int K, int* sid, float* sv) {
-  const int lane = threadIdx.x & 31;
-  uint32_t key[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int e = j < 4 ? 4 * lane + j : 128 + 4 * lane + (j - 4);
-    key[j] = e < E ? order_key(__ldcg(lg + e)) : 0u;
-  }
-  for (int k = 0; k < K; ++k) {
-    uint32_t bk = 0u, bi = 0xffffffffu;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const uint32_t e = j < 4 ? 4 * lane + j : 128 + 4 * lane + (j - 4);
-      if (key[j] > bk) {
-        bk = key[j];
-        bi = e;
-      }
-    }
-    const uint32_t best = __reduce_max_sync(0xffffffffu, bk);
-    const uint32_t win = __reduce_min_sync(0xffffffffu, bk == best ? bi : 0xffffffffu);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const uint32_t e = j < 4 ? 4 * lane + j : 128 + 4 * lane + (j - 4);
-      if (e == win) key[j] = 0u;
-    }
-    if (lane == 0) {
-      const int e = int(min(win, uint32_t(E - 1)));   // in range whatever the logits
-      sid[k] = e;
-      sv[k] = __uint_as_float((best & 0x80000000u) ? (best & 0x7fffffffu) : ~best);   // order_key inverted
-    }
-  }
-  __syncwarp();
-}
-
 constexpr int kRouterCols = 2048;   // H: 128 16-byte chunks of 16 codes per row, 4 per lane
 
 // Stages x (kRouterCols floats; gain ⊙ x with D9, adding the thread's share of Σx² to *ss) as
@@ -787,7 +747,6 @@ __global__ void __launch_bounds__(32 * kRouterWarps) moe_router_topk_kernel(cons
 // the second handoff, i.e. once every CTA of the grid is resident; earlier kernels in the stream
 // finish without waiting on this one, so every CTA eventually becomes resident.
 constexpr int kPersistThreads = 256;
-constexpr int kMoeCopies = 4;
 
 __device__ __forceinline__ int ld_acquire_gpu(const int* p) {
   int v;
@@ -824,6 +783,14 @@ __device__ __forceinline__ unsigned long long ld_acquire_gpu64(const unsigned lo
   unsigned long long v;
   asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
+}
+__device__ __forceinline__ unsigned long long ld_relaxed_gpu64(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_relaxed_gpu64(unsigned long long* p, unsigned long long v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 __device__ __forceinline__ void grid_arrive64(unsigned long long* c) {
   if (threadIdx.x == 0) {
@@ -865,17 +832,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   const int nR = min(G, (m.E + 1 + nwc - 1) / nwc);           // CTAs that own router rows
   const int pre = m.E + 1 + m.Is;                             // router rows, then shared rows
   float* act = a.act;                                         // [K+1, imax]
-  // Experiment (flag 8): the activations and logits that every CTA reads are written in
-  // kMoeCopies copies and CTA b reads copy b % kMoeCopies (spreads the broadcast over more L2 lines).
-  const int ncopies = (a.flags & 8) ? kMoeCopies : 1;
-  const int64_t cstride = int64_t(m.K + 1) * a.imax;
-  auto act_copy = [&](int c) { return c == 0 ? act : a.copies + (c - 1) * cstride; };
-  auto logit_copy = [&](int c) {
-    return c == 0 ? const_cast<float*>(a.logits) : a.copies + (kMoeCopies - 1) * cstride + (c - 1) * m.E;
-  };
-  auto put_act = [&](int64_t i, float v) {
-    for (int c = 0; c < ncopies; ++c) act_copy(c)[i] = v;
-  };
+
   auto load_q4 = [&](Q4Rows<2, 2>& q, const QMat& g, const QMat& u, int row) {
     const uint4* rp[2] = {static_cast<const uint4*>(g.data) + int64_t(row) * (m.H / 32),
                           static_cast<const uint4*>(u.data) + int64_t(row) * (m.H / 32)};
@@ -892,6 +849,9 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   // Ticket handoffs (default): counters at ctr + 8 (tickets, router arrivals, gate/up arrivals).
   unsigned long long* tk = reinterpret_cast<unsigned long long*>(ctr + 8);
   const bool tickets = !(a.flags & 64);
+  // Tagged logits (default with tickets; flag 128 off): 8-byte {tag, logit} slots at ctr + 16.
+  const bool tags = tickets && !(a.flags & 128);
+  unsigned long long* tg = reinterpret_cast<unsigned long long*>(ctr + 16);
   __shared__ unsigned long long s_gen;
   if (tickets && threadIdx.x == 0) s_gen = atomicAdd(&tk[0], 1ull) / unsigned(G);
   if (gw <= m.E) rr.load(gw == m.E ? m.shared_gate : m.router, gw < m.E ? gw : 0);
@@ -939,16 +899,21 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     if (p != gw) rr.load(p == m.E ? m.shared_gate : m.router, p < m.E ? p : 0);
     const float v = rr.dot(xq8, xs8) * ns;
     if (lane == 0) {
+      if (tags) st_relaxed_gpu64(tg + p, (uint64_t(uint32_t(s_gen + 1)) << 32) | __float_as_uint(v));
       if (p == m.E) const_cast<float*>(a.sg)[0] = v;
-      else
-        for (int c = 0; c < ncopies; ++c) logit_copy(c)[p] = v;
+      else const_cast<float*>(a.logits)[p] = v;
     }
   }
   __syncthreads();
   trace_mark(a, 3);
-  if (blockIdx.x < nR) {
-    if (tickets) grid_arrive64(&tk[1]);
-    else grid_arrive(&ctr[0]);
+  if (blockIdx.x < nR) {   // with tags only counted (no fence), so that launches may mix the modes
+    if (tags) {
+      if (threadIdx.x == 0) atomicAdd(&tk[1], 1ull);
+    } else if (tickets) {
+      grid_arrive64(&tk[1]);
+    } else {
+      grid_arrive(&ctr[0]);
+    }
   }
   // 2. shared expert gate/up rows (unweighted SwiGLU)
   for (int p = gw; p < pre; p += nw) {
@@ -956,21 +921,32 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     if (p != gw) load_q4(cur, m.sh_gate, m.sh_up, p - m.E - 1);
     float r[2];
     cur.dot(xq4, xs4, r);
-    if (lane == 0) put_act(m.K * a.imax + (p - m.E - 1), siluf_(r[0] * ns) * (r[1] * ns));
+    if (lane == 0) act[m.K * a.imax + (p - m.E - 1)] = siluf_(r[0] * ns) * (r[1] * ns);
   }
   // 3. routing, then the routed experts' gate/up rows
   trace_mark(a, 4);
-  if (tickets) grid_wait64(&tk[1], (s_gen + 1) * unsigned(nR));
-  else grid_wait(&ctr[0], nR, a.flags & 4);
-  trace_mark(a, 5);
-  const float* lsrc = logit_copy(int(blockIdx.x) % ncopies);
-  if (a.flags & 32) {   // experiment: one warp, logits in registers, no block barrier before the weights
-    if (warp == 0) select_topk_warp(lsrc, m.E, m.K, sid, sv);
-  } else {
-    for (int e = threadIdx.x; e < m.E; e += kPersistThreads) lg[e] = __ldcg(lsrc + e);
+  __shared__ float s_sg;
+  if (tags) {
+    // Tagged logits: each thread polls its slots until they carry this launch's tag (value and tag
+    // are one 8-byte word), so the logits arrive with the handoff in one round trip.
+    const uint32_t want = uint32_t(s_gen + 1);
+    for (int e = threadIdx.x; e <= m.E; e += kPersistThreads) {
+      uint64_t w;
+      while (uint32_t((w = ld_relaxed_gpu64(tg + e)) >> 32) != want) __nanosleep(32);
+      const float v = __uint_as_float(uint32_t(w));
+      if (e < m.E) lg[e] = v;
+      else s_sg = v;
+    }
     __syncthreads();
-    select_topk_block(lg, m.E, m.K, ckey, cidx, sid, sv);
+  } else {
+    if (tickets) grid_wait64(&tk[1], (s_gen + 1) * unsigned(nR));
+    else grid_wait(&ctr[0], nR, a.flags & 4);
+    for (int e = threadIdx.x; e < m.E; e += kPersistThreads) lg[e] = __ldcg(a.logits + e);
+    if (threadIdx.x == 0) s_sg = __ldcg(a.sg);
+    __syncthreads();
   }
+  trace_mark(a, 5);
+  select_topk_block(lg, m.E, m.K, ckey, cidx, sid, sv);
   if (warp == 0) {
     const float p = lane < m.K ? __expf(sv[lane] - sv[0]) : 0.f;   // the full softmax denominator cancels
     const float sum = warp_sum(p);
@@ -979,7 +955,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
       slot_scale[lane] = 1.f;   // routed slots carry their weight already
     }
     if (lane == 0) {
-      sw[m.K] = sigmoidf_(__ldcg(a.sg));
+      sw[m.K] = sigmoidf_(s_sg);
       slot_scale[m.K] = sw[m.K];   // the shared slot was written before σ(shared gate) was known
     }
     if (blockIdx.x == 0 && lane < m.K) {
@@ -1004,7 +980,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     float r[2];
     cur.dot(xq4, xs4, r);
     cur = nxt;
-    if (lane == 0) put_act((it / m.I) * a.imax + it % m.I, sw[it / m.I] * siluf_(r[0] * ns) * (r[1] * ns));
+    if (lane == 0) act[(it / m.I) * a.imax + it % m.I] = sw[it / m.I] * siluf_(r[0] * ns) * (r[1] * ns);
   }
   __syncthreads();
   trace_mark(a, 7);
@@ -1036,7 +1012,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
       ctr[2] = 0;
     }
     if (blockIdx.x >= nbd) return;
-    stage_down_act(act_copy(int(blockIdx.x) % ncopies), S, a.imax, dq, dsum, slot_scale, a.stage_regs);
+    stage_down_act(act, S, a.imax, dq, dsum, slot_scale, a.stage_regs);
     __syncthreads();
     trace_mark(a, 9);
     float acc[R];
@@ -1086,8 +1062,7 @@ bool moe_persist_ok(const MoeDev& m, int T, bool fast) {
 
 int64_t moe_workspace_floats(const MoeDev& m, int T) {
   const int imax = std::max(m.I, m.Is);
-  return int64_t(T) * (m.E + 1 + m.K + (m.K + 1) * imax + m.K + 1) + 64 +   // + padding of the sections
-         (T == 1 ? int64_t(kMoeCopies - 1) * ((m.K + 1) * imax + m.E) : 0);   // D19 flag 8
+  return int64_t(T) * (m.E + 1 + m.K + (m.K + 1) * imax + m.K + 1) + 64;   // + padding of the sections
 }
 
 void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool fast, int stages, cudaStream_t s,
@@ -1108,7 +1083,6 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   a.out = out;
   a.imax = imax;
   a.wts = a.act + r4(int64_t(T) * (m.K + 1) * imax);
-  a.copies = a.wts + r4(int64_t(T) * (m.K + 1));
   // Decode fusions (T == 1): D9 folded norm and residual, D10 fused router + top-k.
   const GemvNorm* norm = dec && dec->norm.w ? &dec->norm : nullptr;
   LILY_CHECK(!norm || moe_norm_ok(m, T, fast), "moe: folded rmsnorm not supported for these weights");
