@@ -86,8 +86,6 @@ struct AttnDims {
 bool& merge_warps_enabled();
 // D21: decode kernels stage x / activations from registers (every load in flight at once).
 bool& stage_regs_enabled();
-// D23: the 2048-column 4-bit decode GEMV with all of a warp's row groups in flight at once.
-bool& gemv_ng_enabled();
 // Investigation aid: the trace slot for the next 4-bit decode GEMV launch (consumed by it).
 unsigned long long*& gemv_trace_next();
 // With an fp16 cache, the split-KV kernel keeps 4 positions per warp in flight (raw fp16, converted

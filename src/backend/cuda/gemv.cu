@@ -139,89 +139,6 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
   trace_stamp(L.trace, 3);
 }
 
-// D23: the same GEMV with every row group of a warp in flight from the kernel's start: NG groups'
-// weights are loaded into registers before the PDL wait (2 CTAs per SM for the registers; grid
-// 2 x SMs, so the GDN in-projection's 772 groups of 16 rows are 3 per CTA). The one-group software
-// pipeline of gemv_q4_kernel waits for DRAM again after x is staged (2 round trips per CTA, the
-// kernel trace shows 4.3 µs from x staged to the end); here the groups are computed back to back.
-// The host uses it only when NG groups cover every CTA's share of its job. The residual values the first
-// batch adds to are read with x, right after the wait (one round trip less at the end).
-template <int CPL, int R, int NG>
-__global__ void __launch_bounds__(256, 2) gemv_q4_ng_kernel(const __grid_constant__ GemvLaunch L) {
-  extern __shared__ float4 sm4[];
-  constexpr int cols = CPL * 1024;
-  float* xsum = reinterpret_cast<float*>(sm4 + cols / 4);
-  const int j = find_job(L);
-  const GemvJob& jb = L.job[j];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int nb = L.block_begin[j + 1] - L.block_begin[j], bj = blockIdx.x - L.block_begin[j];
-  const int rows = jb.w.rows;
-  const uint4* data = static_cast<const uint4*>(jb.w.data);
-  const uint16_t* sc = static_cast<const uint16_t*>(jb.w.scales);
-  const uint16_t* bi = static_cast<const uint16_t*>(jb.w.biases);
-  auto load = [&](Q4Rows<CPL, R>& q, int g) {
-    const uint4* rp[R];
-    const uint16_t *sp[R], *bp[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t row = min(g * 8 * R + warp * R + r, rows - 1);
-      rp[r] = data + row * (cols / 32);
-      sp[r] = sc + row * (cols / 64);
-      bp[r] = bi + row * (cols / 64);
-    }
-    q.load(rp, sp, bp);
-  };
-  const int ngroups = (rows + 8 * R - 1) / (8 * R);
-  Q4Rows<CPL, R> q[NG];
-  __shared__ float red[8];
-  trace_stamp(L.trace, 0);
-  pdl_trigger();
-  l2_prefetch(L.pf);
-#pragma unroll
-  for (int k = 0; k < NG; ++k)
-    if (bj + k * nb < ngroups) load(q[k], bj + k * nb);   // weights never change: before the wait
-  pdl_wait();
-  trace_stamp(L.trace, 1);
-  XRegs<CPL> xr, g;   // the gain with x (registers: all NG groups are live here)
-  if (L.norm.w) g.load(L.norm.w, cols / 4);
-  xr.load(L.norm.w ? L.norm.h : jb.x, cols / 4);
-  float resv[R];
-  {
-    const int r0 = bj * 8 * R + warp * R;
-#pragma unroll
-    for (int r = 0; r < R; ++r) resv[r] = jb.res && lane == 0 && r0 + r < rows ? __ldcg(jb.res + r0 + r) : 0.f;
-  }
-  if (L.norm.w) {
-    const float ss = warp_sum(xr.apply_gain(g));
-    if (lane == 0) red[warp] = ss;
-  }
-  stage_x_q4_regs(xr, cols, sm4, xsum);
-  __syncthreads();
-  float nscale = 1.f;
-  if (L.norm.w) {
-    nscale = fold_norm_scale(red, 8, cols, L.norm.eps, L.norm.h, L.norm.w, nullptr);
-    if (blockIdx.x == 0 && L.norm_out) xr.store_scaled(L.norm_out, cols / 4, nscale);
-  }
-  trace_stamp(L.trace, 2);
-#pragma unroll
-  for (int k = 0; k < NG; ++k) {   // the host sizes the grid so that NG groups cover every CTA's share
-    const int gi = bj + k * nb;
-    if (gi >= ngroups) break;
-    const int r0 = gi * 8 * R + warp * R;
-    float acc[R];
-    q[k].dot(sm4, xsum, acc);
-    if (lane == 0)
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-        if (r0 + r < rows) {
-          const float v = acc[r] * nscale;
-          jb.y[r0 + r] = v;
-          if (jb.res) jb.res[r0 + r] = (k == 0 ? resv[r] : jb.res[r0 + r]) + v;
-        }
-  }
-  trace_stamp(L.trace, 3);
-}
-
 // 4-bit rows of any cols % 256 == 0 on tensor cores (D1m): a CTA of 8 warps takes 8/KS 16-row
 // tiles per step, the KS warps of a tile splitting its groups (more CTAs for the small per-layer
 // GEMVs), partial sums reduced in shared memory. x is staged once per CTA.
@@ -450,9 +367,7 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
   // wave for the whole batch (the GDN projections had 656 CTAs, attention's q/k/v 460, for 396
   // resident: a tail wave that repeats the prologue and delays the next launch); each job gets a
   // share of the wave in proportion to its row groups.
-  // D23 (4-bit, T == 1, D21 on): all of a warp's row groups in flight at once, 2 CTAs per SM.
-  bool ng = !Q8 && CPL == 2 && R == 2 && gemv_ng_enabled() && stage_regs_enabled();
-  const int wave = (ng ? 2 : 3) * num_sms();
+  const int wave = 3 * num_sms();
   int64_t groups = 0;
   for (const GemvJob& j : jobs) groups += (j.w.rows + 8 * R - 1) / (8 * R);
   int nb = 0;
@@ -464,19 +379,12 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
                                                    : std::min(gj, wave);
   }
   L.block_begin[L.n] = nb;
-  for (int j = 0; ng && j < L.n; ++j)   // D23 covers at most 3 groups per CTA
-    if ((jobs[j].w.rows + 8 * R - 1) / (8 * R) > 3 * (L.block_begin[j + 1] - L.block_begin[j])) ng = false;
   if constexpr (Q8) {
     const int smem = CPL * 512 * 4 + CPL * 32 * 4;
     launch(gemv_q8_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   } else {
     const int smem = CPL * 1024 * 4 + CPL * 32 * 4;
-    if constexpr (CPL == 2 && R == 2) {
-      if (ng) launch(gemv_q4_ng_kernel<CPL, R, 3>, dim3(nb), dim3(256), smem, s, L);
-      else launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
-    } else {
-      launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
-    }
+    launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   }
   CUDA_LAUNCH_CHECK();
 }
@@ -589,10 +497,6 @@ __global__ void add_kernel(float* h, const float* r, int64_t n) {
 }  // namespace
 
 bool& stage_regs_enabled() {
-  static bool on = true;
-  return on;
-}
-bool& gemv_ng_enabled() {
   static bool on = true;
   return on;
 }
