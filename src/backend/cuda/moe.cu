@@ -741,8 +741,9 @@ __global__ void __launch_bounds__(32 * kRouterWarps) moe_router_topk_kernel(cons
 //      the K+1 activations (shared slot scaled by σ(shared gate)) and writes out (+ residual).
 // Handoffs: bar.sync, then thread 0 fences (gpu scope) and adds to the counter (release); waiters
 // spin with ld.acquire.gpu, fence, bar.sync, and read other CTAs' data through L2 (__ldcg).
-// Counters are reset by the last CTA to pass the second handoff (ctr[2] counts those), so a
-// captured graph replays. Deadlock safety: a CTA spins only on CTAs of its own grid, the grid is
+// With moep=64 the counters are reset by the last CTA to pass the second handoff (ctr[2] counts
+// those), so a captured graph replays; by default the handoffs use tickets and tagged logits instead
+// (below, grid_wait64; docs/CUDA.md "Session 4 notes"). Deadlock safety: a CTA spins only on CTAs of its own grid, the grid is
 // at most (occupancy per SM) x SMs CTAs and PDL dependents are released (pdl_trigger) only after
 // the second handoff, i.e. once every CTA of the grid is resident; earlier kernels in the stream
 // finish without waiting on this one, so every CTA eventually becomes resident.
