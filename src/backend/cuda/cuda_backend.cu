@@ -511,6 +511,7 @@ class CudaBackend final : public Backend {
     fold_norm_ = !abl_.has("D9");     // D9: decode add → producer epilogue, rmsnorm → consumer staging
     fuse_router_ = !abl_.has("D10");  // D10: decode router + top-k in one many-CTA kernel
     stage_regs_enabled() = !abl_.has("D21");     // D21: x / activations staged from registers
+    gemv_i8_enabled() = !abl_.has("D24");        // D24: decode GEMV with int8 x and dp4a
     merge_warps_enabled() = !abl_.has("D11");   // D11: split-KV merge with warps across splits
     gdn_split_enabled() = !abl_.has("D12");     // D12: GDN decode step over 4 CTAs per value head
     prefetch_ = !abl_.has("D13");               // D13: L2 prefetch of the next launch's weights

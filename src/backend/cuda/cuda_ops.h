@@ -86,6 +86,8 @@ struct AttnDims {
 bool& merge_warps_enabled();
 // D21: decode kernels stage x / activations from registers (every load in flight at once).
 bool& stage_regs_enabled();
+// D24: the 4-bit decode GEMV against x quantised to int8 per 32 values (dp4a).
+bool& gemv_i8_enabled();
 // Investigation aid: the trace slot for the next 4-bit decode GEMV launch (consumed by it).
 unsigned long long*& gemv_trace_next();
 // With an fp16 cache, the split-KV kernel keeps 4 positions per warp in flight (raw fp16, converted

@@ -41,7 +41,7 @@ __device__ __forceinline__ int find_job(const GemvLaunch& L) {
 // cols = 1024*CPL (each lane owns CPL 16-byte chunks of a row), R rows per warp per iteration,
 // 8 warps per block; blocks of a job stride over its row groups. The first group's weight loads
 // are issued before x is staged so that their latency overlaps the staging.
-template <int CPL, int R>
+template <int CPL, int R, bool I8 = false>
 __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__ GemvLaunch L) {
   extern __shared__ float4 sm4[];
   constexpr int cols = CPL * 1024;
@@ -93,7 +93,9 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
       const float ss = warp_sum(xr.apply_gain(g));
       if (lane == 0) red[warp] = ss;
     }
-    stage_x_q4_regs(xr, cols, sm4, xsum);
+    // D24 (I8): x as int8 per 32 values in the first cols bytes, the x steps after cols/4 floats.
+    if constexpr (I8) stage_x_i8_regs(xr, cols, reinterpret_cast<uint4*>(sm4), reinterpret_cast<float*>(sm4) + cols / 4, xsum);
+    else stage_x_q4_regs(xr, cols, sm4, xsum);
     trace_stamp(L.trace, 5);
   } else {
     pdl_wait();
@@ -121,7 +123,8 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     Q4Rows<CPL, R> nxt;
     if ((g + nb) * 8 * R < rows) load(nxt, g + nb);
     float acc[R];
-    cur.dot(sm4, xsum, acc);
+    if constexpr (I8) cur.dot_i8(reinterpret_cast<const uint4*>(sm4), reinterpret_cast<const float*>(sm4) + cols / 4, xsum, acc);
+    else cur.dot(sm4, xsum, acc);
     cur = nxt;
     if (lane == 0)
 #pragma unroll
@@ -384,7 +387,9 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
     launch(gemv_q8_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   } else {
     const int smem = CPL * 1024 * 4 + CPL * 32 * 4;
-    launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
+    // D24: int8 x and dp4a (needs D21's register staging).
+    if (gemv_i8_enabled() && L.stage_regs) launch(gemv_q4_kernel<CPL, R, true>, dim3(nb), dim3(256), smem, s, L);
+    else launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   }
   CUDA_LAUNCH_CHECK();
 }
@@ -497,6 +502,10 @@ __global__ void add_kernel(float* h, const float* r, int64_t n) {
 }  // namespace
 
 bool& stage_regs_enabled() {
+  static bool on = true;
+  return on;
+}
+bool& gemv_i8_enabled() {
   static bool on = true;
   return on;
 }
