@@ -499,10 +499,13 @@ class CudaBackend final : public Backend {
     abl_.merge_env();
     skip_.clear();
     moep_flags_ = 0;
+    int i8_mode = 0;
     for (const std::string& id : abl_.off) {
       if (id.rfind("skip=", 0) == 0 && id.size() > 5) skip_.push_back(id.substr(5));
       if (id.rfind("moep=", 0) == 0) moep_flags_ = std::atoi(id.c_str() + 5);   // D19 experiments
+      if (id.rfind("i8=", 0) == 0) i8_mode = std::atoi(id.c_str() + 3);         // D24 (opt-in)
     }
+    gemv_i8_mode() = i8_mode;
     fast_ = !abl_.has("D1");
     mma_q4_enabled() = !abl_.has("D1m");   // D1m: no mma.sync 4-bit kernels (f44444c FFMA ones)
     batch_ = !abl_.has("D3b");
@@ -511,7 +514,6 @@ class CudaBackend final : public Backend {
     fold_norm_ = !abl_.has("D9");     // D9: decode add → producer epilogue, rmsnorm → consumer staging
     fuse_router_ = !abl_.has("D10");  // D10: decode router + top-k in one many-CTA kernel
     stage_regs_enabled() = !abl_.has("D21");     // D21: x / activations staged from registers
-    gemv_i8_enabled() = !abl_.has("D24");        // D24: decode GEMV with int8 x and dp4a
     merge_warps_enabled() = !abl_.has("D11");   // D11: split-KV merge with warps across splits
     gdn_split_enabled() = !abl_.has("D12");     // D12: GDN decode step over 4 CTAs per value head
     prefetch_ = !abl_.has("D13");               // D13: L2 prefetch of the next launch's weights

@@ -86,8 +86,9 @@ struct AttnDims {
 bool& merge_warps_enabled();
 // D21: decode kernels stage x / activations from registers (every load in flight at once).
 bool& stage_regs_enabled();
-// D24: the 4-bit decode GEMV against x quantised to int8 per 32 values (dp4a).
-bool& gemv_i8_enabled();
+// D24: the 4-bit decode GEMV against x quantised to int8 per 32 values (dp4a): 0 off, 1 every
+// matrix, 2 all but those under 1,024 rows. Opt-in (ablation-style ids i8=1, i8=2): it fails parity.
+int& gemv_i8_mode();
 // Investigation aid: the trace slot for the next 4-bit decode GEMV launch (consumed by it).
 unsigned long long*& gemv_trace_next();
 // With an fp16 cache, the split-KV kernel keeps 4 positions per warp in flight (raw fp16, converted

@@ -353,7 +353,7 @@ int num_sms() {
 
 template <int CPL, int R, bool Q8 = false>
 void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNorm* norm, bool& norm_written,
-                 const L2Prefetch*& pf) {
+                 const L2Prefetch*& pf, bool i8 = false) {
   GemvLaunch L{};
   if (pf) L.pf = *pf;
   pf = nullptr;   // D13: once per batch
@@ -388,7 +388,7 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
   } else {
     const int smem = CPL * 1024 * 4 + CPL * 32 * 4;
     // D24: int8 x and dp4a (needs D21's register staging).
-    if (gemv_i8_enabled() && L.stage_regs) launch(gemv_q4_kernel<CPL, R, true>, dim3(nb), dim3(256), smem, s, L);
+    if (i8 && L.stage_regs) launch(gemv_q4_kernel<CPL, R, true>, dim3(nb), dim3(256), smem, s, L);
     else launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   }
   CUDA_LAUNCH_CHECK();
@@ -505,9 +505,9 @@ bool& stage_regs_enabled() {
   static bool on = true;
   return on;
 }
-bool& gemv_i8_enabled() {
-  static bool on = true;
-  return on;
+int& gemv_i8_mode() {
+  static int m = 0;
+  return m;
 }
 unsigned long long*& gemv_trace_next() {
   static unsigned long long* p = nullptr;
@@ -562,8 +562,18 @@ void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s, co
   }
   LILY_CHECK(!norm || (mm.empty() && gen.empty()), "gemv_batch: folded rmsnorm on a kernel without it");
   bool written = false;
-  if (!f2.empty()) launch_fast<2, 2>(f2, s, norm, written, pf);
-  if (!f4.empty()) launch_fast<4, 1>(f4, s, norm, written, pf);
+  // D24: int8 x; gemv_i8_mode() 2 keeps matrices under 1,024 rows (the GDN gate projections a/b)
+  // on the float kernel, in a launch of their own (a diagnostic of where the precision goes).
+  const int i8 = stage_regs_enabled() ? gemv_i8_mode() : 0;
+  if (i8 == 2) {
+    std::vector<GemvJob> big, small;
+    for (const GemvJob& j : f2) (j.w.rows >= 1024 ? big : small).push_back(j);
+    if (!big.empty()) launch_fast<2, 2>(big, s, norm, written, pf, true);
+    if (!small.empty()) launch_fast<2, 2>(small, s, norm, written, pf, false);
+  } else if (!f2.empty()) {
+    launch_fast<2, 2>(f2, s, norm, written, pf, i8 == 1);
+  }
+  if (!f4.empty()) launch_fast<4, 1>(f4, s, norm, written, pf, i8 != 0);
   if (!q8.empty()) launch_fast<4, 2, true>(q8, s, norm, written, pf);
   if (!mm.empty()) launch_mma(mm, s, pf);
   if (!gen.empty()) launch_generic(gen, T, s, pf);
