@@ -786,6 +786,7 @@ class CudaBackend final : public Backend {
     timed(name, bytes, [&] {
       gemv_batch(jobs.data(), int(jobs.size()), pend_T_, fast_, s_, has_norm ? &norm : nullptr, &pf);
     });
+    gemv_trace_next() = nullptr;   // unused when the batch went to the mma or generic kernels
   }
   // ---- D13: L2 prefetch one launch ahead ----------------------------------------------------
   // Every weight-reading launch of a forward pass (GEMV batch, GDN, attention, MoE) is a numbered
