@@ -592,26 +592,26 @@ class CudaBackend final : public Backend {
   void set_kernel_trace(bool on) {
     LILY_CHECK(!capturing_, "cuda backend: kernel trace switched during graph capture");
     synchronize();
-    const int64_t n = int64_t(kTraceSlots) * kMoeTraceCtas * kMoeTracePhases;
+    const int64_t n = int64_t(kTraceSlots) * kTraceCtas * kTracePhases;
     if (on && !trace_buf_) trace_buf_ = static_cast<unsigned long long*>(alloc_bytes(n * 8));
     if (on) fill_zero(trace_buf_, n * 8);
     trace_on_ = on;
     trace_call_ = 0;
     trace_names_.assign(kTraceSlots, std::string());
   }
-  // The next trace slot ([CTA][kMoeTracePhases] timestamps) for a launch named `name`; null when off.
+  // The next trace slot ([CTA][kTracePhases] timestamps) for a launch named `name`; null when off.
   unsigned long long* trace_slot(const std::string& name) {
     if (!trace_on_) return nullptr;
     const int slot = trace_call_++ % kTraceSlots;
     trace_names_[slot] = name;
-    return trace_buf_ + int64_t(slot) * kMoeTraceCtas * kMoeTracePhases;
+    return trace_buf_ + int64_t(slot) * kTraceCtas * kTracePhases;
   }
   std::vector<unsigned long long> kernel_trace(std::vector<std::string>& names) {
     synchronize();
     std::vector<unsigned long long> t;
     names = trace_names_;
     if (!trace_buf_) return t;
-    t.resize(size_t(kTraceSlots) * kMoeTraceCtas * kMoeTracePhases);
+    t.resize(size_t(kTraceSlots) * kTraceCtas * kTracePhases);
     copy_to_host(t.data(), trace_buf_, int64_t(t.size()) * 8);
     return t;
   }
@@ -686,7 +686,7 @@ class CudaBackend final : public Backend {
   }
   template <class F>
   void timed(const std::string& name, double bytes, F&& launch) {
-    if (!skip_.empty() && skipped(name)) return;
+    if (skipped(name)) return;
     if (!profiling_ || capturing_) {
       launch();
       return;
@@ -734,7 +734,7 @@ class CudaBackend final : public Backend {
       p.dec.pf = unit_prefetch(mine, p.T);
       p.dec.pf_down = prefetch_ && p.T == 1;
     }
-    if (p.T == 1) p.dec.trace = trace_slot("moe.persist");
+    if (p.T == 1 && p.dec.persist) p.dec.trace = trace_slot("moe.persist");
     const MoeDecode* dec = &p.dec;
     const int T = p.T;
     if (profiling_ && !capturing_ && p.dec.persist && T == 1 && cuda::moe_persist_ok(p.m, T, fast_)) {
@@ -749,8 +749,7 @@ class CudaBackend final : public Backend {
         timed(names[st], p.bytes[st], [&] { cuda::moe(p.m, p.x, T, p.out, p.ws, fast_, 1 << st, s_, dec); });
       return;
     }
-    if (!skip_.empty() && skipped("moe")) return;
-    cuda::moe(p.m, p.x, T, p.out, p.ws, fast_, 7, s_, dec);
+    timed("moe", 0, [&] { cuda::moe(p.m, p.x, T, p.out, p.ws, fast_, 7, s_, dec); });
   }
   void flush_mm() {
     if (pend_.empty()) return;
@@ -989,7 +988,7 @@ void record_moe_ids(Backend& be, bool on) { as_cuda(be).record_moe_ids(on); }
 std::vector<std::vector<int32_t>> take_moe_ids(Backend& be) { return as_cuda(be).take_moe_ids(); }
 void set_kernel_trace(Backend& be, bool on) { as_cuda(be).set_kernel_trace(on); }
 std::vector<std::string> kernel_trace_summary(Backend& be) {
-  static const char* moe_names[kMoeTracePhases] = {
+  static const char* moe_names[kTracePhases] = {
       "entry", "past PDL wait", "x staged, norm folded", "router rows done", "shared-expert rows done",
       "past handoff 1 (logits)", "top-k + weights", "routed gate/up done", "past handoff 2 (activations)",
       "down: activations staged", "down: rows done (thread 0)", "end (CTA)"};
@@ -997,7 +996,7 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
                                       "end (thread 0)", "x arrived (thread 0)", "x in shared memory (thread 0)"};
   std::vector<std::string> slot_names;
   const std::vector<unsigned long long> t = as_cuda(be).kernel_trace(slot_names);
-  const size_t per = size_t(kMoeTraceCtas) * kMoeTracePhases;
+  const size_t per = size_t(kTraceCtas) * kTracePhases;
   // Per traced launch: each phase's time since the launch's first CTA entered, at the median CTA
   // and at the last CTA; then, per launch name, the median of those over its launches.
   struct Acc {
@@ -1009,18 +1008,18 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
   for (size_t c = 0; c * per < t.size() && c < slot_names.size(); ++c) {
     const unsigned long long* b = t.data() + c * per;
     int G = 0;
-    while (G < kMoeTraceCtas && b[size_t(G) * kMoeTracePhases] != 0) ++G;
+    while (G < kTraceCtas && b[size_t(G) * kTracePhases] != 0) ++G;
     if (G == 0 || slot_names[c].empty()) continue;
     if (!acc.count(slot_names[c])) order.push_back(slot_names[c]);
     Acc& a = acc[slot_names[c]];
-    a.med.resize(kMoeTracePhases);
-    a.last.resize(kMoeTracePhases);
+    a.med.resize(kTracePhases);
+    a.last.resize(kTracePhases);
     unsigned long long t0 = ~0ull;
-    for (int g = 0; g < G; ++g) t0 = std::min(t0, b[size_t(g) * kMoeTracePhases]);
-    for (int ph = 0; ph < kMoeTracePhases; ++ph) {
+    for (int g = 0; g < G; ++g) t0 = std::min(t0, b[size_t(g) * kTracePhases]);
+    for (int ph = 0; ph < kTracePhases; ++ph) {
       std::vector<double> v;
       for (int g = 0; g < G; ++g) {
-        const unsigned long long x = b[size_t(g) * kMoeTracePhases + ph];
+        const unsigned long long x = b[size_t(g) * kTracePhases + ph];
         if (x >= t0) v.push_back(double(x - t0) * 1e-3);
       }
       if (v.empty()) continue;
@@ -1045,7 +1044,7 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
     out.push_back("| " + n + " (" + std::to_string(a.calls) + " launches, " + std::to_string(a.ctas) +
                   " CTAs) | median CTA | last CTA |");
     out.push_back("|---|---:|---:|");
-    for (int ph = 0; ph < (moe ? kMoeTracePhases : 6); ++ph) {
+    for (int ph = 0; ph < (moe ? kTracePhases : 6); ++ph) {
       if (a.med[ph].empty()) continue;
       char buf[200];
       std::snprintf(buf, sizeof buf, "| %d %s | %.2f | %.2f |", ph, moe ? moe_names[ph] : gemv_names[ph],

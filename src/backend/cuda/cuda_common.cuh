@@ -187,15 +187,15 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int f) {
   return f == 0 ? v.x : f == 1 ? v.y : f == 2 ? v.z : v.w;
 }
 
-constexpr int kMoeTracePhases = 12;   // trace stamps per CTA
-constexpr int kMoeTraceCtas = 1024;   // CTAs per traced launch slot
+constexpr int kTracePhases = 12;   // trace stamps per CTA
+constexpr int kTraceCtas = 1024;   // CTAs per traced launch slot
 // Investigation aid (cuda_tools::set_kernel_trace): thread 0 of each CTA writes %globaltimer to
-// tr[CTA][phase] (kMoeTracePhases per CTA); tr null = off.
+// tr[CTA][phase] (kTracePhases per CTA); tr null = off.
 __device__ __forceinline__ void trace_stamp(unsigned long long* tr, int phase) {
   if (tr && threadIdx.x == 0) {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    tr[blockIdx.x * kMoeTracePhases + phase] = t;
+    tr[blockIdx.x * kTracePhases + phase] = t;
   }
 }
 

@@ -126,8 +126,8 @@ struct MoeDecode {
   bool pf_down = false;       // D13: the gate/up stage prefetches the chosen experts' down rows
   bool early_down = false;    // D17: down issues its expert-row loads before its PDL wait (D10 on)
   int* persist = nullptr;     // D19: one persistent kernel's counters and tagged logits (4 KB zeroed; moe.cu)
-  // Investigation aid (cuda_tools::set_moe_trace): the D19 kernel's CTAs write %globaltimer at
-  // each phase boundary here, [CTA][kMoeTracePhases]; null = off.
+  // Investigation aid (cuda_tools::set_kernel_trace): the D19 kernel's CTAs write %globaltimer at
+  // each phase boundary here, [CTA][kTracePhases]; null = off.
   unsigned long long* trace = nullptr;
   // Experiment switches of the D19 kernel (ablation ids "moep=N", bits): 1 releases PDL dependents
   // only at the end, 2 makes every down row's loads complete before the second handoff, 4 spins

@@ -33,7 +33,7 @@ struct MoeArgs {
   int early_down;          // D17: gate/up triggers after its wait; down loads its rows before its wait
   int stage_regs;          // D21: x and the down activations staged from registers
   int flags;               // MoeDecode::flags (D19 experiments)
-  unsigned long long* trace;   // investigation aid: D19 phase timestamps [CTA][kMoeTracePhases]
+  unsigned long long* trace;   // investigation aid: D19 phase timestamps [CTA][kTracePhases]
 };
 
 // D19 phase timestamp (thread 0 of each CTA; only with a trace buffer).
