@@ -199,6 +199,23 @@ __device__ __forceinline__ void trace_stamp(unsigned long long* tr, int phase) {
   }
 }
 
+// One float4 (4 of the 32 values of a chunk, f = its index 0..7 within the chunk; the chunk's 8
+// float4s are held by 8 consecutive lanes) staged for dot8_q4: the chunk's plain sum, reduced over
+// those 8 lanes, is written to *sum by the lane with f == 0; the values come back pre-scaled by 16^-k.
+__device__ __forceinline__ float4 q4_stage(float4 v, int f, float* sum) {
+  const int h = (f & 1) * 4;
+  float s = (v.x + v.y) + (v.z + v.w);
+  s += __shfl_xor_sync(0xffffffffu, s, 1);
+  s += __shfl_xor_sync(0xffffffffu, s, 2);
+  s += __shfl_xor_sync(0xffffffffu, s, 4);
+  if (f == 0) *sum = s;
+  v.x *= nib_prescale(h);
+  v.y *= nib_prescale(h + 1);
+  v.z *= nib_prescale(h + 2);
+  v.w *= nib_prescale(h + 3);
+  return v;
+}
+
 // A vector of floats held in registers across a block of NT threads: thread t owns float4s
 // t, t + NT, ..., t + (NIT-1)·NT. load() issues every load before any is used, so staging a
 // vector costs one memory round trip instead of one per loop iteration (the loop form waits for
@@ -245,18 +262,8 @@ __device__ __forceinline__ void stage_x_q4_regs(const XRegs<NIT, NT>& x, int col
   for (int k = 0; k < NIT; ++k) {
     const int idx = int(threadIdx.x) + NT * k;
     if (idx >= cols / 4) break;   // uniform per warp (cols/4 is a multiple of 32)
-    float4 v = x.v[k];
-    const int ci = idx >> 3, f = idx & 7, h = (f & 1) * 4;
-    float s = (v.x + v.y) + (v.z + v.w);
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    s += __shfl_xor_sync(0xffffffffu, s, 2);
-    s += __shfl_xor_sync(0xffffffffu, s, 4);
-    if (f == 0) xsum[ci] = s;
-    v.x *= nib_prescale(h);
-    v.y *= nib_prescale(h + 1);
-    v.z *= nib_prescale(h + 2);
-    v.w *= nib_prescale(h + 3);
-    sm4[(ci >> 5) * 256 + f * 32 + (ci & 31)] = v;
+    const int ci = idx >> 3, f = idx & 7;
+    sm4[(ci >> 5) * 256 + f * 32 + (ci & 31)] = q4_stage(x.v[k], f, xsum + ci);
   }
 }
 
@@ -277,17 +284,8 @@ __device__ __forceinline__ void stage_x_q4(const float* x, int cols, float4* sm4
       v.z *= g.z;
       v.w *= g.w;
     }
-    const int ci = idx >> 3, f = idx & 7, h = (f & 1) * 4;
-    float s = (v.x + v.y) + (v.z + v.w);
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    s += __shfl_xor_sync(0xffffffffu, s, 2);
-    s += __shfl_xor_sync(0xffffffffu, s, 4);
-    if (f == 0) xsum[ci] = s;
-    v.x *= nib_prescale(h);
-    v.y *= nib_prescale(h + 1);
-    v.z *= nib_prescale(h + 2);
-    v.w *= nib_prescale(h + 3);
-    sm4[(ci >> 5) * 256 + f * 32 + (ci & 31)] = v;
+    const int ci = idx >> 3, f = idx & 7;
+    sm4[(ci >> 5) * 256 + f * 32 + (ci & 31)] = q4_stage(v, f, xsum + ci);
   }
 }
 

@@ -390,7 +390,7 @@ __device__ __forceinline__ void stage_down_act(const float* act, int S, int imax
       for (int k = 0; k < kN; ++k) {
         const int idx = base + int(threadIdx.x) + 256 * k;
         if (idx >= S * 128) break;   // uniform per warp (multiples of 128)
-        const int s = idx / 128, r = idx % 128, cc = r / 8, f = r % 8, h = (f & 1) * 4;
+        const int s = idx / 128, r = idx % 128, cc = r / 8, f = r % 8;
         float4 v = vr[k];
         if (slot_scale) {
           const float sk = slot_scale[s];
@@ -399,22 +399,13 @@ __device__ __forceinline__ void stage_down_act(const float* act, int S, int imax
           v.z *= sk;
           v.w *= sk;
         }
-        float sum = (v.x + v.y) + (v.z + v.w);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-        if (f == 0) xsum[s * 16 + cc] = sum;
-        v.x *= nib_prescale(h);
-        v.y *= nib_prescale(h + 1);
-        v.z *= nib_prescale(h + 2);
-        v.w *= nib_prescale(h + 3);
-        sm4[s * 128 + f * 16 + cc] = v;
+        sm4[s * 128 + f * 16 + cc] = q4_stage(v, f, xsum + s * 16 + cc);
       }
     }
     return;
   }
   for (int idx = threadIdx.x; idx < S * 128; idx += blockDim.x) {
-    const int s = idx / 128, r = idx % 128, cc = r / 8, f = r % 8, h = (f & 1) * 4;
+    const int s = idx / 128, r = idx % 128, cc = r / 8, f = r % 8;
     float4 v = __ldcg(reinterpret_cast<const float4*>(act + s * imax) + r);
     if (slot_scale) {
       const float k = slot_scale[s];
@@ -423,16 +414,7 @@ __device__ __forceinline__ void stage_down_act(const float* act, int S, int imax
       v.z *= k;
       v.w *= k;
     }
-    float sum = (v.x + v.y) + (v.z + v.w);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-    if (f == 0) xsum[s * 16 + cc] = sum;
-    v.x *= nib_prescale(h);
-    v.y *= nib_prescale(h + 1);
-    v.z *= nib_prescale(h + 2);
-    v.w *= nib_prescale(h + 3);
-    sm4[s * 128 + f * 16 + cc] = v;
+    sm4[s * 128 + f * 16 + cc] = q4_stage(v, f, xsum + s * 16 + cc);
   }
 }
 
