@@ -504,6 +504,7 @@ class CudaBackend final : public Backend {
       if (id.rfind("skip=", 0) == 0 && id.size() > 5) skip_.push_back(id.substr(5));
       if (id.rfind("moep=", 0) == 0) moep_flags_ = std::atoi(id.c_str() + 5);   // D19 experiments
       if (id.rfind("i8=", 0) == 0) i8_mode = std::atoi(id.c_str() + 3);         // D24 (opt-in)
+      if (id == "i16=1") i8_mode = 3;                                            // D24 with int16 x (opt-in)
     }
     gemv_i8_mode() = i8_mode;
     fast_ = !abl_.has("D1");

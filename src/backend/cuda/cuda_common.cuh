@@ -361,7 +361,69 @@ struct Q4Rows {
 #pragma unroll
     for (int r = 0; r < R; ++r) out[r] = warp_sum(out[r]);
   }
+  // 16-bit x (stage_x_i16_regs): per word f, the even nibbles as bytes (w & 0x0F0F0F0F = n0 n2 n4 n6)
+  // and the odd ones ((w >> 4) & 0x0F0F0F0F = n1 n3 n5 n7) meet int16 pairs in dp2a: lo takes bytes
+  // 0-1, hi bytes 2-3; the pairs (x0 x2), (x1 x3), (x4 x6), (x5 x7) of the word's 8 values are one uint4.
+  __device__ __forceinline__ void dot_i16(const uint4* qx, const float* xd, const float* xsum, float* out) const {
+    const int lane = threadIdx.x & 31;
+    constexpr uint32_t M = 0x0F0F0F0Fu;
+#pragma unroll
+    for (int r = 0; r < R; ++r) out[r] = 0.f;
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+      const float xs = xsum[lane + 32 * i], dx = xd[lane + 32 * i];
+      uint4 xq[4];
+#pragma unroll
+      for (int f = 0; f < 4; ++f) xq[f] = qx[(4 * i + f) * 32 + lane];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        int acc = 0;
+#pragma unroll
+        for (int f = 0; f < 4; ++f) {
+          const uint32_t wf = word_of(w[r][i], f), lo = wf & M, hi = (wf >> 4) & M;
+          acc = __dp2a_lo(int(xq[f].x), int(lo), acc);
+          acc = __dp2a_lo(int(xq[f].y), int(hi), acc);
+          acc = __dp2a_hi(int(xq[f].z), int(lo), acc);
+          acc = __dp2a_hi(int(xq[f].w), int(hi), acc);
+        }
+        out[r] = fmaf(s[r][i], float(acc) * dx, fmaf(b[r][i], xs, out[r]));
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) out[r] = warp_sum(out[r]);
+  }
 };
+
+// 16-bit staging (256 threads, x in registers): per 32-value chunk ci (8 consecutive threads),
+// dx = max|x| / 32767 (xd[ci]), q = round(x / dx) as int16, the plain sum (xsum[ci]). Thread fi of a
+// chunk holds values 4fi..4fi+3 = 8f + 4·(fi & 1) + 0..3 of word f = fi / 2 and writes (q0 q2, q1 q3)
+// as a uint2 into half fi & 1 of the word's uint4 at [((ci / 32)·4 + f)·32 + ci % 32].
+template <int NIT>
+__device__ __forceinline__ void stage_x_i16_regs(const XRegs<NIT>& x, int cols, uint4* qx, float* xd, float* xsum) {
+#pragma unroll
+  for (int k = 0; k < NIT; ++k) {
+    const int idx = int(threadIdx.x) + 256 * k;
+    if (idx >= cols / 4) break;   // uniform per warp
+    const float4 v = x.v[k];
+    const int ci = idx >> 3, fi = idx & 7;
+    float s = (v.x + v.y) + (v.z + v.w);
+    float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) {
+      s += __shfl_xor_sync(0xffffffffu, s, o);
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    }
+    const float inv = m > 0.f ? 32767.f / m : 0.f;
+    const uint32_t q0 = uint32_t(__float2int_rn(v.x * inv)) & 0xFFFFu, q1 = uint32_t(__float2int_rn(v.y * inv)) & 0xFFFFu;
+    const uint32_t q2 = uint32_t(__float2int_rn(v.z * inv)) & 0xFFFFu, q3 = uint32_t(__float2int_rn(v.w * inv)) & 0xFFFFu;
+    reinterpret_cast<uint2*>(qx + ((ci >> 5) * 4 + (fi >> 1)) * 32 + (ci & 31))[fi & 1] =
+        make_uint2(q0 | (q2 << 16), q1 | (q3 << 16));
+    if (fi == 0) {
+      xsum[ci] = s;
+      xd[ci] = m * (1.f / 32767.f);
+    }
+  }
+}
 
 // D24 staging (256 threads, x in registers as for stage_x_q4_regs): per 32-value chunk ci (8
 // consecutive threads), dx = max|x| / 127 (xd[ci]), q = round(x / dx) as int8, the plain sum (xsum[ci]).

@@ -87,7 +87,8 @@ bool& merge_warps_enabled();
 // D21: decode kernels stage x / activations from registers (every load in flight at once).
 bool& stage_regs_enabled();
 // D24: the 4-bit decode GEMV against x quantised to int8 per 32 values (dp4a): 0 off, 1 every
-// matrix, 2 all but those under 1,024 rows. Opt-in (ablation-style ids i8=1, i8=2): it fails parity.
+// matrix, 2 all but those under 1,024 rows (int8 fails parity); 3 int16 x with dp2a. Opt-in
+// (ablation-style ids i8=1, i8=2, i16=1).
 int& gemv_i8_mode();
 // Investigation aid: the trace slot for the next 4-bit decode GEMV launch (consumed by it).
 unsigned long long*& gemv_trace_next();
