@@ -33,6 +33,7 @@ struct MoeArgs {
   int early_down;          // D17: gate/up triggers after its wait; down loads its rows before its wait
   int stage_regs;          // D21: x and the down activations staged from registers
   int flags;               // MoeDecode::flags (D19 experiments)
+  int xq16;                // D24 int16 x for the D19 gate/up rows (opt-in, needs D21)
   unsigned long long* trace;   // investigation aid: D19 phase timestamps [CTA][kTracePhases]
 };
 
@@ -854,7 +855,9 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
       const float ss = warp_sum(xr.apply_gain(g));
       if (lane == 0) red[warp] = ss;
     }
-    stage_x_q4_regs(xr, m.H, xq4, xs4);
+    // D24 int16 (opt-in): the gate/up rows read x as int16 per 32 values (qx in the xq4 region).
+    if (a.xq16) stage_x_i16_regs(xr, m.H, reinterpret_cast<uint4*>(xq4), reinterpret_cast<float*>(xq4) + m.H / 2, xs4);
+    else stage_x_q4_regs(xr, m.H, xq4, xs4);
     stage_x_q8_regs(xr, xq8, xs8);
     __syncthreads();
     if (nrm.w) {
@@ -903,7 +906,8 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     if (p <= m.E) continue;
     if (p != gw) load_q4(cur, m.sh_gate, m.sh_up, p - m.E - 1);
     float r[2];
-    cur.dot(xq4, xs4, r);
+    if (a.xq16) cur.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + m.H / 2, xs4, r);
+    else cur.dot(xq4, xs4, r);
     if (lane == 0) act[m.K * a.imax + (p - m.E - 1)] = siluf_(r[0] * ns) * (r[1] * ns);
   }
   // 3. routing, then the routed experts' gate/up rows
@@ -961,7 +965,8 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     Q4Rows<2, 2> nxt;
     if (it + nw < items) load_routed(nxt, it + nw);
     float r[2];
-    cur.dot(xq4, xs4, r);
+    if (a.xq16) cur.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + m.H / 2, xs4, r);
+    else cur.dot(xq4, xs4, r);
     cur = nxt;
     if (lane == 0) act[(it / m.I) * a.imax + it % m.I] = sw[it / m.I] * siluf_(r[0] * ns) * (r[1] * ns);
   }
@@ -1083,6 +1088,7 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   a.trace = dec ? dec->trace : nullptr;
   a.stage_regs = stage_regs_enabled() ? 1 : 0;
   a.flags = dec ? dec->flags : 0;
+  a.xq16 = a.stage_regs && gemv_i8_mode() == 3 && m.H == 2048 ? 1 : 0;   // the D21 staging path of D19
   a.early_down = dec && dec->early_down && fused_router && fast_down && !(mma_q4_enabled() && mma_q4_all()) ? 1 : 0;
   // D19: the whole block as one persistent kernel (all three stages in one call).
   if (stages == 7 && dec && dec->persist && fused_router && moe_persist_ok(m, T, fast)) {
