@@ -499,14 +499,11 @@ class CudaBackend final : public Backend {
     abl_.merge_env();
     skip_.clear();
     moep_flags_ = 0;
-    int i8_mode = 0;
     for (const std::string& id : abl_.off) {
       if (id.rfind("skip=", 0) == 0 && id.size() > 5) skip_.push_back(id.substr(5));
       if (id.rfind("moep=", 0) == 0) moep_flags_ = std::atoi(id.c_str() + 5);   // D19 experiments
-      if (id.rfind("i8=", 0) == 0) i8_mode = std::atoi(id.c_str() + 3);         // D24 (opt-in)
-      if (id == "i16=1") i8_mode = 3;                                            // D24 with int16 x (opt-in)
     }
-    gemv_i8_mode() = i8_mode;
+    gemv_x16_enabled() = !abl_.has("D24");      // D24: int16 x, dp2a in the 4-bit decode kernels
     fast_ = !abl_.has("D1");
     mma_q4_enabled() = !abl_.has("D1m");   // D1m: no mma.sync 4-bit kernels (f44444c FFMA ones)
     batch_ = !abl_.has("D3b");
@@ -892,7 +889,7 @@ class CudaBackend final : public Backend {
     MoePrefillOpts o;
     o.host_routing = p2_off_;
     if (!profiling_ || capturing_) {
-      cuda::moe_prefill(m, x, T, out, ws, o, s_);
+      timed("moe_prefill", 0, [&] { cuda::moe_prefill(m, x, T, out, ws, o, s_); });   // (skip= applies)
       return true;
     }
     const char* names[5] = {"moe_prefill.router", "moe_prefill.route", "moe_prefill.gate_up", "moe_prefill.down",

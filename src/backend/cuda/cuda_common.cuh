@@ -183,6 +183,18 @@ __device__ __forceinline__ float dot8_q4(uint32_t w, float4 xa, float4 xb) {
   return acc;
 }
 
+// D24: the 8 nibbles of w against 16-bit x, acc + Σ q_j·x_j in int32: the even nibbles as bytes
+// (w & 0x0F0F0F0F = n0 n2 n4 n6) and the odd ones ((w >> 4) & 0x0F0F0F0F = n1 n3 n5 n7) meet int16
+// pairs in dp2a (lo takes bytes 0-1, hi bytes 2-3); xq = (x0 x2, x1 x3, x4 x6, x5 x7) as int16 pairs.
+__device__ __forceinline__ int dot8_q4_i16(uint32_t w, uint4 xq, int acc) {
+  constexpr uint32_t M = 0x0F0F0F0Fu;
+  const uint32_t lo = w & M, hi = (w >> 4) & M;
+  acc = __dp2a_lo(int(xq.x), int(lo), acc);
+  acc = __dp2a_lo(int(xq.y), int(hi), acc);
+  acc = __dp2a_hi(int(xq.z), int(lo), acc);
+  return __dp2a_hi(int(xq.w), int(hi), acc);
+}
+
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int f) {
   return f == 0 ? v.x : f == 1 ? v.y : f == 2 ? v.z : v.w;
 }
@@ -331,42 +343,10 @@ struct Q4Rows {
 #pragma unroll
     for (int r = 0; r < R; ++r) out[r] = warp_sum(out[r]);
   }
-  // D24: the same dot products against x quantised to int8 per 32 values (stage_x_i8_regs): per
-  // 16-byte chunk, the even nibbles (w & 0x0F0F0F0F) and odd nibbles ((w >> 4) & 0x0F0F0F0F) of each
-  // word meet the matching int8 quartets in dp4a (5 instructions per 8 weights instead of 25); the
-  // chunk's integer sum times its x step dx is Σ q·x, the bias term uses the exact float sum.
-  __device__ __forceinline__ void dot_i8(const uint4* qx, const float* xd, const float* xsum, float* out) const {
-    const int lane = threadIdx.x & 31;
-    constexpr uint32_t M = 0x0F0F0F0Fu;
-#pragma unroll
-    for (int r = 0; r < R; ++r) out[r] = 0.f;
-#pragma unroll
-    for (int i = 0; i < CPL; ++i) {
-      const float xs = xsum[lane + 32 * i], dx = xd[lane + 32 * i];
-      const uint4 a = qx[(2 * i) * 32 + lane], c = qx[(2 * i + 1) * 32 + lane];
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const uint4 v = w[r][i];
-        int acc = __dp4a(int(v.x & M), int(a.x), 0);
-        acc = __dp4a(int((v.x >> 4) & M), int(a.y), acc);
-        acc = __dp4a(int(v.y & M), int(a.z), acc);
-        acc = __dp4a(int((v.y >> 4) & M), int(a.w), acc);
-        acc = __dp4a(int(v.z & M), int(c.x), acc);
-        acc = __dp4a(int((v.z >> 4) & M), int(c.y), acc);
-        acc = __dp4a(int(v.w & M), int(c.z), acc);
-        acc = __dp4a(int((v.w >> 4) & M), int(c.w), acc);
-        out[r] = fmaf(s[r][i], float(acc) * dx, fmaf(b[r][i], xs, out[r]));
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) out[r] = warp_sum(out[r]);
-  }
-  // 16-bit x (stage_x_i16_regs): per word f, the even nibbles as bytes (w & 0x0F0F0F0F = n0 n2 n4 n6)
-  // and the odd ones ((w >> 4) & 0x0F0F0F0F = n1 n3 n5 n7) meet int16 pairs in dp2a: lo takes bytes
-  // 0-1, hi bytes 2-3; the pairs (x0 x2), (x1 x3), (x4 x6), (x5 x7) of the word's 8 values are one uint4.
+  // D24: the same dot products against x as int16 per 32 values (stage_x_i16_regs, dot8_q4_i16): the
+  // chunk's integer sum times its step dx is Σ q·x; the bias term uses the exact float sum.
   __device__ __forceinline__ void dot_i16(const uint4* qx, const float* xd, const float* xsum, float* out) const {
     const int lane = threadIdx.x & 31;
-    constexpr uint32_t M = 0x0F0F0F0Fu;
 #pragma unroll
     for (int r = 0; r < R; ++r) out[r] = 0.f;
 #pragma unroll
@@ -379,13 +359,7 @@ struct Q4Rows {
       for (int r = 0; r < R; ++r) {
         int acc = 0;
 #pragma unroll
-        for (int f = 0; f < 4; ++f) {
-          const uint32_t wf = word_of(w[r][i], f), lo = wf & M, hi = (wf >> 4) & M;
-          acc = __dp2a_lo(int(xq[f].x), int(lo), acc);
-          acc = __dp2a_lo(int(xq[f].y), int(hi), acc);
-          acc = __dp2a_hi(int(xq[f].z), int(lo), acc);
-          acc = __dp2a_hi(int(xq[f].w), int(hi), acc);
-        }
+        for (int f = 0; f < 4; ++f) acc = dot8_q4_i16(word_of(w[r][i], f), xq[f], acc);
         out[r] = fmaf(s[r][i], float(acc) * dx, fmaf(b[r][i], xs, out[r]));
       }
     }
@@ -394,72 +368,38 @@ struct Q4Rows {
   }
 };
 
-// 16-bit staging (256 threads, x in registers): per 32-value chunk ci (8 consecutive threads),
-// dx = max|x| / 32767 (xd[ci]), q = round(x / dx) as int16, the plain sum (xsum[ci]). Thread fi of a
-// chunk holds values 4fi..4fi+3 = 8f + 4·(fi & 1) + 0..3 of word f = fi / 2 and writes (q0 q2, q1 q3)
-// as a uint2 into half fi & 1 of the word's uint4 at [((ci / 32)·4 + f)·32 + ci % 32].
+// D24, one float4 of a 32-value chunk held by 8 consecutive lanes (fi = 0..7: values 4fi..4fi+3):
+// dx = max|x| / 32767 over the chunk, q = round(x / dx) as int16. Values 4fi..4fi+3 are 8f + 4·(fi & 1)
+// + 0..3 of word f = fi / 2; the lane writes (q0 q2, q1 q3) as one uint2 to words[f] half fi & 1 (words:
+// the chunk's 4 uint4s, `stride` uint4s apart). The lane with fi == 0 writes the plain sum and dx.
+__device__ __forceinline__ void q16_stage(float4 v, int fi, uint4* words, int stride, float* sum, float* step) {
+  float s = (v.x + v.y) + (v.z + v.w);
+  float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) {
+    s += __shfl_xor_sync(0xffffffffu, s, o);
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  }
+  const float inv = m > 0.f ? 32767.f / m : 0.f;
+  const uint32_t q0 = uint32_t(__float2int_rn(v.x * inv)) & 0xFFFFu, q1 = uint32_t(__float2int_rn(v.y * inv)) & 0xFFFFu;
+  const uint32_t q2 = uint32_t(__float2int_rn(v.z * inv)) & 0xFFFFu, q3 = uint32_t(__float2int_rn(v.w * inv)) & 0xFFFFu;
+  reinterpret_cast<uint2*>(words + (fi >> 1) * stride)[fi & 1] = make_uint2(q0 | (q2 << 16), q1 | (q3 << 16));
+  if (fi == 0) {
+    *sum = s;
+    *step = m * (1.f / 32767.f);
+  }
+}
+
+// 16-bit staging (256 threads, x in registers) for Q4Rows::dot_i16: chunk ci's word f at
+// qx[((ci / 32)·4 + f)·32 + ci % 32], its step dx at xd[ci], its plain sum at xsum[ci].
 template <int NIT>
 __device__ __forceinline__ void stage_x_i16_regs(const XRegs<NIT>& x, int cols, uint4* qx, float* xd, float* xsum) {
 #pragma unroll
   for (int k = 0; k < NIT; ++k) {
     const int idx = int(threadIdx.x) + 256 * k;
     if (idx >= cols / 4) break;   // uniform per warp
-    const float4 v = x.v[k];
-    const int ci = idx >> 3, fi = idx & 7;
-    float s = (v.x + v.y) + (v.z + v.w);
-    float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) {
-      s += __shfl_xor_sync(0xffffffffu, s, o);
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    }
-    const float inv = m > 0.f ? 32767.f / m : 0.f;
-    const uint32_t q0 = uint32_t(__float2int_rn(v.x * inv)) & 0xFFFFu, q1 = uint32_t(__float2int_rn(v.y * inv)) & 0xFFFFu;
-    const uint32_t q2 = uint32_t(__float2int_rn(v.z * inv)) & 0xFFFFu, q3 = uint32_t(__float2int_rn(v.w * inv)) & 0xFFFFu;
-    reinterpret_cast<uint2*>(qx + ((ci >> 5) * 4 + (fi >> 1)) * 32 + (ci & 31))[fi & 1] =
-        make_uint2(q0 | (q2 << 16), q1 | (q3 << 16));
-    if (fi == 0) {
-      xsum[ci] = s;
-      xd[ci] = m * (1.f / 32767.f);
-    }
-  }
-}
-
-// D24 staging (256 threads, x in registers as for stage_x_q4_regs): per 32-value chunk ci (8
-// consecutive threads), dx = max|x| / 127 (xd[ci]), q = round(x / dx) as int8, the plain sum (xsum[ci]).
-// Word f of a 16-byte weight chunk holds elements 8f..8f+7; the int8 words are xa_f = (q[8f], q[8f+2],
-// q[8f+4], q[8f+6]) and xb_f = (q[8f+1], q[8f+3], q[8f+5], q[8f+7]), stored as two uint4 per chunk,
-// (xa_0, xb_0, xa_1, xb_1) and (xa_2, xb_2, xa_3, xb_3), at [((ci / 32)·2 + h)·32 + ci % 32].
-template <int NIT>
-__device__ __forceinline__ void stage_x_i8_regs(const XRegs<NIT>& x, int cols, uint4* qx, float* xd, float* xsum) {
-#pragma unroll
-  for (int k = 0; k < NIT; ++k) {
-    const int idx = int(threadIdx.x) + 256 * k;
-    if (idx >= cols / 4) break;   // uniform per warp
-    const float4 v = x.v[k];
-    const int ci = idx >> 3, fi = idx & 7;
-    float s = (v.x + v.y) + (v.z + v.w);
-    float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) {
-      s += __shfl_xor_sync(0xffffffffu, s, o);
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    }
-    const float inv = m > 0.f ? 127.f / m : 0.f;
-    const uint32_t q0 = uint32_t(__float2int_rn(v.x * inv)) & 0xFFu, q1 = uint32_t(__float2int_rn(v.y * inv)) & 0xFFu;
-    const uint32_t q2 = uint32_t(__float2int_rn(v.z * inv)) & 0xFFu, q3 = uint32_t(__float2int_rn(v.w * inv)) & 0xFFu;
-    // this thread: elements 4fi..4fi+3 of the chunk = 8f + 4·(fi & 1) + 0..3, f = fi / 2
-    const uint32_t mine = (q0 | (q2 << 8)) | ((q1 | (q3 << 8)) << 16);   // (xa half, xb half)
-    const uint32_t other = __shfl_xor_sync(0xffffffffu, mine, 1);
-    if ((fi & 1) == 0) {
-      const int f = fi >> 1;
-      const uint32_t xa = (mine & 0xFFFFu) | (other << 16), xb = (mine >> 16) | (other & 0xFFFF0000u);
-      reinterpret_cast<uint2*>(qx + ((ci >> 5) * 2 + (f >> 1)) * 32 + (ci & 31))[f & 1] = make_uint2(xa, xb);
-    }
-    if (fi == 0) {
-      xsum[ci] = s;
-      xd[ci] = m * (1.f / 127.f);
-    }
+    const int ci = idx >> 3;
+    q16_stage(x.v[k], idx & 7, qx + (ci >> 5) * 128 + (ci & 31), 32, xsum + ci, xd + ci);
   }
 }
 

@@ -86,10 +86,9 @@ struct AttnDims {
 bool& merge_warps_enabled();
 // D21: decode kernels stage x / activations from registers (every load in flight at once).
 bool& stage_regs_enabled();
-// D24: the 4-bit decode GEMV against x quantised to int8 per 32 values (dp4a): 0 off, 1 every
-// matrix, 2 all but those under 1,024 rows (int8 fails parity); 3 int16 x with dp2a. Opt-in
-// (ablation-style ids i8=1, i8=2, i16=1).
-int& gemv_i8_mode();
+// D24: the 4-bit decode GEMV and the D19 kernel's 4-bit rows against x (and the down activations)
+// quantised to int16 per 32 values, dp2a (off: float x, 3 instructions per weight).
+bool& gemv_x16_enabled();
 // Investigation aid: the trace slot for the next 4-bit decode GEMV launch (consumed by it).
 unsigned long long*& gemv_trace_next();
 // With an fp16 cache, the split-KV kernel keeps 4 positions per warp in flight (raw fp16, converted
@@ -131,10 +130,11 @@ struct MoeDecode {
   // each phase boundary here, [CTA][kTracePhases]; null = off.
   unsigned long long* trace = nullptr;
   // Experiment switches of the D19 kernel (ablation ids "moep=N", bits): 1 releases PDL dependents
-  // only at the end, 2 makes every down row's loads complete before the second handoff, 4 spins
-  // on the handoff counters without sleeping, 16 takes 2 down rows per warp (128 CTAs), 64 uses the
-  // self-resetting counters instead of tickets (separate memory; both schemes stay consistent when
-  // launches alternate), 128 hands the logits over through the counter instead of tagged slots.
+  // only at the end, 16 takes 2 down rows per warp (128 CTAs), 64 uses the self-resetting counters
+  // instead of tickets (separate memory; both schemes stay consistent when launches alternate), 128
+  // hands the logits over through the counter instead of tagged slots, 256 keeps the down stage on
+  // float activations with D24 on. (2 and 4, pinning the down loads and spinning without sleep,
+  // had no effect and were removed in session 5.)
   int flags = 0;
 };
 int64_t moe_workspace_floats(const MoeDev& m, int T);

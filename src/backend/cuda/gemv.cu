@@ -41,7 +41,7 @@ __device__ __forceinline__ int find_job(const GemvLaunch& L) {
 // cols = 1024*CPL (each lane owns CPL 16-byte chunks of a row), R rows per warp per iteration,
 // 8 warps per block; blocks of a job stride over its row groups. The first group's weight loads
 // are issued before x is staged so that their latency overlaps the staging.
-template <int CPL, int R, int XQ = 0>   // XQ (D24): 0 float x, 8 int8 x (dp4a), 16 int16 x (dp2a)
+template <int CPL, int R, bool X16 = false>   // X16 (D24): x as int16 per 32 values, dp2a
 __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__ GemvLaunch L) {
   extern __shared__ float4 sm4[];
   constexpr int cols = CPL * 1024;
@@ -93,10 +93,8 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
       const float ss = warp_sum(xr.apply_gain(g));
       if (lane == 0) red[warp] = ss;
     }
-    // D24: x as int8 (int16) per 32 values in the first cols (2·cols) bytes, the x steps after that.
-    if constexpr (XQ == 8)
-      stage_x_i8_regs(xr, cols, reinterpret_cast<uint4*>(sm4), reinterpret_cast<float*>(sm4) + cols / 4, xsum);
-    else if constexpr (XQ == 16)
+    // D24: x as int16 per 32 values in the first 2·cols bytes, the x steps after that.
+    if constexpr (X16)
       stage_x_i16_regs(xr, cols, reinterpret_cast<uint4*>(sm4), reinterpret_cast<float*>(sm4) + cols / 2, xsum);
     else
       stage_x_q4_regs(xr, cols, sm4, xsum);
@@ -127,9 +125,7 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     Q4Rows<CPL, R> nxt;
     if ((g + nb) * 8 * R < rows) load(nxt, g + nb);
     float acc[R];
-    if constexpr (XQ == 8)
-      cur.dot_i8(reinterpret_cast<const uint4*>(sm4), reinterpret_cast<const float*>(sm4) + cols / 4, xsum, acc);
-    else if constexpr (XQ == 16)
+    if constexpr (X16)
       cur.dot_i16(reinterpret_cast<const uint4*>(sm4), reinterpret_cast<const float*>(sm4) + cols / 2, xsum, acc);
     else
       cur.dot(sm4, xsum, acc);
@@ -361,7 +357,7 @@ int num_sms() {
 
 template <int CPL, int R, bool Q8 = false>
 void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNorm* norm, bool& norm_written,
-                 const L2Prefetch*& pf, int xq = 0) {
+                 const L2Prefetch*& pf, bool x16 = false) {
   GemvLaunch L{};
   if (pf) L.pf = *pf;
   pf = nullptr;   // D13: once per batch
@@ -395,9 +391,8 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
     launch(gemv_q8_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   } else {
     const int smem = CPL * 1024 * 4 + CPL * 32 * 4;
-    // D24: int8 x and dp4a (needs D21's register staging).
-    if (xq == 8 && L.stage_regs) launch(gemv_q4_kernel<CPL, R, 8>, dim3(nb), dim3(256), smem, s, L);
-    else if (xq == 16 && L.stage_regs) launch(gemv_q4_kernel<CPL, R, 16>, dim3(nb), dim3(256), smem, s, L);
+    // D24: int16 x and dp2a (needs D21's register staging).
+    if (x16 && L.stage_regs) launch(gemv_q4_kernel<CPL, R, true>, dim3(nb), dim3(256), smem, s, L);
     else launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   }
   CUDA_LAUNCH_CHECK();
@@ -514,9 +509,9 @@ bool& stage_regs_enabled() {
   static bool on = true;
   return on;
 }
-int& gemv_i8_mode() {
-  static int m = 0;
-  return m;
+bool& gemv_x16_enabled() {
+  static bool on = true;
+  return on;
 }
 unsigned long long*& gemv_trace_next() {
   static unsigned long long* p = nullptr;
@@ -571,19 +566,10 @@ void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s, co
   }
   LILY_CHECK(!norm || (mm.empty() && gen.empty()), "gemv_batch: folded rmsnorm on a kernel without it");
   bool written = false;
-  // D24: quantised x; gemv_i8_mode() 2 keeps matrices under 1,024 rows (the GDN gate projections a/b)
-  // on the float kernel, in a launch of their own (a diagnostic of where the precision goes); 3 int16.
-  const int i8 = stage_regs_enabled() ? gemv_i8_mode() : 0;
-  const int xq = i8 == 3 ? 16 : i8 != 0 ? 8 : 0;
-  if (i8 == 2) {
-    std::vector<GemvJob> big, small;
-    for (const GemvJob& j : f2) (j.w.rows >= 1024 ? big : small).push_back(j);
-    if (!big.empty()) launch_fast<2, 2>(big, s, norm, written, pf, 8);
-    if (!small.empty()) launch_fast<2, 2>(small, s, norm, written, pf, 0);
-  } else if (!f2.empty()) {
-    launch_fast<2, 2>(f2, s, norm, written, pf, xq);
-  }
-  if (!f4.empty()) launch_fast<4, 1>(f4, s, norm, written, pf, xq);
+  // D24: x as int16 per 32 values (dp2a) in the 2,048/4,096-column kernels.
+  const bool x16 = stage_regs_enabled() && gemv_x16_enabled();
+  if (!f2.empty()) launch_fast<2, 2>(f2, s, norm, written, pf, x16);
+  if (!f4.empty()) launch_fast<4, 1>(f4, s, norm, written, pf, x16);
   if (!q8.empty()) launch_fast<4, 2, true>(q8, s, norm, written, pf);
   if (!mm.empty()) launch_mma(mm, s, pf);
   if (!gen.empty()) launch_generic(gen, T, s, pf);

@@ -33,7 +33,7 @@ struct MoeArgs {
   int early_down;          // D17: gate/up triggers after its wait; down loads its rows before its wait
   int stage_regs;          // D21: x and the down activations staged from registers
   int flags;               // MoeDecode::flags (D19 experiments)
-  int xq16;                // D24 int16 x for the D19 gate/up rows (opt-in, needs D21)
+  int xq16;                // D24: int16 x / activations for the D19 4-bit rows (needs D21)
   unsigned long long* trace;   // investigation aid: D19 phase timestamps [CTA][kTracePhases]
 };
 
@@ -337,15 +337,6 @@ struct DownRowsT {
       }
     }
   }
-  // Experiment (D19 flag 2): makes the loads complete here (their registers are used).
-  __device__ __forceinline__ void pin() const {
-#pragma unroll
-    for (int q = 0; q < 5; ++q)
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-        asm volatile("" ::"r"(wv[q][r].x), "r"(wv[q][r].y), "r"(wv[q][r].z), "r"(wv[q][r].w), "f"(sc[q][r]),
-                     "f"(bi[q][r]));
-  }
   __device__ __forceinline__ void dot(const float4* sm4, const float* xsum, int S, float* acc) const {
     const int lane = threadIdx.x & 31, half = lane >> 4, c = lane & 15;
 #pragma unroll
@@ -367,6 +358,27 @@ struct DownRowsT {
       for (int r = 0; r < R; ++r) acc[r] = fmaf(sc[q][r], d[r], fmaf(bi[q][r], xs, acc[r]));
     }
   }
+  // D24: against the activations as int16 per 32 values (stage_down_act with x16): slot s, chunk c,
+  // word f at qx[(s·4 + f)·16 + c], the chunk's step at xd[s·16 + c].
+  __device__ __forceinline__ void dot_i16(const uint4* qx, const float* xd, const float* xsum, int S, float* acc) const {
+    const int lane = threadIdx.x & 31, half = lane >> 4, c = lane & 15;
+#pragma unroll
+    for (int q = 0; q < 5; ++q) {
+      const int s = 2 * q + half;
+      if (s >= S) continue;
+      const float xs = xsum[s * 16 + c], dx = xd[s * 16 + c];
+      uint4 xq[4];
+#pragma unroll
+      for (int f = 0; f < 4; ++f) xq[f] = qx[(s * 4 + f) * 16 + c];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        int d = 0;
+#pragma unroll
+        for (int f = 0; f < 4; ++f) d = dot8_q4_i16(word_of(wv[q][r], f), xq[f], d);
+        acc[r] = fmaf(sc[q][r], float(d) * dx, fmaf(bi[q][r], xs, acc[r]));
+      }
+    }
+  }
 };
 using DownRows = DownRowsT<2>;
 
@@ -374,9 +386,10 @@ using DownRows = DownRowsT<2>;
 // DownRows::dot: slot s, chunk c (16 per row), float4 f -> [s*128 + f*16 + c], pre-scaled for
 // dot8_q4, plus per-chunk sums. slot_scale (shared memory, optional) multiplies slot s's values.
 // D21 (`regs`, 256 threads): every load of a round of 5 float4s per thread is issued first (S <= 10
-// is one round) instead of one L2 round trip per loop iteration.
+// is one round) instead of one L2 round trip per loop iteration. D24 (`x16`, with regs): the values
+// as int16 per 32 (DownRowsT::dot_i16): words in the first S·64 uint4s of sm4, the steps after them.
 __device__ __forceinline__ void stage_down_act(const float* act, int S, int imax, float4* sm4, float* xsum,
-                                               const float* slot_scale, bool regs = false) {
+                                               const float* slot_scale, bool regs = false, bool x16 = false) {
   if (regs) {
     constexpr int kN = 5;
     for (int base = 0; base < S * 128; base += kN * 256) {
@@ -400,7 +413,11 @@ __device__ __forceinline__ void stage_down_act(const float* act, int S, int imax
           v.z *= sk;
           v.w *= sk;
         }
-        sm4[s * 128 + f * 16 + cc] = q4_stage(v, f, xsum + s * 16 + cc);
+        if (x16)
+          q16_stage(v, f, reinterpret_cast<uint4*>(sm4) + s * 64 + cc, 16, xsum + s * 16 + cc,
+                    reinterpret_cast<float*>(sm4 + S * 64) + s * 16 + cc);
+        else
+          sm4[s * 128 + f * 16 + cc] = q4_stage(v, f, xsum + s * 16 + cc);
       }
     }
     return;
@@ -744,13 +761,9 @@ __device__ __forceinline__ void grid_arrive(int* c) {
     atomicAdd(c, 1);
   }
 }
-__device__ __forceinline__ void grid_wait(const int* c, int target, bool nosleep = false) {
+__device__ __forceinline__ void grid_wait(const int* c, int target) {
   if (threadIdx.x == 0) {
-    if (nosleep)
-      while (ld_acquire_gpu(c) < target) {
-      }
-    else
-      while (ld_acquire_gpu(c) < target) __nanosleep(32);
+    while (ld_acquire_gpu(c) < target) __nanosleep(32);
     __threadfence();
   }
   __syncthreads();
@@ -855,7 +868,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
       const float ss = warp_sum(xr.apply_gain(g));
       if (lane == 0) red[warp] = ss;
     }
-    // D24 int16 (opt-in): the gate/up rows read x as int16 per 32 values (qx in the xq4 region).
+    // D24: the gate/up rows read x as int16 per 32 values (qx in the xq4 region).
     if (a.xq16) stage_x_i16_regs(xr, m.H, reinterpret_cast<uint4*>(xq4), reinterpret_cast<float*>(xq4) + m.H / 2, xs4);
     else stage_x_q4_regs(xr, m.H, xq4, xs4);
     stage_x_q8_regs(xr, xq8, xs8);
@@ -927,7 +940,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     __syncthreads();
   } else {
     if (tickets) grid_wait64(&tk[1], (s_gen + 1) * unsigned(nR));
-    else grid_wait(&ctr[0], nR, a.flags & 4);
+    else grid_wait(&ctr[0], nR);
     for (int e = threadIdx.x; e < m.E; e += kPersistThreads) lg[e] = __ldcg(a.logits + e);
     if (threadIdx.x == 0) s_sg = __ldcg(a.sg);
     __syncthreads();
@@ -989,9 +1002,8 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
 #pragma unroll
         for (int r = 0; r < R; ++r) resv[r] = h0 + r < m.H ? a.res[h0 + r] : 0.f;
     }
-    if ((a.flags & 2) && blockIdx.x < nbd) dr.pin();
     if (tickets) grid_wait64(&tk[2], (s_gen + 1) * unsigned(G));
-    else grid_wait(&ctr[1], G, a.flags & 4);
+    else grid_wait(&ctr[1], G);
     trace_mark(a, 8);
     if (!(a.flags & 1)) pdl_trigger();   // every CTA of the grid is resident now (see above)
     if (!tickets && threadIdx.x == 0 && atomicAdd(&ctr[2], 1) == G - 1) {   // last CTA past the handoffs
@@ -1000,13 +1012,15 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
       ctr[2] = 0;
     }
     if (blockIdx.x >= nbd) return;
-    stage_down_act(act, S, a.imax, dq, dsum, slot_scale, a.stage_regs);
+    const bool x16 = a.xq16 && !(a.flags & 256);   // D24 (moep bit 256: float down stage)
+    stage_down_act(act, S, a.imax, dq, dsum, slot_scale, a.stage_regs, x16);
     __syncthreads();
     trace_mark(a, 9);
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.f;
-    dr.dot(dq, dsum, S, acc);
+    if (x16) dr.dot_i16(reinterpret_cast<const uint4*>(dq), reinterpret_cast<const float*>(dq + S * 64), dsum, S, acc);
+    else dr.dot(dq, dsum, S, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const float v = warp_sum(acc[r]);
@@ -1088,7 +1102,7 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   a.trace = dec ? dec->trace : nullptr;
   a.stage_regs = stage_regs_enabled() ? 1 : 0;
   a.flags = dec ? dec->flags : 0;
-  a.xq16 = a.stage_regs && gemv_i8_mode() == 3 && m.H == 2048 ? 1 : 0;   // the D21 staging path of D19
+  a.xq16 = a.stage_regs && gemv_x16_enabled() && m.H == 2048 ? 1 : 0;   // the D21 staging path of D19
   a.early_down = dec && dec->early_down && fused_router && fast_down && !(mma_q4_enabled() && mma_q4_all()) ? 1 : 0;
   // D19: the whole block as one persistent kernel (all three stages in one call).
   if (stages == 7 && dec && dec->persist && fused_router && moe_persist_ok(m, T, fast)) {
