@@ -84,6 +84,7 @@ struct PendingMoe {
   MoeDecode dec{};
   int T = 1;
   double bytes[3] = {0, 0, 0};   // profiler: router, gate/up, down
+  int record = -1;               // test aid: the recorded_ids_ entry this call's expert ids go to
 };
 
 class CudaBackend final : public Backend {
@@ -372,7 +373,6 @@ class CudaBackend final : public Backend {
       if (record_ids_) recorded_ids_.push_back(last_moe_ids());   // test aid: synchronises
       return;
     }
-    if (record_ids_) recorded_ids_.push_back({});   // decode-path kernels: not recorded
     float* ws = workspace(moe_workspace_floats(m, T));
     auto expert_bytes = [](const QStack& s) { return double(type_bytes(s.first) + 2 * sb_bytes(s.first)); };
     auto mat_bytes = [](const QMatrix& q) { return double(type_bytes(q) + 2 * sb_bytes(q)); };
@@ -384,6 +384,10 @@ class CudaBackend final : public Backend {
     p.ws = ws;
     p.dec = dec;
     p.T = T;
+    if (record_ids_) {   // test aid: filled in once the kernels ran (flush_moe)
+      p.record = int(recorded_ids_.size());
+      recorded_ids_.emplace_back();
+    }
     p.bytes[0] = mat_bytes(w.gate);
     p.bytes[1] = m.K * (expert_bytes(w.experts_gate) + expert_bytes(w.experts_up)) + mat_bytes(w.shared_gate_proj) +
                  mat_bytes(w.shared_up_proj);
@@ -726,6 +730,14 @@ class CudaBackend final : public Backend {
     if (!pend_moe_.on) return;
     PendingMoe p = pend_moe_;
     pend_moe_ = {};
+    launch_moe(p);
+    if (p.record >= 0) {   // test aid: synchronises
+      std::vector<int32_t>& ids = recorded_ids_[size_t(p.record)];
+      ids.resize(size_t(p.T) * p.m.K);
+      copy_to_host(ids.data(), cuda::moe_ids(p.m, p.T, p.ws), 4LL * ids.size());
+    }
+  }
+  void launch_moe(PendingMoe& p) {
     {  // D13: record this launch's fixed weights, prefetch the next launch's
       L2Prefetch mine;
       for (const QMat* q : {&p.m.router, &p.m.sh_gate, &p.m.sh_up, &p.m.sh_down}) pf_add_mat(mine, *q);
@@ -935,7 +947,7 @@ class CudaBackend final : public Backend {
   bool prefetch_ = true;              // D13
   bool early_down_ = true;            // D17
   bool persist_ = true;               // D19
-  bool record_ids_ = false;           // test aid: the expert ids of every prefill-path MoE call
+  bool record_ids_ = false;           // test aid: the expert ids of every MoE call
   std::vector<std::vector<int32_t>> recorded_ids_;
   int* persist_ctr_ = nullptr;        // D19: the persistent MoE kernel's handoff counters (self-resetting)
   std::vector<L2Prefetch> plan_;      // D13: byte ranges per launch unit of the last forward pass

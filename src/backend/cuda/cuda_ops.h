@@ -138,6 +138,8 @@ struct MoeDecode {
   int flags = 0;
 };
 int64_t moe_workspace_floats(const MoeDev& m, int T);
+// Where moe() leaves the chosen expert ids [T, K] in its workspace (test aid).
+const int32_t* moe_ids(const MoeDev& m, int T, const float* work);
 // `fast` false uses the generic kernels (ablation D1). `stages` bits: 1 router, 2 gate/up, 4 down
 // (the profiler launches them one at a time).
 void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool fast, int stages, cudaStream_t s,

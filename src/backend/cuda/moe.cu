@@ -1067,6 +1067,16 @@ int64_t moe_workspace_floats(const MoeDev& m, int T) {
   return int64_t(T) * (m.E + 1 + m.K + (m.K + 1) * imax + m.K + 1) + 64;   // + padding of the sections
 }
 
+// Workspace sections start on 16-byte boundaries (the down kernel stages act with float4 loads):
+// router logits [T, E], shared gate [T], ids [T, K], activations [T, K+1, imax], weights.
+namespace {
+int64_t r4(int64_t n) { return (n + 3) / 4 * 4; }
+}  // namespace
+
+const int32_t* moe_ids(const MoeDev& m, int T, const float* work) {
+  return reinterpret_cast<const int32_t*>(work + r4(int64_t(T) * m.E) + r4(T));
+}
+
 void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool fast, int stages, cudaStream_t s,
          const MoeDecode* dec) {
   LILY_CHECK(m.E <= 1024 && m.K <= 32 && m.K <= m.E, "moe: at most 1024 experts and top-32 supported");
@@ -1074,8 +1084,6 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   MoeArgs a{};
   a.m = m;
   a.x = x;
-  // Sections start on 16-byte boundaries: the down kernel stages act with float4 loads.
-  auto r4 = [](int64_t n) { return (n + 3) / 4 * 4; };
   float* logits = work;
   float* sg = logits + r4(int64_t(T) * m.E);
   a.logits = logits;
