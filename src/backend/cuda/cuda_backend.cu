@@ -99,7 +99,7 @@ class CudaBackend final : public Backend {
     if (const char* v = std::getenv("LILY_GEMM_MIN_T"); v && *v) gemm_min_t_ = std::atoi(v);
     argmax_ws_ = alloc_bytes(argmax_scratch_bytes(4096));
     router_ticket_ = static_cast<int*>(alloc_bytes(64));
-    persist_ctr_ = static_cast<int*>(alloc_bytes(kMoePersistBytes));   // D19: counters, tagged logits/activations
+    persist_ctr_ = static_cast<int*>(alloc_bytes(4096));   // D19: counters (64 B), tagged logits
   }
   ~CudaBackend() override {
     if (exec_) cudaGraphExecDestroy(exec_);
@@ -526,8 +526,6 @@ class CudaBackend final : public Backend {
     persist_ = !abl_.has("D19");          // D19: decode MoE block as one persistent kernel
     pack_gqa_ = !abl_.has("D6");
     splits_ = abl_.has("D7") ? 1 : 0;   // 0: sized from the SM count
-    for (const std::string& id : abl_.off)   // experiment id asplit=N: N KV splits per decode step
-      if (id.rfind("asplit=", 0) == 0) splits_ = std::max(1, std::atoi(id.c_str() + 7));
     attn_mma_decode_enabled() = !abl_.has("D20");   // D20: tensor-core split-KV decode (fp16 cache)
     kv16_ = !abl_.has("D18");           // D18: fp16 KV cache (off = f32); applies to caches allocated later
     // Prefill mixers: P4 off = the decode GDN kernel for every T, P6 off = per-token split-KV

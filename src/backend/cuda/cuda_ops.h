@@ -117,9 +117,6 @@ struct MoeDev {
   QMat sh_gate, sh_up, sh_down;
   int* hist = nullptr;                // optional [E] counts of routed tokens per expert
 };
-// D19's zeroed block: counters (64 B) and tagged logits (257 × 8 B) in the first 4 KB, tagged
-// activations (9 slots × 512 × 8 B) from byte 4096.
-constexpr int64_t kMoePersistBytes = 4096 + 9 * 512 * 8;
 // Decode-step (T == 1) fusions of the MoE block; all optional.
 struct MoeDecode {
   GemvNorm norm;              // D9: x = rmsnorm(norm.h) is computed by the router stage (norm.w set)
@@ -128,8 +125,7 @@ struct MoeDecode {
   L2Prefetch pf;              // D13: the next launch's weights, prefetched by the router stage
   bool pf_down = false;       // D13: the gate/up stage prefetches the chosen experts' down rows
   bool early_down = false;    // D17: down issues its expert-row loads before its PDL wait (D10 on)
-  int* persist = nullptr;     // D19: one persistent kernel's counters, tagged logits and activations
-                              // (kMoePersistBytes zeroed; layout in moe.cu)
+  int* persist = nullptr;     // D19: one persistent kernel's counters and tagged logits (4 KB zeroed; moe.cu)
   // Investigation aid (cuda_tools::set_kernel_trace): the D19 kernel's CTAs write %globaltimer at
   // each phase boundary here, [CTA][kTracePhases]; null = off.
   unsigned long long* trace = nullptr;
@@ -137,9 +133,8 @@ struct MoeDecode {
   // only at the end, 16 takes 2 down rows per warp (128 CTAs), 64 uses the self-resetting counters
   // instead of tickets (separate memory; both schemes stay consistent when launches alternate), 128
   // hands the logits over through the counter instead of tagged slots, 256 keeps the down stage on
-  // float activations with D24 on, 512 hands the activations over through the counter instead of
-  // tagged slots. (2 and 4, pinning the down loads and spinning without sleep, had no effect and
-  // were removed in session 5.)
+  // float activations with D24 on. (2 and 4, pinning the down loads and spinning without sleep,
+  // had no effect and were removed in session 5.)
   int flags = 0;
 };
 int64_t moe_workspace_floats(const MoeDev& m, int T);

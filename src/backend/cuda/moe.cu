@@ -385,29 +385,9 @@ using DownRows = DownRowsT<2>;
 // Stages the S slots' activations (512 each, slot s at act + s*imax, read through L2) for
 // DownRows::dot: slot s, chunk c (16 per row), float4 f -> [s*128 + f*16 + c], pre-scaled for
 // dot8_q4, plus per-chunk sums. slot_scale (shared memory, optional) multiplies slot s's values.
-// One float4 (idx = slot·128 + float4 in the slot) of the down activations, scaled by its slot's
-// factor and staged for DownRowsT::dot (pre-scaled floats) or, D24 (`x16`), for dot_i16 (int16 per
-// 32 values: words in the first S·64 uint4s of sm4, the steps after them). 8 consecutive lanes hold
-// one 32-value chunk (idx multiples of 8 start a chunk).
-__device__ __forceinline__ void stage_down_one(float4 v, int idx, int S, float4* sm4, float* xsum,
-                                               const float* slot_scale, bool x16) {
-  const int s = idx / 128, r = idx % 128, cc = r / 8, f = r % 8;
-  if (slot_scale) {
-    const float sk = slot_scale[s];
-    v.x *= sk;
-    v.y *= sk;
-    v.z *= sk;
-    v.w *= sk;
-  }
-  if (x16)
-    q16_stage(v, f, reinterpret_cast<uint4*>(sm4) + s * 64 + cc, 16, xsum + s * 16 + cc,
-              reinterpret_cast<float*>(sm4 + S * 64) + s * 16 + cc);
-  else
-    sm4[s * 128 + f * 16 + cc] = q4_stage(v, f, xsum + s * 16 + cc);
-}
-
 // D21 (`regs`, 256 threads): every load of a round of 5 float4s per thread is issued first (S <= 10
-// is one round) instead of one L2 round trip per loop iteration. D24 (`x16`, with regs): int16 (above).
+// is one round) instead of one L2 round trip per loop iteration. D24 (`x16`, with regs): the values
+// as int16 per 32 (DownRowsT::dot_i16): words in the first S·64 uint4s of sm4, the steps after them.
 __device__ __forceinline__ void stage_down_act(const float* act, int S, int imax, float4* sm4, float* xsum,
                                                const float* slot_scale, bool regs = false, bool x16 = false) {
   if (regs) {
@@ -424,7 +404,20 @@ __device__ __forceinline__ void stage_down_act(const float* act, int S, int imax
       for (int k = 0; k < kN; ++k) {
         const int idx = base + int(threadIdx.x) + 256 * k;
         if (idx >= S * 128) break;   // uniform per warp (multiples of 128)
-        stage_down_one(vr[k], idx, S, sm4, xsum, slot_scale, x16);
+        const int s = idx / 128, r = idx % 128, cc = r / 8, f = r % 8;
+        float4 v = vr[k];
+        if (slot_scale) {
+          const float sk = slot_scale[s];
+          v.x *= sk;
+          v.y *= sk;
+          v.z *= sk;
+          v.w *= sk;
+        }
+        if (x16)
+          q16_stage(v, f, reinterpret_cast<uint4*>(sm4) + s * 64 + cc, 16, xsum + s * 16 + cc,
+                    reinterpret_cast<float*>(sm4 + S * 64) + s * 16 + cc);
+        else
+          sm4[s * 128 + f * 16 + cc] = q4_stage(v, f, xsum + s * 16 + cc);
       }
     }
     return;
@@ -796,49 +789,6 @@ __device__ __forceinline__ unsigned long long ld_relaxed_gpu64(const unsigned lo
 __device__ __forceinline__ void st_relaxed_gpu64(unsigned long long* p, unsigned long long v) {
   asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
-__device__ __forceinline__ ulonglong2 ld_relaxed_gpu128(const unsigned long long* p) {
-  ulonglong2 v;
-  asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ unsigned long long tagged(uint32_t tag, float v) {
-  return (uint64_t(tag) << 32) | __float_as_uint(v);
-}
-__device__ __forceinline__ bool tag_is(unsigned long long w, uint32_t tag) { return uint32_t(w >> 32) == tag; }
-
-// Tagged activations (default with tagged logits; moep bit 512 off): the gate/up stage writes each
-// activation as {launch tag, value} in one 8-byte word (slot s, value i at ta[s·512 + i]), and every
-// down CTA polls the S·512 words it needs instead of waiting on the arrival counter and then reading
-// the values: the data arrive with the handoff (one L2 round trip instead of two). Thread t loads
-// float4 groups t, t+256, ... (two 16-byte loads each), re-polls the ones whose tags are stale, then
-// stages them as stage_down_act does (256 threads, S <= 10).
-__device__ __forceinline__ void stage_down_act_tagged(const unsigned long long* ta, uint32_t want, int S, float4* sm4,
-                                                      float* xsum, const float* slot_scale, bool x16) {
-  constexpr int kN = 5;
-  ulonglong2 w[kN][2];
-#pragma unroll
-  for (int k = 0; k < kN; ++k) {
-    const int idx = int(threadIdx.x) + 256 * k;
-    if (idx < S * 128) {
-      w[k][0] = ld_relaxed_gpu128(ta + 4 * idx);
-      w[k][1] = ld_relaxed_gpu128(ta + 4 * idx + 2);
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < kN; ++k) {
-    const int idx = int(threadIdx.x) + 256 * k;
-    if (idx >= S * 128) break;   // uniform per warp (multiples of 128)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      while (!tag_is(w[k][h].x, want) || !tag_is(w[k][h].y, want)) {
-        __nanosleep(32);
-        w[k][h] = ld_relaxed_gpu128(ta + 4 * idx + 2 * h);
-      }
-    const float4 v = make_float4(__uint_as_float(uint32_t(w[k][0].x)), __uint_as_float(uint32_t(w[k][0].y)),
-                                 __uint_as_float(uint32_t(w[k][1].x)), __uint_as_float(uint32_t(w[k][1].y)));
-    stage_down_one(v, idx, S, sm4, xsum, slot_scale, x16);
-  }
-}
 __device__ __forceinline__ void grid_arrive64(unsigned long long* c) {
   if (threadIdx.x == 0) {
     __threadfence();
@@ -899,9 +849,6 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   // Tagged logits (default with tickets; flag 128 off): 8-byte {tag, logit} slots at ctr + 16.
   const bool tags = tickets && !(a.flags & 128);
   unsigned long long* tg = reinterpret_cast<unsigned long long*>(ctr + 16);
-  // Tagged activations (with tags and D21; flag 512 off): {tag, value} slots at ctr + 1024 (byte 4096).
-  const bool tag_act = tags && a.stage_regs && !(a.flags & 512) && nw <= m.K * m.I;   // every warp writes one
-  unsigned long long* ta = reinterpret_cast<unsigned long long*>(ctr + 1024);
   __shared__ unsigned long long s_gen;
   if (tickets && threadIdx.x == 0) s_gen = atomicAdd(&tk[0], 1ull) / unsigned(G);
   if (gw <= m.E) rr.load(gw == m.E ? m.shared_gate : m.router, gw < m.E ? gw : 0);
@@ -951,7 +898,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     if (p != gw) rr.load(p == m.E ? m.shared_gate : m.router, p < m.E ? p : 0);
     const float v = rr.dot(xq8, xs8) * ns;
     if (lane == 0) {
-      if (tags) st_relaxed_gpu64(tg + p, tagged(uint32_t(s_gen + 1), v));
+      if (tags) st_relaxed_gpu64(tg + p, (uint64_t(uint32_t(s_gen + 1)) << 32) | __float_as_uint(v));
       if (p == m.E) const_cast<float*>(a.sg)[0] = v;
       else const_cast<float*>(a.logits)[p] = v;
     }
@@ -974,11 +921,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     float r[2];
     if (a.xq16) cur.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + m.H / 2, xs4, r);
     else cur.dot(xq4, xs4, r);
-    if (lane == 0) {
-      const float v = siluf_(r[0] * ns) * (r[1] * ns);
-      if (tag_act) st_relaxed_gpu64(ta + m.K * 512 + (p - m.E - 1), tagged(uint32_t(s_gen + 1), v));
-      else act[m.K * a.imax + (p - m.E - 1)] = v;
-    }
+    if (lane == 0) act[m.K * a.imax + (p - m.E - 1)] = siluf_(r[0] * ns) * (r[1] * ns);
   }
   // 3. routing, then the routed experts' gate/up rows
   trace_mark(a, 4);
@@ -1038,21 +981,12 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     if (a.xq16) cur.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + m.H / 2, xs4, r);
     else cur.dot(xq4, xs4, r);
     cur = nxt;
-    if (lane == 0) {
-      const float v = sw[it / m.I] * siluf_(r[0] * ns) * (r[1] * ns);
-      if (tag_act) st_relaxed_gpu64(ta + it, tagged(uint32_t(s_gen + 1), v));   // it = slot·512 + row
-      else act[(it / m.I) * a.imax + it % m.I] = v;
-    }
+    if (lane == 0) act[(it / m.I) * a.imax + it % m.I] = sw[it / m.I] * siluf_(r[0] * ns) * (r[1] * ns);
   }
   __syncthreads();
   trace_mark(a, 7);
-  if (tag_act) {   // only counted (no fence), so that launches may mix the modes
-    if (threadIdx.x == 0) atomicAdd(&tk[2], 1ull);
-  } else if (tickets) {
-    grid_arrive64(&tk[2]);
-  } else {
-    grid_arrive(&ctr[1]);
-  }
+  if (tickets) grid_arrive64(&tk[2]);
+  else grid_arrive(&ctr[1]);
   // 4. down projections: this CTA's output rows (R per warp: 2 in 128 CTAs with flag 16, else 1 in
   // 256 CTAs) and the residual values they add to are loaded before the wait.
   auto down = [&](auto rtag) {
@@ -1068,29 +1002,19 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
 #pragma unroll
         for (int r = 0; r < R; ++r) resv[r] = h0 + r < m.H ? a.res[h0 + r] : 0.f;
     }
-    const bool x16 = a.xq16 && !(a.flags & 256);   // D24 (moep bit 256: float down stage)
-    if (tag_act) {
-      // Every CTA wrote activations, so all are resident once this CTA has seen them all; CTAs
-      // without down rows exit (which releases PDL dependents as a trigger does).
-      if (blockIdx.x >= nbd) return;
-      trace_mark(a, 8);
-      stage_down_act_tagged(ta, uint32_t(s_gen + 1), S, dq, dsum, slot_scale, x16);
-      __syncthreads();
-      if (!(a.flags & 1)) pdl_trigger();
-    } else {
-      if (tickets) grid_wait64(&tk[2], (s_gen + 1) * unsigned(G));
-      else grid_wait(&ctr[1], G);
-      trace_mark(a, 8);
-      if (!(a.flags & 1)) pdl_trigger();   // every CTA of the grid is resident now (see above)
-      if (!tickets && threadIdx.x == 0 && atomicAdd(&ctr[2], 1) == G - 1) {   // last CTA past the handoffs
-        ctr[0] = 0;
-        ctr[1] = 0;
-        ctr[2] = 0;
-      }
-      if (blockIdx.x >= nbd) return;
-      stage_down_act(act, S, a.imax, dq, dsum, slot_scale, a.stage_regs, x16);
-      __syncthreads();
+    if (tickets) grid_wait64(&tk[2], (s_gen + 1) * unsigned(G));
+    else grid_wait(&ctr[1], G);
+    trace_mark(a, 8);
+    if (!(a.flags & 1)) pdl_trigger();   // every CTA of the grid is resident now (see above)
+    if (!tickets && threadIdx.x == 0 && atomicAdd(&ctr[2], 1) == G - 1) {   // last CTA past the handoffs
+      ctr[0] = 0;
+      ctr[1] = 0;
+      ctr[2] = 0;
     }
+    if (blockIdx.x >= nbd) return;
+    const bool x16 = a.xq16 && !(a.flags & 256);   // D24 (moep bit 256: float down stage)
+    stage_down_act(act, S, a.imax, dq, dsum, slot_scale, a.stage_regs, x16);
+    __syncthreads();
     trace_mark(a, 9);
     float acc[R];
 #pragma unroll
