@@ -542,6 +542,10 @@ class CudaBackend final : public Backend {
     attn_bf16_ops_ = env_int("LILY_ATTN_BF16", 0) != 0;    // flash MMA operands bf16 (default fp16)
     kv16_u4_enabled() = env_int("LILY_ATTN_KV16_U4", 0) != 0;   // fp16 split-KV: 4 positions per warp in flight
     p1_off_ = abl_.has("P1");   // P1: separate dequantisation pass into bf16 before the GEMM
+    // P8: dense 4-bit GEMMs of T >= LILY_P8_MIN_T tokens (default 2048) dequantise first as P1 off
+    // does: the fused mainloop's per-warp unpacking costs more than one pass over the weights once
+    // a chunk is long (measured +3 % at 2K, +4 % at 4K end to end). --ablate P8: always fused.
+    p8_min_t_ = abl_.has("P8") ? INT32_MAX : std::max(1, env_int("LILY_P8_MIN_T", 2048));
     p2_off_ = abl_.has("P2");   // P2: MoE prefill groups built on the host
     // P1w: wgmma mainloop for 4-bit fp16 dense GEMMs; opt-in (LILY_GEMM_WGMMA=1): measured 4 % slower
     // end to end than mma.sync at 4K although faster in isolation (docs/CUDA.md). --ablate P1w turns it off.
@@ -854,6 +858,8 @@ class CudaBackend final : public Backend {
     jobs.swap(pend_);
     const int T = pend_T_;
     const bool f16 = gemm_f16();
+    // P1 off, P8 (not for lm_head-sized matrices: their 16-bit copy would take ~1 GB of workspace)
+    auto dequant_first = [&](const QMat& w) { return w.type == kQ4 && (p1_off_ || (T >= p8_min_t_ && w.rows <= 16384)); };
     auto al = [](int64_t b) { return (b + 255) / 256 * 256; };
     std::vector<int64_t> xoff(jobs.size());
     std::vector<int> first(jobs.size(), -1);   // job that converts this input
@@ -864,7 +870,7 @@ class CudaBackend final : public Backend {
         if (jobs[k].x == jobs[i].x && jobs[k].w.cols == jobs[i].w.cols) first[i] = first[k];
       if (first[i] < 0) first[i] = int(i);
       split[first[i]] = split[first[i]] || jobs[i].w.type == kQ8;
-      if (p1_off_ && jobs[i].w.type == kQ4) wb_bytes = std::max(wb_bytes, gemm_dequant_bytes(jobs[i].w));
+      if (dequant_first(jobs[i].w)) wb_bytes = std::max(wb_bytes, gemm_dequant_bytes(jobs[i].w));
     }
     for (size_t i = 0; i < jobs.size(); ++i)   // per input: a | rs | hi | lo
       if (first[i] == int(i)) {
@@ -887,7 +893,7 @@ class CudaBackend final : public Backend {
       }
       if (f == int(i)) timed("gemm.convert", 6.0 * T * j.w.cols, [&] { gemm_convert_a(j.x, T, j.w.cols, x, s_); });
       const std::string shape = std::to_string(j.w.rows) + "x" + std::to_string(j.w.cols);
-      uint16_t* wb = p1_off_ && j.w.type == kQ4 ? reinterpret_cast<uint16_t*>(ws + bytes) : nullptr;
+      uint16_t* wb = dequant_first(j.w) ? reinterpret_cast<uint16_t*>(ws + bytes) : nullptr;
       if (wb) timed("gemm.dequant " + shape, 2.5 * j.w.rows * j.w.cols, [&] { gemm_dequant(j.w, f16, wb, s_); });
       const double wbytes = double(j.w.rows) * j.w.cols * (j.w.type == kQ4 ? 0.5 : 1) + j.w.rows * (j.w.cols / 16.0);
       timed("gemm " + shape, wbytes, [&] { gemm(j.w, x, T, j.y, j.w.rows, false, wb, 0, s_); });
@@ -923,6 +929,7 @@ class CudaBackend final : public Backend {
   bool attn_bf16_kv_ = true, attn_bf16_ops_ = false;
   int gemm_min_t_ = 16;             // prefill path from this many tokens (LILY_GEMM_MIN_T)
   bool p1_off_ = false, p2_off_ = false;
+  int p8_min_t_ = 2048;             // P8: dense GEMMs dequantise first from this many tokens
   struct {
     MoeDev m;
     int T;
