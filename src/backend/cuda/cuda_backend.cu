@@ -542,10 +542,11 @@ class CudaBackend final : public Backend {
     attn_bf16_ops_ = env_int("LILY_ATTN_BF16", 0) != 0;    // flash MMA operands bf16 (default fp16)
     kv16_u4_enabled() = env_int("LILY_ATTN_KV16_U4", 0) != 0;   // fp16 split-KV: 4 positions per warp in flight
     p1_off_ = abl_.has("P1");   // P1: separate dequantisation pass into bf16 before the GEMM
-    // P8: dense 4-bit GEMMs of T >= LILY_P8_MIN_T tokens (default 2048) dequantise first as P1 off
+    // P8: dense 4-bit GEMMs of T >= LILY_P8_MIN_T tokens (default 512) dequantise first as P1 off
     // does: the fused mainloop's per-warp unpacking costs more than one pass over the weights once
-    // a chunk is long (measured +3 % at 2K, +4 % at 4K end to end). --ablate P8: always fused.
-    p8_min_t_ = abl_.has("P8") ? INT32_MAX : std::max(1, env_int("LILY_P8_MIN_T", 2048));
+    // a chunk is long (P1 off measured +1.9 % at 512, +2.1 % at 1K, +4.2 % at 4K end to end; shorter
+    // chunks not measured). --ablate P8: always fused.
+    p8_min_t_ = abl_.has("P8") ? INT32_MAX : std::max(1, env_int("LILY_P8_MIN_T", 512));
     p2_off_ = abl_.has("P2");   // P2: MoE prefill groups built on the host
     // P1w: wgmma mainloop for 4-bit fp16 dense GEMMs; opt-in (LILY_GEMM_WGMMA=1): measured 4 % slower
     // end to end than mma.sync at 4K although faster in isolation (docs/CUDA.md). --ablate P1w turns it off.
@@ -929,7 +930,7 @@ class CudaBackend final : public Backend {
   bool attn_bf16_kv_ = true, attn_bf16_ops_ = false;
   int gemm_min_t_ = 16;             // prefill path from this many tokens (LILY_GEMM_MIN_T)
   bool p1_off_ = false, p2_off_ = false;
-  int p8_min_t_ = 2048;             // P8: dense GEMMs dequantise first from this many tokens
+  int p8_min_t_ = 512;              // P8: dense GEMMs dequantise first from this many tokens
   struct {
     MoeDev m;
     int T;
