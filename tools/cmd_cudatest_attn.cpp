@@ -265,7 +265,9 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                    {"P4 scan nc=1", {}, "1", "16", 0, "0"},
                                    {"P4 scan nc=2", {}, "2", "16", 0, "0"},
                                    {"P4 scan nc=4", {}, "4", "16", 0, "0"},
-                                   {"P4c chunked (all T)", {}, "0", "16", 3, "1"}};
+                                   {"P4c chunked (all T)", {}, "0", "16", 3, "1"},
+                                   {"P4 scan nc=1, P9 off", {"P9"}, "1", "16", 0, "0"},
+                                   {"P4c chunked, P9 off", {"P9"}, "0", "16", 3, "1"}};
   // fp16 cache (default) first; with it the flash knobs bf16kv / bf16 ops do not apply. Then D18
   // off (f32 cache) with every flash form of before.
   const std::vector<Variant> av = {{"kv16 P6 off (per-tok)", {"P6"}, "0", "16", 1},
@@ -389,7 +391,8 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed) {
                                    {"scan nc=1", {}, "1", "16", 0, "0"},
                                    {"scan nc=2", {}, "2", "16", 0, "0"},
                                    {"scan nc=4", {}, "4", "16", 0, "0"},
-                                   {"chunked", {}, "0", "16", 0, "1"}};
+                                   {"chunked", {}, "0", "16", 0, "1"},
+                                   {"chunked P9 off", {"P9"}, "0", "16", 0, "1"}};
   for (int T : {64, 512, 2048, 4096, 8192}) {
     const GdnIO io = make_gdn_io(c, 1, true, g);   // weights and state; activations filled below
     Pool pool(gpu);

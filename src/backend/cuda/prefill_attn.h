@@ -65,7 +65,7 @@ __device__ __forceinline__ void mma_bf16x3(float* c, const uint32_t* ah, const u
 }
 
 // ---- gdn_prefill.cu ------------------------------------------------------------------------
-// Shapes the prefill kernels handle (dk == dv == 128, conv kernel <= 8); others use gdn().
+// Shapes the prefill kernels handle (dk == dv == 128, conv kernel <= 9); others use gdn().
 bool gdn_prefill_ok(const GdnDims& d);
 // Workspace floats for T tokens: u [T, conv_dim] (post conv+SiLU, q/k normalised), β and g [T, nv].
 int64_t gdn_prefill_workspace_floats(const GdnDims& d, int T);
@@ -74,6 +74,9 @@ int64_t gdn_prefill_workspace_floats(const GdnDims& d, int T);
 void gdn_prefill_prep(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
                       const float* conv_state, const float* qkv, const float* a, const float* b, int T,
                       float* work, cudaStream_t s);
+// P9: the prep with a CTA's loads in flight at once and one barrier per 8 tokens (off: a loop that
+// loads and reduces token by token).
+bool& gdn_prep_batched_enabled();
 // The delta rule over the T tokens with S in registers (read and written once), then the gated
 // RMSNorm with silu(z) into y; also shifts the carried conv state (last K-1 raw rows of qkv).
 // `nc`: state columns per lane of the scan (1, 2 or 4; 0 = default = 1).
