@@ -31,6 +31,9 @@ if ! grep -q "cuda-check: PASS" "$OUT/check_decode.txt"; then
     LILY_GEMM_MIN_T=1000000 timeout 200 "$L" cuda-check --layers 4 --tokens 64 --prompt 24 --ablate "$id" 2>&1 | tail -3
   done
 fi
+el "cuda-check decode paths, 192 positions, cpu following the gpu's experts (D24's rounding apart from router near-ties)"
+LILY_GEMM_MIN_T=1000000 timeout 200 "$L" cuda-check --layers 4 --tokens 192 --prompt 24 --follow-routing 2>&1 | tail -8 |
+  tee "$OUT/check_decode_follow.txt"
 el "cuda-check all paths, prompt 300 in chunks of 128"
 timeout 240 "$L" cuda-check --layers 4 --tokens 64 --prompt 300 --chunk 128 2>&1 | tail -7 | tee "$OUT/check_prefill.txt"
 if [ -z "$QUICK" ]; then
