@@ -503,7 +503,9 @@ class CudaBackend final : public Backend {
     abl_.merge_env();
     skip_.clear();
     moep_flags_ = 0;
+    attn_mma_pipe_mode() = std::getenv("LILY_D20P") ? std::atoi(std::getenv("LILY_D20P")) : 0;
     for (const std::string& id : abl_.off) {
+      if (id.rfind("d20p=", 0) == 0) attn_mma_pipe_mode() = std::atoi(id.c_str() + 5);   // D20 load schedule
       if (id.rfind("skip=", 0) == 0 && id.size() > 5) skip_.push_back(id.substr(5));
       if (id.rfind("moep=", 0) == 0) moep_flags_ = std::atoi(id.c_str() + 5);   // D19 experiments
     }
