@@ -503,9 +503,7 @@ class CudaBackend final : public Backend {
     abl_.merge_env();
     skip_.clear();
     moep_flags_ = 0;
-    attn_mma_pipe_mode() = std::getenv("LILY_D20P") ? std::atoi(std::getenv("LILY_D20P")) : 0;
     for (const std::string& id : abl_.off) {
-      if (id.rfind("d20p=", 0) == 0) attn_mma_pipe_mode() = std::atoi(id.c_str() + 5);   // D20 load schedule
       if (id.rfind("skip=", 0) == 0 && id.size() > 5) skip_.push_back(id.substr(5));
       if (id.rfind("moep=", 0) == 0) moep_flags_ = std::atoi(id.c_str() + 5);   // D19 experiments
     }
@@ -529,6 +527,7 @@ class CudaBackend final : public Backend {
     pack_gqa_ = !abl_.has("D6");
     splits_ = abl_.has("D7") ? 1 : 0;   // 0: sized from the SM count
     attn_mma_decode_enabled() = !abl_.has("D20");   // D20: tensor-core split-KV decode (fp16 cache)
+    attn_mma_pipe_mode() = abl_.has("D25") ? 0 : 2;  // D25: D20's V rows with its K rows, K one step ahead
     kv16_ = !abl_.has("D18");           // D18: fp16 KV cache (off = f32); applies to caches allocated later
     // Prefill mixers: P4 off = the decode GDN kernel for every T, P6 off = per-token split-KV
     // attention for every T. Thresholds and the scan's columns per lane come from the environment.
