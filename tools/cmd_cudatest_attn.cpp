@@ -273,6 +273,8 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
   const std::vector<Variant> av = {{"kv16 P6 off (per-tok)", {"P6"}, "0", "16", 1},
                                    {"kv16 flash (T>=16)", {}, "0", "16", 1},
                                    {"kv16 flash (all T)", {}, "0", "1", 1},
+                                   {"kv16 flash P12 off", {"P12"}, "0", "16", 1},
+                                   {"kv16 all T, P12 off", {"P12"}, "0", "1", 1},
                                    {"kv16 D7 off (1 split)", {"D7"}, "0", "16", 1},
                                    {"kv16 D20 off (FMA)", {"D20"}, "0", "16", 1},
                                    {"kv16 D20 off, P6 off", {"D20", "P6"}, "0", "16", 1},
@@ -283,7 +285,9 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                    {"kv32 flash (all T)", {"D18"}, "0", "1", 1},
                                    {"kv32 flash f32 tiles", {"D18"}, "0", "16", 1, "", "0"},
                                    {"kv32 flash bf16 ops", {"D18"}, "0", "16", 2, "", "1", "1"},
-                                   {"kv32 flash bf16 f32", {"D18"}, "0", "16", 2, "", "0", "1"}};
+                                   {"kv32 flash bf16 f32", {"D18"}, "0", "16", 2, "", "0", "1"},
+                                   {"kv32 flash P12 off", {"D18", "P12"}, "0", "16", 1},
+                                   {"kv32 bf16 ops P12 off", {"D18", "P12"}, "0", "16", 2, "", "1", "1"}};
   std::vector<std::string> failed;   // one line per failing case-variant, repeated after the summary
   std::vector<Tally> gt(gv.size()), at(av.size());
   const int64_t dv = c.linear_value_dim() / c.linear_num_value_heads, hd = c.head_dim;
@@ -458,22 +462,32 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed) {
     cuda_tools::fill_uniform(gpu, q, T * nh * 2 * hd, 1.f, seed + 7);
     cuda_tools::fill_uniform(gpu, k, T * kvw, 1.f, seed + 8);
     cuda_tools::fill_uniform(gpu, v, T * kvw, 1.f, seed + 9);
+    // "kv16" is the default (P12 on: 64-key tiles), "kv16 P12off" the 32-key kernel before P12; the
+    // two run at every pos0 (the other variants only at pos0 = 0: the per-token path takes minutes).
     const std::vector<Variant> av = {{"kv16", {}, "0", "16", 1},
+                                     {"kv16 P12off", {"P12"}, "0", "16", 1},
                                      {"kv32", {"D18"}, "0", "16", 1},
+                                     {"kv32 P12off", {"D18", "P12"}, "0", "16", 1},
                                      {"flash32", {"D18"}, "0", "16", 1, "", "0"},
                                      {"bf16", {"D18"}, "0", "16", 2, "", "1", "1"},
                                      {"P6 off", {"P6"}}};
-    for (int pos0 : {0, 28672, 126976})
+    for (int pos0 : {0, 28672, 126976}) {
+      double ms_new = 0, ms_old = 0;
       for (const Variant& var : av) {
-        if (!var.off.empty() && pos0 > 0) continue;   // per-token path: only the short case (minutes otherwise)
+        const bool kv16_pair = var.name == "kv16" || var.name == "kv16 P12off";
+        if (!kv16_pair && pos0 > 0) continue;
         apply(gpu, var);
         KvCache& cache = gpu.kv_type() == KvType::f16 ? kv16 : kv;
         auto call = [&] { gpu.attention(c, w, cache, pos0, nullptr, q, k, v, T, o); };
         const double ms = time_ms(gpu, 3, call);
         const double flop = 4.0 * hd * nh * (double(T) * pos0 + 0.5 * double(T) * (T + 1));
-        std::printf("attn T=%5d pos0=%6d  %-7s %9.3f ms  %10.0f tok/s  %6.1f TFLOP/s\n", T, pos0, var.name.c_str(), ms,
-                    T / (ms * 1e-3), flop / (ms * 1e-3) / 1e12);
+        std::printf("attn T=%5d pos0=%6d  %-11s %9.3f ms  %10.0f tok/s  %6.1f TFLOP/s\n", T, pos0, var.name.c_str(),
+                    ms, T / (ms * 1e-3), flop / (ms * 1e-3) / 1e12);
+        if (var.name == "kv16") ms_new = ms;
+        if (var.name == "kv16 P12off") ms_old = ms;
       }
+      std::printf("attn T=%5d pos0=%6d  P12 vs P12 off: %.3fx\n", T, pos0, ms_old / ms_new);
+    }
   }
   apply(gpu, Variant{"default", {}});
   return 0;

@@ -30,14 +30,20 @@ namespace {
 constexpr int kHD = 256;              // head dim
 constexpr int kGQ = 8;                // query heads per KV head = warps per CTA
 constexpr int kBQ = 16;               // tokens per CTA
-constexpr int kBK = 32;               // keys per tile
+constexpr int kBK = 32;               // keys per tile (P12 off, and the f32-staging path)
+constexpr int kBK2 = 64;              // P12: keys per tile of the 16-bit-KV path
 constexpr int kRS = kHD + 8;          // bf16 row stride in shared memory (528 B: ldmatrix rows hit distinct banks)
 constexpr int kMaxSplits = 32;
 constexpr int kPart = kHD + 2;        // partial row: Σ p·v [256], m, l
 constexpr int kStages = 3;            // bf16-KV path: K/V tiles in flight (cp.async ring)
+constexpr int kStages2 = 2;           // P12: ring of 2 tiles of 64 keys (3 would not fit: 270 KB)
 constexpr size_t kSmemF32 = sizeof(float) * 2 * kBK * kHD                 // f32 staging K, V
                             + sizeof(__nv_bfloat16) * (2 * kBK + kGQ * kBQ) * kRS;   // bf16 K, V, Q
-constexpr size_t kSmemBf = sizeof(__nv_bfloat16) * (2 * kStages * kBK + kGQ * kBQ) * kRS;   // K, V ring + Q
+// K, V ring + Q of the 16-bit-KV path: 169 KB (32-key tiles × 3), 198 KB (P12: 64-key tiles × 2).
+constexpr size_t smem_bf(int bk, int nst) { return sizeof(__nv_bfloat16) * (2 * nst * bk + kGQ * kBQ) * kRS; }
+constexpr size_t kSmemBf = smem_bf(kBK, kStages);
+constexpr size_t kSmemBf2 = smem_bf(kBK2, kStages2);
+static_assert(kSmemBf2 <= 227 * 1024, "P12 tiles exceed the shared memory of an SM");
 
 // 16-bit operands: fp16 (F16) or bf16, stored in __nv_bfloat16 arrays as raw 2-byte values.
 // SAT: clamp to the fp16 range first (cache and query values; NaN stays NaN) — P ∈ [0, 1] needs none.
@@ -82,18 +88,22 @@ struct FlashArgs {
 
 // grid (ceil(T/16), kv_heads, splits), 256 threads. Fragment naming as in the PTX ISA: lane =
 // 4·gq + tq; accumulator c0,c1 = row gq, columns 2tq, 2tq+1; c2,c3 = row gq+8.
-// BF_KV: K/V tiles come from a 16-bit copy of the cache by cp.async straight into a kStages ring (one
-// barrier per tile, no conversion); otherwise f32 rows are staged and converted by every CTA.
-// F16: operands fp16 (else bf16).
-template <bool BF_KV, bool F16>
+// BF_KV: K/V tiles come from a 16-bit copy of the cache by cp.async straight into a ring of NST tiles
+// (one barrier per tile, no conversion); otherwise f32 rows are staged and converted by every CTA.
+// F16: operands fp16 (else bf16). BK: keys per tile — 32 with NST = 3 (P6), 64 with NST = 2 (P12:
+// half the barriers, softmax reductions, rescale checks and Q fragment loads per MMA; S is 32
+// accumulators per thread instead of 16).
+template <bool BF_KV, bool F16, int BK = kBK, int NST = kStages>
 __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_constant__ FlashArgs a) {
+  static_assert(BF_KV || BK == kBK, "the f32-staging path has 32-key tiles");
+  static_assert(BK % 16 == 0 && NST >= 2, "tile shape");
   extern __shared__ __align__(16) unsigned char smraw[];
-  float* stK = reinterpret_cast<float*>(smraw);                   // [kBK][kHD] f32 (f32 path)
-  float* stV = stK + kBK * kHD;                                   // [kBK][kHD] f32
-  // bf16 K, V tiles: [kBK][kRS] each (f32 path), or rings of kStages tiles (BF_KV).
-  __nv_bfloat16* Kb = BF_KV ? reinterpret_cast<__nv_bfloat16*>(smraw) : reinterpret_cast<__nv_bfloat16*>(stV + kBK * kHD);
-  __nv_bfloat16* Vb = Kb + (BF_KV ? kStages : 1) * kBK * kRS;
-  __nv_bfloat16* Qb = Vb + (BF_KV ? kStages : 1) * kBK * kRS;     // [kGQ*kBQ][kRS], row = warp*16 + token
+  float* stK = reinterpret_cast<float*>(smraw);                   // [BK][kHD] f32 (f32 path)
+  float* stV = stK + BK * kHD;                                   // [BK][kHD] f32
+  // bf16 K, V tiles: [BK][kRS] each (f32 path), or rings of NST tiles (BF_KV).
+  __nv_bfloat16* Kb = BF_KV ? reinterpret_cast<__nv_bfloat16*>(smraw) : reinterpret_cast<__nv_bfloat16*>(stV + BK * kHD);
+  __nv_bfloat16* Vb = Kb + (BF_KV ? NST : 1) * BK * kRS;
+  __nv_bfloat16* Qb = Vb + (BF_KV ? NST : 1) * BK * kRS;     // [kGQ*kBQ][kRS], row = warp*16 + token
   pdl_trigger();
   pdl_wait();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
@@ -103,7 +113,7 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
   const int h = kvh * kGQ + warp;
   const int kv_len = a.pos0 + a.T;                                // valid cache rows
   const int kv_end = a.pos0 + min(t0 + kBQ, a.T);                 // keys this block can see
-  const int ntiles = (kv_end + kBK - 1) / kBK;
+  const int ntiles = (kv_end + BK - 1) / BK;
   const int tps = (ntiles + a.splits - 1) / a.splits;
   const int tile_lo = split * tps, tile_hi = min(ntiles, tile_lo + tps);
   const int64_t rs = int64_t(a.kv_heads) * kHD;                   // cache row stride (floats)
@@ -121,8 +131,8 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
   }
 
   auto issue_tile = [&](int it) {
-    for (int idx = tid; idx < kBK * (kHD / 4); idx += blockDim.x) {
-      const int r = idx / (kHD / 4), c4 = idx % (kHD / 4), key = it * kBK + r;
+    for (int idx = tid; idx < BK * (kHD / 4); idx += blockDim.x) {
+      const int r = idx / (kHD / 4), c4 = idx % (kHD / 4), key = it * BK + r;
       if (key < kv_len) {
         cp_async16(stK + r * kHD + 4 * c4, a.kc + key * rs + kvh * kHD + 4 * c4);
         cp_async16(stV + r * kHD + 4 * c4, a.vc + key * rs + kvh * kHD + 4 * c4);
@@ -130,12 +140,12 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
     }
     cp_async_commit();
   };
-  // BF_KV: tile it → ring slot it % kStages; the copy holds whole tiles (zero rows past the cache).
+  // BF_KV: tile it → ring slot it % NST; the copy holds whole tiles (zero rows past the cache).
   auto issue_bf = [&](int it) {
-    __nv_bfloat16* kd = Kb + (it % kStages) * kBK * kRS;
-    __nv_bfloat16* vd = Vb + (it % kStages) * kBK * kRS;
-    for (int idx = tid; idx < kBK * (kHD / 8); idx += blockDim.x) {
-      const int r = idx / (kHD / 8), c8 = idx % (kHD / 8), key = it * kBK + r;
+    __nv_bfloat16* kd = Kb + (it % NST) * BK * kRS;
+    __nv_bfloat16* vd = Vb + (it % NST) * BK * kRS;
+    for (int idx = tid; idx < BK * (kHD / 8); idx += blockDim.x) {
+      const int r = idx / (kHD / 8), c8 = idx % (kHD / 8), key = it * BK + r;
       const bool ok = key < kv_len;   // the cache may end inside this tile (capacity not a tile multiple)
       const int64_t go = ok ? int64_t(key) * rs + kvh * kHD + 8 * c8 : 0;
       cp_async16_zfill(kd + r * kRS + 8 * c8, a.kb + go, ok);
@@ -143,7 +153,7 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
     }
   };
   if constexpr (BF_KV) {
-    for (int st = 0; st < kStages - 1; ++st) {
+    for (int st = 0; st < NST - 1; ++st) {
       if (tile_lo + st < tile_hi) issue_bf(tile_lo + st);
       cp_async_commit();
     }
@@ -180,18 +190,18 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
   for (int it = tile_lo; it < tile_hi; ++it) {
     const __nv_bfloat16 *ka, *va;
     if constexpr (BF_KV) {
-      cp_async_wait<kStages - 2>();   // tile it has landed (this thread's copies)
+      cp_async_wait<NST - 2>();   // tile it has landed (this thread's copies)
       __syncthreads();                // everyone's copies; every warp is done with tile it-1's slot
-      if (it + kStages - 1 < tile_hi) issue_bf(it + kStages - 1);   // into tile it-1's slot
+      if (it + NST - 1 < tile_hi) issue_bf(it + NST - 1);   // into tile it-1's slot
       cp_async_commit();
-      ka = Kb + (it % kStages) * kBK * kRS + kao;
-      va = Vb + (it % kStages) * kBK * kRS + vao;
+      ka = Kb + (it % NST) * BK * kRS + kao;
+      va = Vb + (it % NST) * BK * kRS + vao;
     } else {
       cp_async_wait<0>();
       __syncthreads();   // staging holds tile it; every warp is done with the previous bf16 tiles
-      for (int idx = tid; idx < kBK * (kHD / 4); idx += blockDim.x) {
+      for (int idx = tid; idx < BK * (kHD / 4); idx += blockDim.x) {
         const int r = idx / (kHD / 4), c4 = idx % (kHD / 4);
-        const bool ok = it * kBK + r < kv_len;   // rows past the cache are zero (never NaN garbage)
+        const bool ok = it * BK + r < kv_len;   // rows past the cache are zero (never NaN garbage)
         const float4 kx = ok ? reinterpret_cast<const float4*>(stK + r * kHD)[c4] : make_float4(0.f, 0.f, 0.f, 0.f);
         const float4 vx = ok ? reinterpret_cast<const float4*>(stV + r * kHD)[c4] : make_float4(0.f, 0.f, 0.f, 0.f);
         *reinterpret_cast<uint2*>(Kb + r * kRS + 4 * c4) =
@@ -206,15 +216,15 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
     }
 
     // S = Q Kᵀ: 16 rows × 32 keys (4 n-tiles of 8), 16 k-steps over the head dim.
-    float s[kBK / 8][4];
+    float s[BK / 8][4];
 #pragma unroll
-    for (int n = 0; n < kBK / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    for (int n = 0; n < BK / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < kHD / 16; ++kk) {
       uint32_t a0, a1, a2, a3;
       ldsm_x4(a0, a1, a2, a3, qa + kk * 16);
 #pragma unroll
-      for (int np = 0; np < kBK / 16; ++np) {
+      for (int np = 0; np < BK / 16; ++np) {
         uint32_t b0, b1, b2, b3;
         ldsm_x4(b0, b1, b2, b3, ka + np * 16 * kRS + kk * 16);
         mma16<F16>(s[2 * np], a0, a1, a2, a3, b0, b1);
@@ -222,10 +232,10 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
       }
     }
     // Causal mask where the tile reaches past the block's first token.
-    const int kbase = it * kBK;
-    if (kbase + kBK - 1 > a.pos0 + t0) {
+    const int kbase = it * BK;
+    if (kbase + BK - 1 > a.pos0 + t0) {
 #pragma unroll
-      for (int n = 0; n < kBK / 8; ++n)
+      for (int n = 0; n < BK / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           if (kbase + 8 * n + 2 * tq + (e & 1) > lim[e >> 1]) s[n][e] = -INFINITY;
@@ -233,7 +243,7 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
     // Online softmax (rows gq and gq+8; a row's 32 scores live in the 4 lanes of a quad).
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int n = 0; n < kBK / 8; ++n) {
+    for (int n = 0; n < BK / 8; ++n) {
       mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
       mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
     }
@@ -250,7 +260,7 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
     }
     float ls[2] = {0.f, 0.f};
 #pragma unroll
-    for (int n = 0; n < kBK / 8; ++n) {
+    for (int n = 0; n < BK / 8; ++n) {
       s[n][0] = exp2f(s[n][0] - mx[0]);
       s[n][1] = exp2f(s[n][1] - mx[0]);
       s[n][2] = exp2f(s[n][2] - mx[1]);
@@ -271,7 +281,7 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
     }
     // O += P V: P's accumulator layout is the A fragment layout of the next MMA (keys 16kk..16kk+15).
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
+    for (int kk = 0; kk < BK / 16; ++kk) {
       const uint32_t p0 = pack16<F16, false>(s[2 * kk][0], s[2 * kk][1]);
       const uint32_t p1 = pack16<F16, false>(s[2 * kk][2], s[2 * kk][3]);
       const uint32_t p2 = pack16<F16, false>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
@@ -378,6 +388,11 @@ int flash_splits(const AttnDims& d, int T) {
 
 }  // namespace
 
+bool& attn_prefill_bk64_enabled() {
+  static bool on = true;
+  return on;
+}
+
 bool attention_prefill_ok(const AttnDims& d) {
   return d.head_dim == kHD && d.kv_heads > 0 && d.heads == d.kv_heads * kGQ && d.rot_dim <= kHD;
 }
@@ -407,11 +422,18 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
   float* qbuf = work;
   float* part = work + int64_t(T) * d.heads * kHD;
   attention_prep(d, q_norm, k_norm, kc, vc, kv16, pos0, nullptr, q, k, v, T, qbuf, s);
+  // P12: 64-key tiles in a 2-slot ring for the 16-bit-KV path (the f32-staging path keeps 32).
+  const bool bk64 = bf16_kv && attn_prefill_bk64_enabled();
+  const int bk = bk64 ? kBK2 : kBK;
   // Fewer splits when the longest block has few tiles (each slice keeps >= 4 tiles).
-  const int max_tiles = (pos0 + T + kBK - 1) / kBK;
+  const int max_tiles = (pos0 + T + bk - 1) / bk;
   const int splits = std::max(1, std::min(flash_splits(d, T), max_tiles / 4));
   static bool attr_set = false;
   if (!attr_set) {
+    CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<true, false, kBK2, kStages2>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBf2)));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<true, true, kBK2, kStages2>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBf2)));
     CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kSmemF32)));
     CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -444,7 +466,11 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
   const float* vf = kv16 ? nullptr : static_cast<const float*>(vc);
   FlashArgs fa{kf, vf, qbuf, q, kb, vb, o, part, pos0, T, d.kv_heads, splits};
   const dim3 grid((T + kBQ - 1) / kBQ, d.kv_heads, splits);
-  if (bf16_kv && f16)
+  if (bk64 && f16)
+    launch(attn_flash_kernel<true, true, kBK2, kStages2>, grid, dim3(kGQ * 32), kSmemBf2, s, fa);
+  else if (bk64)
+    launch(attn_flash_kernel<true, false, kBK2, kStages2>, grid, dim3(kGQ * 32), kSmemBf2, s, fa);
+  else if (bf16_kv && f16)
     launch(attn_flash_kernel<true, true>, grid, dim3(kGQ * 32), kSmemBf, s, fa);
   else if (bf16_kv)
     launch(attn_flash_kernel<true, false>, grid, dim3(kGQ * 32), kSmemBf, s, fa);

@@ -534,6 +534,7 @@ class CudaBackend final : public Backend {
     prefill_gdn_ = !abl_.has("P4");
     prefill_attn_ = !abl_.has("P6");
     gdn_prep_batched_enabled() = !abl_.has("P9");   // P9: GDN prefill prep with a CTA's loads at once
+    attn_prefill_bk64_enabled() = !abl_.has("P12");   // P12: flash attention prefill with 64-key tiles
     gdn_min_t_ = std::max(2, env_int("LILY_GDN_PREFILL_MIN_T", 2));
     gdn_nc_ = env_int("LILY_GDN_SCAN_NC", 0);
     gdn_chunked_ = abl_.has("P4c") ? 0 : env_int("LILY_GDN_CHUNKED", -1);   // P4c off = the scan
