@@ -109,6 +109,7 @@ struct Variant {
   std::string bf16kv = "1";   // LILY_ATTN_BF16KV
   std::string attn_bf16 = "0";   // LILY_ATTN_BF16 (flash operands bf16 instead of fp16)
   std::string kv16_u4 = "0";     // LILY_ATTN_KV16_U4 (fp16-cache split-KV with 4 positions per warp)
+  std::string qreg = "0";        // LILY_ATTN_QREG (P12 experiment: flash Q fragments in registers)
 };
 void apply(Backend& gpu, const Variant& v) {
   setenv("LILY_GDN_SCAN_NC", v.scan_nc.c_str(), 1);
@@ -116,6 +117,7 @@ void apply(Backend& gpu, const Variant& v) {
   setenv("LILY_ATTN_BF16KV", v.bf16kv.c_str(), 1);
   setenv("LILY_ATTN_BF16", v.attn_bf16.c_str(), 1);
   setenv("LILY_ATTN_KV16_U4", v.kv16_u4.c_str(), 1);
+  setenv("LILY_ATTN_QREG", v.qreg.c_str(), 1);
   setenv("LILY_ATTN_PREFILL_MIN_T", v.attn_min_t.c_str(), 1);
   Ablations a;
   a.off = v.off;
@@ -275,6 +277,8 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                    {"kv16 flash (all T)", {}, "0", "1", 1},
                                    {"kv16 flash P12 off", {"P12"}, "0", "16", 1},
                                    {"kv16 all T, P12 off", {"P12"}, "0", "1", 1},
+                                   {"kv16 flash QREG", {}, "0", "16", 1, "", "1", "0", "0", "1"},
+                                   {"kv16 all T, QREG", {}, "0", "1", 1, "", "1", "0", "0", "1"},
                                    {"kv16 D7 off (1 split)", {"D7"}, "0", "16", 1},
                                    {"kv16 D20 off (FMA)", {"D20"}, "0", "16", 1},
                                    {"kv16 D20 off, P6 off", {"D20", "P6"}, "0", "16", 1},
@@ -287,7 +291,8 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                    {"kv32 flash bf16 ops", {"D18"}, "0", "16", 2, "", "1", "1"},
                                    {"kv32 flash bf16 f32", {"D18"}, "0", "16", 2, "", "0", "1"},
                                    {"kv32 flash P12 off", {"D18", "P12"}, "0", "16", 1},
-                                   {"kv32 bf16 ops P12 off", {"D18", "P12"}, "0", "16", 2, "", "1", "1"}};
+                                   {"kv32 bf16 ops P12 off", {"D18", "P12"}, "0", "16", 2, "", "1", "1"},
+                                   {"kv32 bf16 ops QREG", {"D18"}, "0", "16", 2, "", "1", "1", "0", "1"}};
   std::vector<std::string> failed;   // one line per failing case-variant, repeated after the summary
   std::vector<Tally> gt(gv.size()), at(av.size());
   const int64_t dv = c.linear_value_dim() / c.linear_num_value_heads, hd = c.head_dim;
@@ -462,19 +467,21 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed) {
     cuda_tools::fill_uniform(gpu, q, T * nh * 2 * hd, 1.f, seed + 7);
     cuda_tools::fill_uniform(gpu, k, T * kvw, 1.f, seed + 8);
     cuda_tools::fill_uniform(gpu, v, T * kvw, 1.f, seed + 9);
-    // "kv16" is the default (P12 on: 64-key tiles), "kv16 P12off" the 32-key kernel before P12; the
-    // two run at every pos0 (the other variants only at pos0 = 0: the per-token path takes minutes).
+    // "kv16" is the default (P12 on: 64-key tiles), "kv16 P12off" the 32-key kernel before P12, "kv16
+    // QREG" the P12 experiment with Q in registers; these run at every pos0 (the other variants only
+    // at pos0 = 0: the per-token path takes minutes).
     const std::vector<Variant> av = {{"kv16", {}, "0", "16", 1},
                                      {"kv16 P12off", {"P12"}, "0", "16", 1},
+                                     {"kv16 QREG", {}, "0", "16", 1, "", "1", "0", "0", "1"},
                                      {"kv32", {"D18"}, "0", "16", 1},
                                      {"kv32 P12off", {"D18", "P12"}, "0", "16", 1},
                                      {"flash32", {"D18"}, "0", "16", 1, "", "0"},
                                      {"bf16", {"D18"}, "0", "16", 2, "", "1", "1"},
                                      {"P6 off", {"P6"}}};
     for (int pos0 : {0, 28672, 126976}) {
-      double ms_new = 0, ms_old = 0;
+      double ms_new = 0, ms_old = 0, ms_qreg = 0;
       for (const Variant& var : av) {
-        const bool kv16_pair = var.name == "kv16" || var.name == "kv16 P12off";
+        const bool kv16_pair = var.name.rfind("kv16", 0) == 0;
         if (!kv16_pair && pos0 > 0) continue;
         apply(gpu, var);
         KvCache& cache = gpu.kv_type() == KvType::f16 ? kv16 : kv;
@@ -485,8 +492,10 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed) {
                     ms, T / (ms * 1e-3), flop / (ms * 1e-3) / 1e12);
         if (var.name == "kv16") ms_new = ms;
         if (var.name == "kv16 P12off") ms_old = ms;
+        if (var.name == "kv16 QREG") ms_qreg = ms;
       }
-      std::printf("attn T=%5d pos0=%6d  P12 vs P12 off: %.3fx\n", T, pos0, ms_old / ms_new);
+      std::printf("attn T=%5d pos0=%6d  speedup over P12 off: P12 %.3fx, P12 + QREG %.3fx\n", T, pos0, ms_old / ms_new,
+                  ms_old / ms_qreg);
     }
   }
   apply(gpu, Variant{"default", {}});

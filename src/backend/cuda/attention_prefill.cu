@@ -1,4 +1,4 @@
-// Causal flash attention for prefill (P6): T query tokens at positions pos0..pos0+T-1 over the f32
+// Causal flash attention for prefill (P6, P12): T query tokens at positions pos0..pos0+T-1 over the
 // KV cache [0, pos0 + T), head_dim 256, 8 query heads per KV head.
 //
 // A CTA takes 16 consecutive tokens × the 8 query heads of one KV head (a 128-row query tile, warp w
@@ -16,6 +16,8 @@
 // With the fp16 KV cache (D18) the K/V tiles are cp.async'd straight from the cache (rows past the
 // valid range zero-filled by the copy itself); with an f32 cache either every CTA converts its tiles
 // or (LILY_ATTN_BF16KV, default) one pass converts the cache rows into a 16-bit copy first.
+// P12 (default): the 16-bit-KV path takes keys in tiles of 64 (2-slot ring) instead of 32 (3 slots):
+// per MMA half the barriers, softmax passes, rescale checks and Q fragment reloads.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -43,7 +45,9 @@ constexpr size_t kSmemF32 = sizeof(float) * 2 * kBK * kHD                 // f32
 constexpr size_t smem_bf(int bk, int nst) { return sizeof(__nv_bfloat16) * (2 * nst * bk + kGQ * kBQ) * kRS; }
 constexpr size_t kSmemBf = smem_bf(kBK, kStages);
 constexpr size_t kSmemBf2 = smem_bf(kBK2, kStages2);
-static_assert(kSmemBf2 <= 227 * 1024, "P12 tiles exceed the shared memory of an SM");
+constexpr int kStagesQ = 3;           // QREG: 3 slots of 64 keys (Q staged in one of them)
+constexpr size_t kSmemQreg = sizeof(__nv_bfloat16) * kStagesQ * 2 * kBK2 * kRS;
+static_assert(kSmemBf2 <= 227 * 1024 && kSmemQreg <= 227 * 1024, "P12 tiles exceed the shared memory of an SM");
 
 // 16-bit operands: fp16 (F16) or bf16, stored in __nv_bfloat16 arrays as raw 2-byte values.
 // SAT: clamp to the fp16 range first (cache and query values; NaN stays NaN) — P ∈ [0, 1] needs none.
@@ -93,17 +97,23 @@ struct FlashArgs {
 // F16: operands fp16 (else bf16). BK: keys per tile — 32 with NST = 3 (P6), 64 with NST = 2 (P12:
 // half the barriers, softmax reductions, rescale checks and Q fragment loads per MMA; S is 32
 // accumulators per thread instead of 16).
-template <bool BF_KV, bool F16, int BK = kBK, int NST = kStages>
+// QREG (opt-in experiment, LILY_ATTN_QREG=1): each warp keeps its 16×256 Q fragments in registers (64
+// per thread) instead of reloading them from shared memory every tile; the Q tile is staged in the
+// ring slot that the third tile will use, so the ring gets NST = 3 slots of 64 keys in the same 198 KB
+// (slot = [K rows][V rows]).
+template <bool BF_KV, bool F16, int BK = kBK, int NST = kStages, bool QREG = false>
 __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_constant__ FlashArgs a) {
   static_assert(BF_KV || BK == kBK, "the f32-staging path has 32-key tiles");
   static_assert(BK % 16 == 0 && NST >= 2, "tile shape");
+  static_assert(!QREG || (BF_KV && 2 * BK >= kGQ * kBQ), "QREG stages Q in a ring slot");
   extern __shared__ __align__(16) unsigned char smraw[];
   float* stK = reinterpret_cast<float*>(smraw);                   // [BK][kHD] f32 (f32 path)
   float* stV = stK + BK * kHD;                                   // [BK][kHD] f32
-  // bf16 K, V tiles: [BK][kRS] each (f32 path), or rings of NST tiles (BF_KV).
+  // bf16 K, V tiles: [BK][kRS] each (f32 path), or rings of NST tiles (BF_KV): slot s holds K at
+  // Kb + s·kSlot and V kVOff further (all K slots then all V slots; QREG: slot = K rows then V rows).
   __nv_bfloat16* Kb = BF_KV ? reinterpret_cast<__nv_bfloat16*>(smraw) : reinterpret_cast<__nv_bfloat16*>(stV + BK * kHD);
-  __nv_bfloat16* Vb = Kb + (BF_KV ? NST : 1) * BK * kRS;
-  __nv_bfloat16* Qb = Vb + (BF_KV ? NST : 1) * BK * kRS;     // [kGQ*kBQ][kRS], row = warp*16 + token
+  constexpr int kSlot = QREG ? 2 * BK * kRS : BK * kRS;
+  constexpr int kVOff = QREG ? BK * kRS : (BF_KV ? NST : 1) * BK * kRS;
   pdl_trigger();
   pdl_wait();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
@@ -117,6 +127,9 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
   const int tps = (ntiles + a.splits - 1) / a.splits;
   const int tile_lo = split * tps, tile_hi = min(ntiles, tile_lo + tps);
   const int64_t rs = int64_t(a.kv_heads) * kHD;                   // cache row stride (floats)
+  // Q tile [kGQ*kBQ][kRS], row = warp*16 + token: after the K/V tiles, or (QREG) in the slot of tile
+  // tile_lo + NST - 1, which is first written after the loop's first barrier.
+  __nv_bfloat16* Qb = QREG ? Kb + ((tile_lo + NST - 1) % NST) * kSlot : Kb + kVOff + (BF_KV ? NST : 1) * BK * kRS;
 
   if (tile_lo >= tile_hi) {   // empty slice of a split range: l = 0 marks it for the merge
     if (tid < kGQ * kBQ) {
@@ -142,8 +155,8 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
   };
   // BF_KV: tile it → ring slot it % NST; the copy holds whole tiles (zero rows past the cache).
   auto issue_bf = [&](int it) {
-    __nv_bfloat16* kd = Kb + (it % NST) * BK * kRS;
-    __nv_bfloat16* vd = Vb + (it % NST) * BK * kRS;
+    __nv_bfloat16* kd = Kb + (it % NST) * kSlot;
+    __nv_bfloat16* vd = kd + kVOff;
     for (int idx = tid; idx < BK * (kHD / 8); idx += blockDim.x) {
       const int r = idx / (kHD / 8), c8 = idx % (kHD / 8), key = it * BK + r;
       const bool ok = key < kv_len;   // the cache may end inside this tile (capacity not a tile multiple)
@@ -186,6 +199,14 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
   const int lr = lane & 7, lh = (lane >> 3) & 1, lq = lane >> 4;
   const __nv_bfloat16* qa = qw + (lr + 8 * lh) * kRS + 8 * lq;
   const int kao = (lr + 8 * lq) * kRS + 8 * lh, vao = (lr + 8 * lh) * kRS + 8 * lq;
+  // QREG: the warp's Q fragments once (the barrier makes every thread's Q stores visible; the loop's
+  // first barrier then orders these loads before the copy that reuses the slot).
+  uint32_t qf[QREG ? kHD / 16 : 1][4];
+  if constexpr (QREG) {
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kHD / 16; ++kk) ldsm_x4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], qa + kk * 16);
+  }
 
   for (int it = tile_lo; it < tile_hi; ++it) {
     const __nv_bfloat16 *ka, *va;
@@ -194,8 +215,8 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
       __syncthreads();                // everyone's copies; every warp is done with tile it-1's slot
       if (it + NST - 1 < tile_hi) issue_bf(it + NST - 1);   // into tile it-1's slot
       cp_async_commit();
-      ka = Kb + (it % NST) * BK * kRS + kao;
-      va = Vb + (it % NST) * BK * kRS + vao;
+      ka = Kb + (it % NST) * kSlot + kao;
+      va = Kb + (it % NST) * kSlot + kVOff + vao;
     } else {
       cp_async_wait<0>();
       __syncthreads();   // staging holds tile it; every warp is done with the previous bf16 tiles
@@ -206,23 +227,30 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
         const float4 vx = ok ? reinterpret_cast<const float4*>(stV + r * kHD)[c4] : make_float4(0.f, 0.f, 0.f, 0.f);
         *reinterpret_cast<uint2*>(Kb + r * kRS + 4 * c4) =
             make_uint2(pack16<F16>(kx.x, kx.y), pack16<F16>(kx.z, kx.w));
-        *reinterpret_cast<uint2*>(Vb + r * kRS + 4 * c4) =
+        *reinterpret_cast<uint2*>(Kb + kVOff + r * kRS + 4 * c4) =
             make_uint2(pack16<F16>(vx.x, vx.y), pack16<F16>(vx.z, vx.w));
       }
       __syncthreads();   // bf16 tiles ready, staging free
       if (it + 1 < tile_hi) issue_tile(it + 1);
       ka = Kb + kao;
-      va = Vb + vao;
+      va = Kb + kVOff + vao;
     }
 
-    // S = Q Kᵀ: 16 rows × 32 keys (4 n-tiles of 8), 16 k-steps over the head dim.
+    // S = Q Kᵀ: 16 rows × BK keys (BK/8 n-tiles of 8), 16 k-steps over the head dim.
     float s[BK / 8][4];
 #pragma unroll
     for (int n = 0; n < BK / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < kHD / 16; ++kk) {
       uint32_t a0, a1, a2, a3;
-      ldsm_x4(a0, a1, a2, a3, qa + kk * 16);
+      if constexpr (QREG) {
+        a0 = qf[kk][0];
+        a1 = qf[kk][1];
+        a2 = qf[kk][2];
+        a3 = qf[kk][3];
+      } else {
+        ldsm_x4(a0, a1, a2, a3, qa + kk * 16);
+      }
 #pragma unroll
       for (int np = 0; np < BK / 16; ++np) {
         uint32_t b0, b1, b2, b3;
@@ -392,6 +420,10 @@ bool& attn_prefill_bk64_enabled() {
   static bool on = true;
   return on;
 }
+bool& attn_prefill_qreg_enabled() {
+  static bool on = false;
+  return on;
+}
 
 bool attention_prefill_ok(const AttnDims& d) {
   return d.head_dim == kHD && d.kv_heads > 0 && d.heads == d.kv_heads * kGQ && d.rot_dim <= kHD;
@@ -424,6 +456,7 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
   attention_prep(d, q_norm, k_norm, kc, vc, kv16, pos0, nullptr, q, k, v, T, qbuf, s);
   // P12: 64-key tiles in a 2-slot ring for the 16-bit-KV path (the f32-staging path keeps 32).
   const bool bk64 = bf16_kv && attn_prefill_bk64_enabled();
+  const bool qreg = bk64 && attn_prefill_qreg_enabled();
   const int bk = bk64 ? kBK2 : kBK;
   // Fewer splits when the longest block has few tiles (each slice keeps >= 4 tiles).
   const int max_tiles = (pos0 + T + bk - 1) / bk;
@@ -434,6 +467,10 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBf2)));
     CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<true, true, kBK2, kStages2>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBf2)));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<true, false, kBK2, kStagesQ, true>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemQreg)));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<true, true, kBK2, kStagesQ, true>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemQreg)));
     CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kSmemF32)));
     CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -466,7 +503,11 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
   const float* vf = kv16 ? nullptr : static_cast<const float*>(vc);
   FlashArgs fa{kf, vf, qbuf, q, kb, vb, o, part, pos0, T, d.kv_heads, splits};
   const dim3 grid((T + kBQ - 1) / kBQ, d.kv_heads, splits);
-  if (bk64 && f16)
+  if (qreg && f16)
+    launch(attn_flash_kernel<true, true, kBK2, kStagesQ, true>, grid, dim3(kGQ * 32), kSmemQreg, s, fa);
+  else if (qreg)
+    launch(attn_flash_kernel<true, false, kBK2, kStagesQ, true>, grid, dim3(kGQ * 32), kSmemQreg, s, fa);
+  else if (bk64 && f16)
     launch(attn_flash_kernel<true, true, kBK2, kStages2>, grid, dim3(kGQ * 32), kSmemBf2, s, fa);
   else if (bk64)
     launch(attn_flash_kernel<true, false, kBK2, kStages2>, grid, dim3(kGQ * 32), kSmemBf2, s, fa);

@@ -108,6 +108,8 @@ int64_t attention_prefill_workspace_floats(const AttnDims& d, int T, int pos0, b
 // keys in tiles of 64 through a 2-slot cp.async ring; off: tiles of 32 in a 3-slot ring (P6 as first
 // built). The f32-staging path (LILY_ATTN_BF16KV=0 with an f32 cache) keeps tiles of 32 either way.
 bool& attn_prefill_bk64_enabled();
+// Experiment (LILY_ATTN_QREG=1, only with P12): Q fragments kept in registers, 3 slots of 64 keys.
+bool& attn_prefill_qreg_enabled();
 void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_norm, void* kc, void* vc, bool kv16,
                        int pos0, const float* q, const float* k, const float* v, int T, float* o, float* work,
                        bool bf16_kv, bool f16, cudaStream_t s);
