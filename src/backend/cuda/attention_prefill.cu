@@ -358,6 +358,281 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_kernel(const __grid_co
   }
 }
 
+
+// ---- P12 experiment (LILY_ATTN_WG=1|2): S = Q·Kᵀ, and with 2 also O += P·V, on wgmma -------------
+// The same CTA (8 warps = 2 warpgroups, warp w = head w, 16 tokens; warpgroup g = query rows 64g..
+// 64g+63 of the Q tile) and the same 64-key tiles in a 2-slot cp.async ring, but the tiles are stored
+// in the 128-byte-swizzled layout wgmma reads: a [rows][256] fp16 tile is 4 chunks of 64 columns, chunk
+// c = [rows][128 B] with the 16-byte unit u of row r at ((u ^ (r & 7)) << 4). Q and K are K-major
+// operands of S (descriptor: SBO 1024 = 8 rows); V is the N-major B operand of P·V (LBO 8 KB = the
+// next 64 dims, SBO 1024 = the next 8 keys; imm-trans-b 1). wgmma's accumulator layout per warp is the
+// m16n8k16 one (row 16w + gq (+8), column 8j + 2tq (+1)) and its register-A layout is the m16n8k16 A
+// layout, so the softmax, the P packing and the epilogue are the mma.sync kernel's. Each warpgroup
+// reads a K/V tile once per wgmma instead of each warp once per ldmatrix: shared-memory reads per
+// tile drop from ~590 KB (P12) to ~384 KB (S only) or ~192 KB (S and P·V).
+constexpr int kWgQ = kGQ * kBQ * kHD * 2;       // Q tile, 64 KB
+constexpr int kWgKV = kBK2 * kHD * 2;           // one K or V tile of 64 keys, 32 KB
+constexpr int kWgSlot = 2 * kWgKV;              // ring slot: K then V
+constexpr size_t kSmemWg = size_t(kWgQ) + 2 * kWgSlot + 1024;   // + slack to align the base to 1024
+static_assert(kSmemWg <= 227 * 1024, "wgmma flash tiles exceed the shared memory of an SM");
+
+__device__ __forceinline__ uint32_t wgf_swz(int r, int u) { return uint32_t(r * 128 + ((u ^ (r & 7)) << 4)); }
+// Matrix descriptor, 128-byte swizzle (PTX ISA "matrix descriptor"): start, LBO, SBO (bytes).
+__device__ __forceinline__ uint64_t wgf_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t((lbo & 0x3FFFFu) >> 4) << 16) |
+         (uint64_t((sbo & 0x3FFFFu) >> 4) << 32) | (uint64_t(1) << 62);
+}
+__device__ __forceinline__ void wgf_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgf_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgf_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Keeps the compiler from moving accumulator reads/writes across the asynchronous wgmma.
+template <int R>
+__device__ __forceinline__ void wgf_regs(float* d) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// cp.async / st.shared writes made visible to the async proxy (wgmma operand reads).
+__device__ __forceinline__ void wgf_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// D[64 x 64] += A[64 x 16] · B[16 x 64], A and B K-major in shared memory (descriptors), fp16 in, f32 out.
+__device__ __forceinline__ void wgf_ss_n64(float* d, uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(1));
+}
+// D[64 x 256] += A[64 x 16] · B[16 x 256], A from registers (the m16n8k16 A layout per warp), B
+// N-major (transposed) in shared memory, fp16 in, f32 out.
+__device__ __forceinline__ void wgf_rs_n256_t(float* d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1));
+}
+
+// grid and arguments as attn_flash_kernel (fp16 operands, 16-bit K/V). PVW: P·V on wgmma too (else
+// mma.sync with V fragments by ldmatrix.trans from the swizzled tile).
+template <bool PVW>
+__global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_wg_kernel(const __grid_constant__ FlashArgs a) {
+  constexpr int BK = kBK2;
+  extern __shared__ __align__(1024) unsigned char smwg[];
+  const uint32_t raw0 = static_cast<uint32_t>(__cvta_generic_to_shared(smwg));
+  const uint32_t pad = ((raw0 + 1023u) & ~1023u) - raw0;   // swizzle atoms need 1024-byte alignment
+  unsigned char* sm = smwg + pad;                          // Q [4 chunks][128 rows][128 B], then 2 slots
+  const uint32_t sQ = raw0 + pad;
+  pdl_trigger();
+  pdl_wait();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int wg = warp >> 2;
+  const int nqb = gridDim.x;
+  const int t0 = (nqb - 1 - int(blockIdx.x)) * kBQ;               // longest rows first
+  const int kvh = blockIdx.y, split = blockIdx.z, heads = a.kv_heads * kGQ;
+  const int h = kvh * kGQ + warp;
+  const int kv_len = a.pos0 + a.T;
+  const int kv_end = a.pos0 + min(t0 + kBQ, a.T);
+  const int ntiles = (kv_end + BK - 1) / BK;
+  const int tps = (ntiles + a.splits - 1) / a.splits;
+  const int tile_lo = split * tps, tile_hi = min(ntiles, tile_lo + tps);
+  const int64_t rs = int64_t(a.kv_heads) * kHD;
+
+  if (tile_lo >= tile_hi) {   // empty slice of a split range: l = 0 marks it for the merge
+    if (tid < kGQ * kBQ) {
+      const int t = t0 + (tid & (kBQ - 1)), hh = kvh * kGQ + tid / kBQ;
+      if (t < a.T) {
+        float* pb = a.part + ((int64_t(t) * heads + hh) * a.splits + split) * kPart;
+        pb[kHD] = -FLT_MAX;
+        pb[kHD + 1] = 0.f;
+      }
+    }
+    return;
+  }
+
+  // Tile it → slot it & 1: key row r, 16-byte unit U (dims 8U..8U+7) → chunk U / 8, unit U % 8.
+  auto issue = [&](int it) {
+    unsigned char* kd = sm + kWgQ + (it & 1) * kWgSlot;
+    unsigned char* vd = kd + kWgKV;
+    for (int idx = tid; idx < BK * (kHD / 8); idx += blockDim.x) {
+      const int r = idx / (kHD / 8), U = idx % (kHD / 8), key = it * BK + r;
+      const bool ok = key < kv_len;
+      const int64_t go = ok ? int64_t(key) * rs + kvh * kHD + 8 * U : 0;
+      const uint32_t off = (U >> 3) * (BK * 128) + wgf_swz(r, U & 7);
+      cp_async16_zfill(kd + off, a.kb + go, ok);
+      cp_async16_zfill(vd + off, a.vb + go, ok);
+    }
+  };
+  issue(tile_lo);
+  cp_async_commit();
+
+  // Q tile to fp16 × log2 e in the swizzled layout (row = warp*16 + token); rows past T are zero.
+  const float kLog2e = 1.4426950408889634f;
+  for (int idx = tid; idx < kGQ * kBQ * (kHD / 4); idx += blockDim.x) {
+    const int row = idx / (kHD / 4), c4 = idx % (kHD / 4);
+    const int t = t0 + (row & (kBQ - 1)), hh = kvh * kGQ + row / kBQ;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (t < a.T) v = reinterpret_cast<const float4*>(a.qbuf + (int64_t(t) * heads + hh) * kHD)[c4];
+    uint2 pk;
+    pk.x = pack16<true>(v.x * kLog2e, v.y * kLog2e);
+    pk.y = pack16<true>(v.z * kLog2e, v.w * kLog2e);
+    const int U = c4 >> 1;
+    *reinterpret_cast<uint2*>(sm + (U >> 3) * (kGQ * kBQ * 128) + wgf_swz(row, U & 7) + (c4 & 1) * 8) = pk;
+  }
+
+  float oacc[kHD / 8][4];
+#pragma unroll
+  for (int n = 0; n < kHD / 8; ++n) oacc[n][0] = oacc[n][1] = oacc[n][2] = oacc[n][3] = 0.f;
+  float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
+  const int lim[2] = {a.pos0 + min(t0 + gq, a.T - 1), a.pos0 + min(t0 + gq + 8, a.T - 1)};
+  // mma.sync P·V: ldmatrix.trans rows {keys 0-7 | 8-15} × {dims | dims+8}; key row & 7 = lr.
+  const int lr = lane & 7, lh = (lane >> 3) & 1, lq = lane >> 4;
+  const int vrow = (lr + 8 * lh) * 128;
+
+  for (int it = tile_lo; it < tile_hi; ++it) {
+    cp_async_wait<0>();   // tile it (this thread's copies; Q's stores are older)
+    wgf_proxy_fence();    // ... visible to wgmma's reads
+    __syncthreads();      // everyone's; every warpgroup is done with tile it-1's slot
+    if (it + 1 < tile_hi) issue(it + 1);
+    cp_async_commit();
+    const uint32_t kaddr = sQ + kWgQ + (it & 1) * kWgSlot, vaddr = kaddr + kWgKV;
+
+    // S = Q Kᵀ for the warpgroup's 64 rows × 64 keys: 16 k-steps, 32 bytes apart inside a chunk.
+    float s[BK / 8][4];
+#pragma unroll
+    for (int n = 0; n < BK / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    wgf_regs<BK / 2>(&s[0][0]);
+    wgf_fence();
+#pragma unroll
+    for (int c = 0; c < kHD / 64; ++c)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        wgf_ss_n64(&s[0][0], wgf_desc(sQ + c * (kGQ * kBQ * 128) + wg * (64 * 128) + 32 * j, 16, 1024),
+                   wgf_desc(kaddr + c * (BK * 128) + 32 * j, 16, 1024));
+    wgf_commit();
+    wgf_wait0();
+    wgf_regs<BK / 2>(&s[0][0]);
+
+    const int kbase = it * BK;
+    if (kbase + BK - 1 > a.pos0 + t0) {
+#pragma unroll
+      for (int n = 0; n < BK / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (kbase + 8 * n + 2 * tq + (e & 1) > lim[e >> 1]) s[n][e] = -INFINITY;
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < BK / 8; ++n) {
+      mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
+    }
+    float corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mn = fmaxf(mrow[r], mx[r]);
+      const float ref = mn == -INFINITY ? 0.f : mn;
+      corr[r] = exp2f(mrow[r] - ref);
+      mrow[r] = mn;
+      mx[r] = ref;
+    }
+    float ls[2] = {0.f, 0.f};
+#pragma unroll
+    for (int n = 0; n < BK / 8; ++n) {
+      s[n][0] = exp2f(s[n][0] - mx[0]);
+      s[n][1] = exp2f(s[n][1] - mx[0]);
+      s[n][2] = exp2f(s[n][2] - mx[1]);
+      s[n][3] = exp2f(s[n][3] - mx[1]);
+      ls[0] += s[n][0] + s[n][1];
+      ls[1] += s[n][2] + s[n][3];
+    }
+    lrow[0] = lrow[0] * corr[0] + ls[0];
+    lrow[1] = lrow[1] * corr[1] + ls[1];
+    if (!__all_sync(0xffffffffu, corr[0] == 1.f && corr[1] == 1.f)) {
+#pragma unroll
+      for (int n = 0; n < kHD / 8; ++n) {
+        oacc[n][0] *= corr[0];
+        oacc[n][1] *= corr[0];
+        oacc[n][2] *= corr[1];
+        oacc[n][3] *= corr[1];
+      }
+    }
+    if constexpr (PVW) {
+      // O += P V: one m64n256k16 per 16 keys, P from registers (all packed before the fence: the
+      // A registers must not change while the wgmmas are in flight), V N-major from the slot.
+      uint32_t pa[BK / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        pa[kk][0] = pack16<true, false>(s[2 * kk][0], s[2 * kk][1]);
+        pa[kk][1] = pack16<true, false>(s[2 * kk][2], s[2 * kk][3]);
+        pa[kk][2] = pack16<true, false>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[kk][3] = pack16<true, false>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      }
+      wgf_regs<kHD / 2>(&oacc[0][0]);
+      wgf_fence();
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk)
+        wgf_rs_n256_t(&oacc[0][0], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3],
+                      wgf_desc(vaddr + kk * (16 * 128), BK * 128, 1024));
+      wgf_commit();
+      wgf_wait0();
+      wgf_regs<kHD / 2>(&oacc[0][0]);
+    } else {
+      const unsigned char* vs = sm + kWgQ + (it & 1) * kWgSlot + kWgKV + vrow;
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        const uint32_t p0 = pack16<true, false>(s[2 * kk][0], s[2 * kk][1]);
+        const uint32_t p1 = pack16<true, false>(s[2 * kk][2], s[2 * kk][3]);
+        const uint32_t p2 = pack16<true, false>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        const uint32_t p3 = pack16<true, false>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+        for (int np = 0; np < kHD / 16; ++np) {
+          // dims 16np + 8lq.. → 16-byte unit U = 2np + lq: chunk U / 8, unit U % 8 (swizzled by lr).
+          const int U = 2 * np + lq;
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4_t(b0, b1, b2, b3, vs + kk * (16 * 128) + (U >> 3) * (BK * 128) + (((U & 7) ^ lr) << 4));
+          mma16<true>(oacc[2 * np], p0, p1, p2, p3, b0, b1);
+          mma16<true>(oacc[2 * np + 1], p0, p1, p2, p3, b2, b3);
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int t = t0 + gq + 8 * r;
+    if (t >= a.T) continue;
+    if (a.splits == 1) {
+      const float inv = 1.f / lrow[r];
+      const float* gate = a.q + (int64_t(t) * heads + h) * 2 * kHD + kHD;
+      float* out = a.o + (int64_t(t) * heads + h) * kHD;
+#pragma unroll
+      for (int n = 0; n < kHD / 8; ++n) {
+        const int e = 8 * n + 2 * tq;
+        const float2 gv = *reinterpret_cast<const float2*>(gate + e);
+        *reinterpret_cast<float2*>(out + e) =
+            make_float2(oacc[n][2 * r] * inv * sigmoidf_(gv.x), oacc[n][2 * r + 1] * inv * sigmoidf_(gv.y));
+      }
+    } else {
+      float* pb = a.part + ((int64_t(t) * heads + h) * a.splits + split) * kPart;
+#pragma unroll
+      for (int n = 0; n < kHD / 8; ++n)
+        *reinterpret_cast<float2*>(pb + 8 * n + 2 * tq) = make_float2(oacc[n][2 * r], oacc[n][2 * r + 1]);
+      if (tq == 0) {
+        pb[kHD] = lrow[r] > 0.f ? mrow[r] : -FLT_MAX;
+        pb[kHD + 1] = lrow[r];
+      }
+    }
+  }
+}
+
 // grid (heads, T), block 256: o = Σ_s acc_s 2^(m_s−M) / Σ_s l_s 2^(m_s−M) × σ(gate).
 __global__ void __launch_bounds__(kHD) attn_flash_merge_kernel(const float* part, const float* q, int heads, int splits,
                                                                float* o) {
@@ -424,6 +699,10 @@ bool& attn_prefill_qreg_enabled() {
   static bool on = false;
   return on;
 }
+int& attn_prefill_wg_mode() {
+  static int mode = 0;
+  return mode;
+}
 
 bool attention_prefill_ok(const AttnDims& d) {
   return d.head_dim == kHD && d.kv_heads > 0 && d.heads == d.kv_heads * kGQ && d.rot_dim <= kHD;
@@ -456,7 +735,8 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
   attention_prep(d, q_norm, k_norm, kc, vc, kv16, pos0, nullptr, q, k, v, T, qbuf, s);
   // P12: 64-key tiles in a 2-slot ring for the 16-bit-KV path (the f32-staging path keeps 32).
   const bool bk64 = bf16_kv && attn_prefill_bk64_enabled();
-  const bool qreg = bk64 && attn_prefill_qreg_enabled();
+  const int wgm = bk64 && f16 ? attn_prefill_wg_mode() : 0;   // wgmma experiment: fp16 operands only
+  const bool qreg = bk64 && !wgm && attn_prefill_qreg_enabled();
   const int bk = bk64 ? kBK2 : kBK;
   // Fewer splits when the longest block has few tiles (each slice keeps >= 4 tiles).
   const int max_tiles = (pos0 + T + bk - 1) / bk;
@@ -467,6 +747,10 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBf2)));
     CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<true, true, kBK2, kStages2>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBf2)));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_flash_wg_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(kSmemWg)));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_flash_wg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(kSmemWg)));
     CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<true, false, kBK2, kStagesQ, true>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemQreg)));
     CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<true, true, kBK2, kStagesQ, true>,
@@ -503,7 +787,11 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
   const float* vf = kv16 ? nullptr : static_cast<const float*>(vc);
   FlashArgs fa{kf, vf, qbuf, q, kb, vb, o, part, pos0, T, d.kv_heads, splits};
   const dim3 grid((T + kBQ - 1) / kBQ, d.kv_heads, splits);
-  if (qreg && f16)
+  if (wgm == 1)
+    launch(attn_flash_wg_kernel<false>, grid, dim3(kGQ * 32), kSmemWg, s, fa);
+  else if (wgm >= 2)
+    launch(attn_flash_wg_kernel<true>, grid, dim3(kGQ * 32), kSmemWg, s, fa);
+  else if (qreg && f16)
     launch(attn_flash_kernel<true, true, kBK2, kStagesQ, true>, grid, dim3(kGQ * 32), kSmemQreg, s, fa);
   else if (qreg)
     launch(attn_flash_kernel<true, false, kBK2, kStagesQ, true>, grid, dim3(kGQ * 32), kSmemQreg, s, fa);
