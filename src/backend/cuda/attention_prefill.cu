@@ -17,7 +17,9 @@
 // valid range zero-filled by the copy itself); with an f32 cache either every CTA converts its tiles
 // or (LILY_ATTN_BF16KV, default) one pass converts the cache rows into a 16-bit copy first.
 // P12 (default): the 16-bit-KV path takes keys in tiles of 64 (2-slot ring) instead of 32 (3 slots):
-// per MMA half the barriers, softmax passes, rescale checks and Q fragment reloads.
+// per MMA half the barriers, softmax passes, rescale checks and Q fragment reloads. Opt-in
+// experiments on top (docs/CUDA.md "P12"): LILY_ATTN_QREG=1 (Q fragments in registers) and
+// LILY_ATTN_WG=1|2 (S, or S and P·V, on wgmma from 128-byte-swizzled tiles).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
