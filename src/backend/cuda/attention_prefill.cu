@@ -416,8 +416,10 @@ __device__ __forceinline__ void wgf_rs_n256_t(float* d, uint32_t a0, uint32_t a1
 }
 
 // grid and arguments as attn_flash_kernel (fp16 operands, 16-bit K/V). PVW: P·V on wgmma too (else
-// mma.sync with V fragments by ldmatrix.trans from the swizzled tile).
-template <bool PVW>
+// mma.sync with V fragments by ldmatrix.trans from the swizzled tile); PVW_SWAP (diagnostic,
+// LILY_ATTN_WG=3): V's descriptor with LBO and SBO exchanged, to tell in one device run which reading
+// of the N-major stride fields holds if WG=2 fails.
+template <bool PVW, bool PVW_SWAP = false>
 __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_wg_kernel(const __grid_constant__ FlashArgs a) {
   constexpr int BK = kBK2;
   extern __shared__ __align__(1024) unsigned char smwg[];
@@ -577,7 +579,8 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_wg_kernel(const __grid
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk)
         wgf_rs_n256_t(&oacc[0][0], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3],
-                      wgf_desc(vaddr + kk * (16 * 128), BK * 128, 1024));
+                      PVW_SWAP ? wgf_desc(vaddr + kk * (16 * 128), 1024, BK * 128)
+                               : wgf_desc(vaddr + kk * (16 * 128), BK * 128, 1024));
       wgf_commit();
       wgf_wait0();
       wgf_regs<kHD / 2>(&oacc[0][0]);
@@ -753,6 +756,8 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
                                     int(kSmemWg)));
     CUDA_CHECK(cudaFuncSetAttribute(attn_flash_wg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kSmemWg)));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_flash_wg_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(kSmemWg)));
     CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<true, false, kBK2, kStagesQ, true>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemQreg)));
     CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<true, true, kBK2, kStagesQ, true>,
@@ -791,8 +796,10 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
   const dim3 grid((T + kBQ - 1) / kBQ, d.kv_heads, splits);
   if (wgm == 1)
     launch(attn_flash_wg_kernel<false>, grid, dim3(kGQ * 32), kSmemWg, s, fa);
-  else if (wgm >= 2)
+  else if (wgm == 2)
     launch(attn_flash_wg_kernel<true>, grid, dim3(kGQ * 32), kSmemWg, s, fa);
+  else if (wgm >= 3)
+    launch(attn_flash_wg_kernel<true, true>, grid, dim3(kGQ * 32), kSmemWg, s, fa);
   else if (qreg && f16)
     launch(attn_flash_kernel<true, true, kBK2, kStagesQ, true>, grid, dim3(kGQ * 32), kSmemQreg, s, fa);
   else if (qreg)
