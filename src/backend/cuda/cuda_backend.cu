@@ -535,6 +535,7 @@ class CudaBackend final : public Backend {
     prefill_gdn_ = !abl_.has("P4");
     prefill_attn_ = !abl_.has("P6");
     gdn_prep_batched_enabled() = !abl_.has("P9");   // P9: GDN prefill prep with a CTA's loads at once
+    attn_prefill_bk64_enabled() = !abl_.has("P12");   // P12: flash attention prefill with 64-key tiles
     gdn_min_t_ = std::max(2, env_int("LILY_GDN_PREFILL_MIN_T", 2));
     gdn_nc_ = env_int("LILY_GDN_SCAN_NC", 0);
     gdn_chunked_ = abl_.has("P4c") ? 0 : env_int("LILY_GDN_CHUNKED", -1);   // P4c off = the scan
@@ -542,7 +543,9 @@ class CudaBackend final : public Backend {
     attn_min_t_ = std::max(1, env_int("LILY_ATTN_PREFILL_MIN_T", 16));
     attn_bf16_kv_ = env_int("LILY_ATTN_BF16KV", 1) != 0;   // flash attention reads a 16-bit copy of the cache
     attn_bf16_ops_ = env_int("LILY_ATTN_BF16", 0) != 0;    // flash MMA operands bf16 (default fp16)
-    kv16_u4_enabled() = env_int("LILY_ATTN_KV16_U4", 0) != 0;   // fp16 split-KV: 4 positions per warp in flight
+    kv16_u4_enabled() = env_int("LILY_ATTN_KV16_U4", 0) != 0;
+    attn_prefill_qreg_enabled() = env_int("LILY_ATTN_QREG", 0) != 0;   // P12 experiment: Q in registers
+    attn_prefill_wg_mode() = env_int("LILY_ATTN_WG", 0);   // P12 experiment: 1 = S on wgmma, 2 = S and P·V   // fp16 split-KV: 4 positions per warp in flight
     p1_off_ = abl_.has("P1");   // P1: separate dequantisation pass into bf16 before the GEMM
     // P8: dense 4-bit GEMMs of T >= LILY_P8_MIN_T tokens (default 512) dequantise first as P1 off
     // does: the fused mainloop's per-warp unpacking costs more than one pass over the weights once
