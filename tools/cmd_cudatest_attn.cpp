@@ -110,7 +110,7 @@ struct Variant {
   std::string attn_bf16 = "0";   // LILY_ATTN_BF16 (flash operands bf16 instead of fp16)
   std::string kv16_u4 = "0";     // LILY_ATTN_KV16_U4 (fp16-cache split-KV with 4 positions per warp)
   std::string qreg = "0";        // LILY_ATTN_QREG (P12 experiment: flash Q fragments in registers)
-  std::string wg = "0";          // LILY_ATTN_WG (P12 experiment: 1 = S on wgmma, 2 = S and P·V on wgmma)
+  std::string wg = "";           // LILY_ATTN_WG ("" = the engine's default, 2: S and P·V on wgmma; 1 = S only; 0 = mma.sync)
   bool diag = false;             // diagnostic: reported, never counted as a failure
 };
 void apply(Backend& gpu, const Variant& v) {
@@ -280,8 +280,9 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                    {"kv16 flash (all T)", {}, "0", "1", 1},
                                    {"kv16 flash P12 off", {"P12"}, "0", "16", 1},
                                    {"kv16 all T, P12 off", {"P12"}, "0", "1", 1},
-                                   {"kv16 flash QREG", {}, "0", "16", 1, "", "1", "0", "0", "1"},
-                                   {"kv16 all T, QREG", {}, "0", "1", 1, "", "1", "0", "0", "1"},
+                                   {"kv16 flash QREG", {}, "0", "16", 1, "", "1", "0", "0", "1", "0"},
+                                   {"kv16 flash mma.sync 64", {}, "0", "16", 1, "", "1", "0", "0", "0", "0"},
+                                   {"kv16 all T, QREG", {}, "0", "1", 1, "", "1", "0", "0", "1", "0"},
                                    {"kv16 flash WG1 (S)", {}, "0", "16", 1, "", "1", "0", "0", "0", "1"},
                                    {"kv16 all T, WG1", {}, "0", "1", 1, "", "1", "0", "0", "0", "1"},
                                    {"kv16 flash WG2 (S,PV)", {}, "0", "16", 1, "", "1", "0", "0", "0", "2"},
@@ -302,7 +303,7 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                    {"kv32 flash bf16 f32", {"D18"}, "0", "16", 2, "", "0", "1"},
                                    {"kv32 flash P12 off", {"D18", "P12"}, "0", "16", 1},
                                    {"kv32 bf16 ops P12 off", {"D18", "P12"}, "0", "16", 2, "", "1", "1"},
-                                   {"kv32 bf16 ops QREG", {"D18"}, "0", "16", 2, "", "1", "1", "0", "1"},
+                                   {"kv32 bf16 ops QREG", {"D18"}, "0", "16", 2, "", "1", "1", "0", "1", "0"},
                                    {"kv32 flash WG2", {"D18"}, "0", "16", 1, "", "1", "0", "0", "0", "2"}};
   std::vector<std::string> failed;   // one line per failing case-variant, repeated after the summary
   std::vector<Tally> gt(gv.size()), at(av.size());
@@ -485,7 +486,8 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed) {
     // at every pos0 (the other variants only at pos0 = 0: the per-token path takes minutes).
     const std::vector<Variant> av = {{"kv16", {}, "0", "16", 1},
                                      {"kv16 P12off", {"P12"}, "0", "16", 1},
-                                     {"kv16 QREG", {}, "0", "16", 1, "", "1", "0", "0", "1"},
+                                     {"kv16 QREG", {}, "0", "16", 1, "", "1", "0", "0", "1", "0"},
+                                     {"kv16 mma64", {}, "0", "16", 1, "", "1", "0", "0", "0", "0"},
                                      {"kv16 WG1", {}, "0", "16", 1, "", "1", "0", "0", "0", "1"},
                                      {"kv16 WG2", {}, "0", "16", 1, "", "1", "0", "0", "0", "2"},
                                      {"kv32", {"D18"}, "0", "16", 1},
@@ -494,7 +496,7 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed) {
                                      {"bf16", {"D18"}, "0", "16", 2, "", "1", "1"},
                                      {"P6 off", {"P6"}}};
     for (int pos0 : {0, 28672, 126976}) {
-      double ms_new = 0, ms_old = 0, ms_qreg = 0, ms_wg1 = 0, ms_wg2 = 0;
+      double ms_new = 0, ms_old = 0, ms_m64 = 0, ms_qreg = 0, ms_wg1 = 0, ms_wg2 = 0;
       for (const Variant& var : av) {
         const bool kv16_pair = var.name.rfind("kv16", 0) == 0;
         if (!kv16_pair && pos0 > 0) continue;
@@ -508,11 +510,13 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed) {
         if (var.name == "kv16") ms_new = ms;
         if (var.name == "kv16 P12off") ms_old = ms;
         if (var.name == "kv16 QREG") ms_qreg = ms;
+        if (var.name == "kv16 mma64") ms_m64 = ms;
         if (var.name == "kv16 WG1") ms_wg1 = ms;
         if (var.name == "kv16 WG2") ms_wg2 = ms;
       }
-      std::printf("attn T=%5d pos0=%6d  speedup over P12 off: P12 %.3fx, QREG %.3fx, WG1 %.3fx, WG2 %.3fx\n", T, pos0,
-                  ms_old / ms_new, ms_old / ms_qreg, ms_old / ms_wg1, ms_old / ms_wg2);
+      std::printf("attn T=%5d pos0=%6d  speedup over P12 off: P12 (default) %.3fx, mma.sync 64 %.3fx, QREG %.3fx, "
+                  "WG1 %.3fx, WG2 %.3fx\n", T, pos0, ms_old / ms_new, ms_old / ms_m64, ms_old / ms_qreg,
+                  ms_old / ms_wg1, ms_old / ms_wg2);
     }
   }
   apply(gpu, Variant{"default", {}});

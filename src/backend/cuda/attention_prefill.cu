@@ -705,7 +705,7 @@ bool& attn_prefill_qreg_enabled() {
   return on;
 }
 int& attn_prefill_wg_mode() {
-  static int mode = 0;
+  static int mode = 2;
   return mode;
 }
 

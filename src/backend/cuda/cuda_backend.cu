@@ -543,9 +543,10 @@ class CudaBackend final : public Backend {
     attn_min_t_ = std::max(1, env_int("LILY_ATTN_PREFILL_MIN_T", 16));
     attn_bf16_kv_ = env_int("LILY_ATTN_BF16KV", 1) != 0;   // flash attention reads a 16-bit copy of the cache
     attn_bf16_ops_ = env_int("LILY_ATTN_BF16", 0) != 0;    // flash MMA operands bf16 (default fp16)
-    kv16_u4_enabled() = env_int("LILY_ATTN_KV16_U4", 0) != 0;
+    kv16_u4_enabled() = env_int("LILY_ATTN_KV16_U4", 0) != 0;   // fp16 split-KV: 4 positions per warp in flight
     attn_prefill_qreg_enabled() = env_int("LILY_ATTN_QREG", 0) != 0;   // P12 experiment: Q in registers
-    attn_prefill_wg_mode() = env_int("LILY_ATTN_WG", 0);   // P12 experiment: 1 = S on wgmma, 2 = S and P·V   // fp16 split-KV: 4 positions per warp in flight
+    // P12's products: 2 (default) = S and P·V on wgmma, 1 = S only, 0 = both on mma.sync (64-key tiles).
+    attn_prefill_wg_mode() = env_int("LILY_ATTN_WG", 2);
     p1_off_ = abl_.has("P1");   // P1: separate dequantisation pass into bf16 before the GEMM
     // P8: dense 4-bit GEMMs of T >= LILY_P8_MIN_T tokens (default 512) dequantise first as P1 off
     // does: the fused mainloop's per-warp unpacking costs more than one pass over the weights once

@@ -110,9 +110,9 @@ int64_t attention_prefill_workspace_floats(const AttnDims& d, int T, int pos0, b
 bool& attn_prefill_bk64_enabled();
 // Experiment (LILY_ATTN_QREG=1, only with P12): Q fragments kept in registers, 3 slots of 64 keys.
 bool& attn_prefill_qreg_enabled();
-// Experiment (LILY_ATTN_WG, only with P12 and fp16 operands): 1 = S = Q·Kᵀ on wgmma (P·V on mma.sync),
-// 2 = both products on wgmma; 3 = 2 with V's descriptor strides exchanged (diagnostic only);
-// 0 (default) = mma.sync.
+// P12's products (LILY_ATTN_WG, only with P12 and fp16 operands): 2 (default) = S = Q·Kᵀ and O += P·V
+// on wgmma; 1 = S on wgmma, P·V on mma.sync; 0 = both on mma.sync; 3 = 2 with V's descriptor strides
+// exchanged (diagnostic only).
 int& attn_prefill_wg_mode();
 void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_norm, void* kc, void* vc, bool kv16,
                        int pos0, const float* q, const float* k, const float* v, int T, float* o, float* work,
