@@ -741,17 +741,20 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
     }
   }
 
-  // U = (T diag β) V (warps 0-3) and W = (T diag βγ) K (warps 4-7): warp = 16 rows (mt) × 128
-  // columns in two passes of 64; A fragments straight from T in fp32, scaled per column and split.
-  // Rows past T come out zero: their rows of A are zero, so their rows of T are unit rows, times β = 0.
+  // U = (T diag β) V (warps 0-3) and W = (T diag βγ) K (warps 4-7). T is lower triangular, so row
+  // block mt costs mt + 1 k-steps: warp (isw, pr, ch) takes row blocks pr and 3 − pr (5 k-steps
+  // together, the same for every warp) × columns 64·ch..64·ch+63. A fragments straight from T in
+  // fp32, scaled per column and split in registers. Rows past T come out zero: their rows of A are
+  // zero, so their rows of T are unit rows, times β = 0.
   {
-    const int mt = warp & 3, isw = warp >> 2, lr = lane & 7, q = lane >> 3;
+    const int isw = warp >> 2, pr = warp & 1, ch = (warp >> 1) & 1, lr = lane & 7, q = lane >> 3;
     const bf16* Bh = isw ? kh : qh;
     const bf16* Bl = isw ? kl : ql;
     const float* sc = isw ? bgam : bs;
-    const int boff = (lr + 8 * (q & 1)) * kRS + 8 * (q >> 1);   // B [token][column] (ldmatrix.trans)
+    const int boff = (lr + 8 * (q & 1)) * kRS + 64 * ch + 8 * (q >> 1);   // B [token][column] (ldmatrix.trans)
 #pragma unroll 1
-    for (int ps = 0; ps < 2; ++ps) {
+    for (int rbk = 0; rbk < 2; ++rbk) {
+      const int mt = rbk ? 3 - pr : pr;
       float acc[8][4];
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
@@ -772,7 +775,7 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
           uint32_t bh[4], bl[4];
-          const int o = boff + 16 * ks * kRS + 64 * ps + 16 * np;
+          const int o = boff + 16 * ks * kRS + 16 * np;
           ldsm_x4_t(bh[0], bh[1], bh[2], bh[3], Bh + o);
           ldsm_x4_t(bl[0], bl[1], bl[2], bl[3], Bl + o);
           mma_bf16x3(acc[2 * np], ah, al, bh[0], bh[1], bl[0], bl[1]);
@@ -783,7 +786,7 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
-          const int64_t o = (rb + 16 * mt + gq + 8 * rr) * kHD + 64 * ps + 8 * nt + 2 * tq;
+          const int64_t o = (rb + 16 * mt + gq + 8 * rr) * kHD + 64 * ch + 8 * nt + 2 * tq;
           if (isw) store_split2(p.b.Wh + o, p.b.Wl + o, acc[nt][2 * rr], acc[nt][2 * rr + 1]);
           else *reinterpret_cast<float2*>(p.b.U + o) = make_float2(acc[nt][2 * rr], acc[nt][2 * rr + 1]);
         }
