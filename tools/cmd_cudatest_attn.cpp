@@ -1,11 +1,14 @@
 // `lily cuda-test-attn`: the CUDA prefill mixers against the CPU backend on random inputs of the real
 // shapes: Gated DeltaNet (P4 off = decode kernel, P4 on = prep + column-split scan for each scan
-// width, P4c = chunked form forced for every T) and gated attention (P6 off = per-token split-KV, P6 on = flash attention, also forced down
+// width, P4c = chunked form forced for every T, with P11 (blocked (I+A)⁻¹, scan L2 prefetch) on and
+// off) and gated attention (P6 off = per-token split-KV, P6 on = flash attention, also forced down
 // to T = 1). Each case runs two consecutive chunks (state / KV cache carried) from a zero or random
 // carried state / a KV cache holding pos0 random rows, with the outputs poisoned (NaN) beforehand,
 // and compares both chunks' outputs and the final state or cache. Attention runs with the backend's
 // KV cache type: fp16 by default (D18), f32 in the variants with D18 off. With the fp16 cache the
-// decode split-KV pass (T < 16, or every T with P6 off) runs on tensor cores (D20) unless D20 is off. `--bench` times the kernels.
+// decode split-KV pass (T < 16, or every T with P6 off) runs on tensor cores (D20) unless D20 is off.
+// `--bench` times the kernels (`--only p11`: just the chunked GDN's old vs new kernels; `--only gdn`:
+// no attention).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -112,6 +115,7 @@ struct Variant {
   std::string qreg = "0";        // LILY_ATTN_QREG (P12 experiment: flash Q fragments in registers)
   std::string wg = "";           // LILY_ATTN_WG ("" = the engine's default, 2: S and P·V on wgmma; 1 = S only; 0 = mma.sync)
   bool diag = false;             // diagnostic: reported, never counted as a failure
+  std::string p11 = "3";         // LILY_GDN_P11 (parts of P11: 1 per-chunk pass, 2 chunk scan)
 };
 void apply(Backend& gpu, const Variant& v) {
   setenv("LILY_GDN_SCAN_NC", v.scan_nc.c_str(), 1);
@@ -121,6 +125,7 @@ void apply(Backend& gpu, const Variant& v) {
   setenv("LILY_ATTN_KV16_U4", v.kv16_u4.c_str(), 1);
   setenv("LILY_ATTN_QREG", v.qreg.c_str(), 1);
   setenv("LILY_ATTN_WG", v.wg.c_str(), 1);
+  setenv("LILY_GDN_P11", v.p11.c_str(), 1);
   setenv("LILY_ATTN_PREFILL_MIN_T", v.attn_min_t.c_str(), 1);
   Ablations a;
   a.off = v.off;
@@ -272,7 +277,10 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                    {"P4 scan nc=4", {}, "4", "16", 0, "0"},
                                    {"P4c chunked (all T)", {}, "0", "16", 3, "1"},
                                    {"P4 scan nc=1, P9 off", {"P9"}, "1", "16", 0, "0"},
-                                   {"P4c chunked, P9 off", {"P9"}, "0", "16", 3, "1"}};
+                                   {"P4c chunked, P9 off", {"P9"}, "0", "16", 3, "1"},
+                                   {"P4c chunked, P11 off", {"P11"}, "0", "16", 3, "1"},
+                                   {"P4c P11 per-chunk only", {}, "0", "16", 3, "1", "1", "0", "0", "0", "", false, "1"},
+                                   {"P4c P11 scan only", {}, "0", "16", 3, "1", "1", "0", "0", "0", "", false, "2"}};
   // fp16 cache (default) first; with it the flash knobs bf16kv / bf16 ops do not apply. Then D18
   // off (f32 cache) with every flash form of before.
   const std::vector<Variant> av = {{"kv16 P6 off (per-tok)", {"P6"}, "0", "16", 1},
@@ -406,7 +414,7 @@ void print_profile(Backend& be) {
     std::printf("      %-18s %8.3f ms\n", op.name.c_str(), op.ms / std::max(1, op.calls));
 }
 
-int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed) {
+int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed, const std::string& only) {
   std::mt19937_64 g(seed);
   std::printf("cuda-test-attn --bench on %s\n", cuda_tools::device_name().c_str());
   // Gated DeltaNet: one layer's mixer core for T tokens.
@@ -415,8 +423,10 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed) {
                                    {"scan nc=2", {}, "2", "16", 0, "0"},
                                    {"scan nc=4", {}, "4", "16", 0, "0"},
                                    {"chunked", {}, "0", "16", 0, "1"},
-                                   {"chunked P9 off", {"P9"}, "0", "16", 0, "1"}};
+                                   {"chunked P9 off", {"P9"}, "0", "16", 0, "1"},
+                                   {"chunked P11 off", {"P11"}, "0", "16", 0, "1"}};
   for (int T : {64, 512, 2048, 4096, 8192}) {
+    if (only == "p11" || only == "attn") break;
     const GdnIO io = make_gdn_io(c, 1, true, g);   // weights and state; activations filled below
     Pool pool(gpu);
     GdnWeights w;
@@ -452,8 +462,47 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed) {
       }
     }
   }
+  // P11 old vs new, kernel by kernel: the chunked form for a 4K prompt (one call) and a 32K prompt
+  // (8 calls of 4,096 tokens, state carried); per-kernel times are per call (cscan includes the norm).
+  for (int total : {4096, 32768}) {
+    if (only == "attn") break;
+    const int T = 4096;
+    const GdnIO io = make_gdn_io(c, 1, true, g);
+    Pool pool(gpu);
+    GdnWeights w;
+    w.conv1d = {pool.up(io.conv_w), int64_t(io.conv_w.size())};
+    w.A_log = {pool.up(io.A_log), int64_t(io.A_log.size())};
+    w.dt_bias = {pool.up(io.dt_bias), int64_t(io.dt_bias.size())};
+    w.norm = {pool.up(io.norm), int64_t(io.norm.size())};
+    GdnState st;
+    st.conv = pool.up(io.conv0);
+    st.S = pool.up(io.S0);
+    const int64_t CD = c.conv_dim(), VD = c.linear_value_dim(), nv = c.linear_num_value_heads;
+    float* qkv = pool.alloc(T * CD);
+    float* z = pool.alloc(T * VD);
+    float* a = pool.alloc(T * nv);
+    float* b = pool.alloc(T * nv);
+    float* y = pool.alloc(T * VD);
+    cuda_tools::fill_uniform(gpu, qkv, T * CD, 1.f, seed + 11);
+    cuda_tools::fill_uniform(gpu, z, T * VD, 2.f, seed + 12);
+    cuda_tools::fill_uniform(gpu, a, T * nv, 3.f, seed + 13);
+    cuda_tools::fill_uniform(gpu, b, T * nv, 3.f, seed + 14);
+    for (const Variant& v : {Variant{"P11 on", {}, "0", "16", 0, "1"}, Variant{"P11 off", {"P11"}, "0", "16", 0, "1"}}) {
+      apply(gpu, v);
+      auto call = [&] {
+        for (int done = 0; done < total; done += T) gpu.gdn(c, w, st, qkv, z, a, b, T, y);
+      };
+      const double ms = time_ms(gpu, 3, call);
+      std::printf("gdn P11 prompt=%5d (calls of %d)  %-8s %9.3f ms  %10.0f tok/s\n", total, T, v.name.c_str(), ms,
+                  total / (ms * 1e-3));
+      cuda_tools::set_profiling(gpu, true);
+      call();
+      print_profile(gpu);
+      cuda_tools::set_profiling(gpu, false);
+    }
+  }
   // Attention: the last 4K chunk of a 4K, 32K and 128K prompt.
-  {
+  if (only.empty() || only == "attn") {
     const int T = 4096, cap = 131072;
     const int64_t hd = c.head_dim, nh = c.num_attention_heads, kvw = int64_t(c.num_key_value_heads) * hd;
     Pool pool(gpu);
@@ -529,7 +578,7 @@ int cudatest_attn_main(int argc, char** argv) {
   Options o("cuda-test-attn", "CUDA prefill mixers (GDN P4, attention P6) vs the cpu backend; --bench times them.",
             {{"bench", "false", "time the kernels instead of testing", "", true},
              {"seed", "1", "random seed"},
-             {"only", "", "test only the 'gdn' or the 'attn' cases"},
+             {"only", "", "test only the 'gdn' or the 'attn' cases (--bench: also 'p11')"},
              {"threads", "0", "cpu threads"}});
   if (!o.parse(argc, argv)) return 0;
 #ifdef LILY_HAVE_CUDA
@@ -538,7 +587,7 @@ int cudatest_attn_main(int argc, char** argv) {
   auto gpu = make_backend(cuda_opt);
   const ModelConfig c = synthetic_config(4, 0);
   const uint64_t seed = uint64_t(o.i64("seed"));
-  if (o.flag("bench")) return run_bench(*gpu, c, seed);
+  if (o.flag("bench")) return run_bench(*gpu, c, seed, o.str("only"));
   BackendOptions cpu_opt;
   cpu_opt.name = "cpu";
   cpu_opt.threads = o.num("threads");

@@ -516,6 +516,283 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra_kernel(const __grid_co
   if (tid == 0) p.b.gC[int64_t(j) * p.b.nch + c] = gam[kC - 1];
 }
 
+// ---- P11: the per-chunk pass without the serial substitution ----------------------------------
+// Same outputs as gdn_chunk_intra_kernel (the chunk scan reads the same buffers), computed as:
+//  - T = (I + A)⁻¹ explicitly, in fp32 by 16×16 blocks: the four diagonal blocks by forward
+//    substitution (64 threads, 16 steps each), then the off-diagonal blocks level by level,
+//    T_ij = −T_ii Σ_{k=j}^{i−1} A_ik T_kj (i − j = 1, 2, 3; every element one thread, 16–48 FMAs);
+//  - U = (T diag β) V and W = (T diag βγ) K as split-bf16 MMAs (T is lower triangular: row block
+//    mt needs k-blocks 0..mt), instead of 256 threads each running a 64-step chain of 2,016 FMAs;
+//  - the gates' prefix sum by one warp (shuffle scan in double) instead of a 64-step serial loop,
+//    and diag(γ)Q, K' written from the registers of the first q/k load instead of a second pass.
+constexpr size_t kIntra2Smem = sizeof(bf16) * 4 * kC * kRS + sizeof(float) * 2 * kC * kAS + sizeof(double) * kC +
+                               sizeof(float) * 4 * kC;
+
+// a, b split into hi / lo bf16 pairs (a in the low half, as an MMA fragment register wants it).
+__device__ __forceinline__ void split_pack(float a, float b, uint32_t& h, uint32_t& l) {
+  bf16 ha, la, hb, lb;
+  split_bf16(a, ha, la);
+  split_bf16(b, hb, lb);
+  const __nv_bfloat162 H = __halves2bfloat162(ha, hb), L = __halves2bfloat162(la, lb);
+  h = *reinterpret_cast<const uint32_t*>(&H);
+  l = *reinterpret_cast<const uint32_t*>(&L);
+}
+
+// grid (nch, nv), block 256 (8 warps), 2 CTAs per SM.
+__global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_constant__ IntraArgs p) {
+  extern __shared__ __align__(16) unsigned char smraw[];
+  bf16* qh = reinterpret_cast<bf16*>(smraw);   // [kC][kRS] q̂ hi / lo (v hi / lo after the products), k̂ hi / lo
+  bf16* ql = qh + kC * kRS;
+  bf16* kh = ql + kC * kRS;
+  bf16* kl = kh + kC * kRS;
+  float* Am = reinterpret_cast<float*>(kl + kC * kRS);    // [kC][kAS] A (zero on and above the diagonal)
+  float* Tm = Am + kC * kAS;                              // [kC][kAS] T = (I + A)⁻¹ (lower triangle)
+  double* Gd = reinterpret_cast<double*>(Tm + kC * kAS);  // [kC] G_i in double (differences of large sums)
+  float* bs = reinterpret_cast<float*>(Gd + kC);          // [kC] β
+  float* bgam = bs + kC;                                  // [kC] β γ_i
+  float* gam = bgam + kC;                                 // [kC] γ_i
+  float* kdec = gam + kC;                                 // [kC] e^{G_C − G_i}
+  pdl_trigger();
+  pdl_wait();
+  const GdnDims& d = p.d;
+  const int c = blockIdx.x, j = blockIdx.y, khd = j / (d.nv / d.nk);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int key_dim = d.nk * kHD;
+  const int64_t CD = d.conv_dim;
+  const int t0 = c * kC, n = min(kC, p.T - t0);
+  const int64_t rb = int64_t(j) * p.b.Tp + t0;   // first buffer row of this chunk
+  constexpr int kIt = kC * (kHD / 4) / 256;      // float4 per thread of a 64 × 128 tile
+
+  // q̂, k̂ rows (zero past T) into registers, all loads in flight at once; row r = tid / 32 + 8 it.
+  float4 qv[kIt], kv[kIt];
+#pragma unroll
+  for (int it = 0; it < kIt; ++it) {
+    const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
+    qv[it] = kv[it] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (r < n) {
+      const float* row = p.u + int64_t(t0 + r) * CD + khd * kHD + 4 * c4;
+      qv[it] = *reinterpret_cast<const float4*>(row);
+      kv[it] = *reinterpret_cast<const float4*>(row + key_dim);
+    }
+  }
+  // Warp 0: gates and decays. Lane l owns tokens 2l, 2l+1 (rows past T: g = 0, β = 0, so γ_C = γ_{n−1}).
+  if (warp == 0) {
+    float g2[2], b2[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int i = 2 * lane + e;
+      g2[e] = i < n ? p.g[int64_t(t0 + i) * d.nv + j] : 0.f;
+      b2[e] = i < n ? p.beta[int64_t(t0 + i) * d.nv + j] : 0.f;
+    }
+    const double s0 = double(g2[0]), s1 = s0 + double(g2[1]);
+    double incl = s1;   // inclusive scan of the lane pairs' sums
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const double v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    const double excl = incl - s1, total = __shfl_sync(0xffffffffu, incl, 31);
+    const double G[2] = {excl + s0, incl};
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int i = 2 * lane + e;
+      const float ga = expf(float(G[e]));
+      Gd[i] = G[e];
+      bs[i] = b2[e];
+      gam[i] = ga;
+      bgam[i] = b2[e] * ga;
+      kdec[i] = expf(float(total - G[e]));
+    }
+  }
+#pragma unroll
+  for (int it = 0; it < kIt; ++it) {
+    const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
+    store_split4(qh + r * kRS + 4 * c4, ql + r * kRS + 4 * c4, qv[it]);
+    store_split4(kh + r * kRS + 4 * c4, kl + r * kRS + 4 * c4, kv[it]);
+  }
+  __syncthreads();
+  // diag(γ) Q and K' from the fp32 registers.
+#pragma unroll
+  for (int it = 0; it < kIt; ++it) {
+    const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
+    const float fq = gam[r], fk = kdec[r];
+    const float4 a = qv[it], b = kv[it];
+    const int64_t o = (rb + r) * kHD + 4 * c4;
+    store_split4(p.b.Qh + o, p.b.Ql + o, make_float4(a.x * fq, a.y * fq, a.z * fq, a.w * fq));
+    store_split4(p.b.Kh + o, p.b.Kl + o, make_float4(b.x * fk, b.y * fk, b.z * fk, b.w * fk));
+  }
+  if (tid == 0) p.b.gC[int64_t(j) * p.b.nch + c] = gam[kC - 1];
+
+  // K K̂ᵀ and Q K̂ᵀ (64×64, k = 128): warp = 16 rows (mt) × 32 columns (nh); blocks entirely above
+  // the diagonal skip the MMAs but still write their zeros (as gdn_chunk_intra_kernel).
+  {
+    const int mt = warp & 3, nh = warp >> 2;
+    float aK[4][4], aQ[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) aK[nt][e] = aQ[nt][e] = 0.f;
+    if (32 * nh <= 16 * mt + 15) {
+      const int lr = lane & 7, q = lane >> 3;
+      const int aoff = (16 * mt + lr + 8 * (q & 1)) * kRS + 8 * (q >> 1);   // A: rows × dims
+      const int boff = (32 * nh + lr + 8 * (q >> 1)) * kRS + 8 * (q & 1);   // B: keys (n) × dims (k)
+#pragma unroll
+      for (int kk = 0; kk < kHD / 16; ++kk) {
+        uint32_t akh[4], akl[4], aqh[4], aql[4];
+        ldsm_x4(akh[0], akh[1], akh[2], akh[3], kh + aoff + 16 * kk);
+        ldsm_x4(akl[0], akl[1], akl[2], akl[3], kl + aoff + 16 * kk);
+        ldsm_x4(aqh[0], aqh[1], aqh[2], aqh[3], qh + aoff + 16 * kk);
+        ldsm_x4(aql[0], aql[1], aql[2], aql[3], ql + aoff + 16 * kk);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          uint32_t bh[4], bl[4];
+          ldsm_x4(bh[0], bh[1], bh[2], bh[3], kh + boff + np * 16 * kRS + 16 * kk);
+          ldsm_x4(bl[0], bl[1], bl[2], bl[3], kl + boff + np * 16 * kRS + 16 * kk);
+          mma_bf16x3(aK[2 * np], akh, akl, bh[0], bh[1], bl[0], bl[1]);
+          mma_bf16x3(aK[2 * np + 1], akh, akl, bh[2], bh[3], bl[2], bl[3]);
+          mma_bf16x3(aQ[2 * np], aqh, aql, bh[0], bh[1], bl[0], bl[1]);
+          mma_bf16x3(aQ[2 * np + 1], aqh, aql, bh[2], bh[3], bl[2], bl[3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = 16 * mt + gq + 8 * r, s = 32 * nh + 8 * nt + 2 * tq;
+        float av[2], pv[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float dec = s + e <= i ? expf(float(Gd[i] - Gd[s + e])) : 0.f;
+          av[e] = s + e < i ? bs[i] * dec * aK[nt][2 * r + e] : 0.f;
+          pv[e] = dec * aQ[nt][2 * r + e];
+        }
+        *reinterpret_cast<float2*>(Am + i * kAS + s) = make_float2(av[0], av[1]);
+        store_split2(p.b.Ph + (rb + i) * kC + s, p.b.Pl + (rb + i) * kC + s, pv[0], pv[1]);
+      }
+  }
+  __syncthreads();   // A complete; q̂ hi / lo free
+
+  // v rows (zero past T) into the q̂ tiles; the loads stay in flight over the diagonal solves.
+  {
+    float4 vv[kIt];
+#pragma unroll
+    for (int it = 0; it < kIt; ++it) {
+      const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
+      vv[it] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (r < n) vv[it] = *reinterpret_cast<const float4*>(p.u + int64_t(t0 + r) * CD + 2 * key_dim + j * kHD + 4 * c4);
+    }
+    // Diagonal blocks: thread (block b, column cc) solves (I + A_bb) x = e_cc (x = 0 above the
+    // diagonal, so the whole 16×16 block of T is written).
+    if (tid < kC) {
+      const int o = 16 * (tid >> 4), cc = tid & 15;
+      float x[16];
+#pragma unroll
+      for (int r = 0; r < 16; ++r) {
+        const float* Ar = Am + (o + r) * kAS + o;
+        float acc = r == cc ? 1.f : 0.f;
+#pragma unroll
+        for (int s = 0; s < r; ++s) acc = fmaf(-Ar[s], x[s], acc);
+        x[r] = acc;
+      }
+#pragma unroll
+      for (int r = 0; r < 16; ++r) Tm[(o + r) * kAS + o + cc] = x[r];
+    }
+#pragma unroll
+    for (int it = 0; it < kIt; ++it) {
+      const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
+      store_split4(qh + r * kRS + 4 * c4, ql + r * kRS + 4 * c4, vv[it]);
+    }
+  }
+  __syncthreads();
+  // Off-diagonal blocks, level dl = i − j: block e of the level is (i, j) = (e + dl, e), thread =
+  // element (r, cc). Y = Σ_k A_ik T_kj is parked in the block, then T_ij = −T_ii Y. A level reads
+  // only blocks of lower levels, so the blocks of one level are independent.
+  {
+    const int r = tid >> 4, cc = tid & 15;
+#pragma unroll
+    for (int dl = 1; dl < 4; ++dl) {
+#pragma unroll
+      for (int e = 0; e < 4 - dl; ++e) {
+        const int ib = e + dl, jb = e;
+        const float* Ar = Am + (16 * ib + r) * kAS;
+        float acc = 0.f;
+        for (int kb = jb; kb < ib; ++kb)
+#pragma unroll
+          for (int m = 0; m < 16; ++m) acc = fmaf(Ar[16 * kb + m], Tm[(16 * kb + m) * kAS + 16 * jb + cc], acc);
+        Tm[(16 * ib + r) * kAS + 16 * jb + cc] = acc;
+      }
+      __syncthreads();
+      float val[3];
+#pragma unroll
+      for (int e = 0; e < 4 - dl; ++e) {
+        const int ib = e + dl, jb = e;
+        const float* Tr = Tm + (16 * ib + r) * kAS + 16 * ib;   // row r of T_ii (zero past r)
+        float acc = 0.f;
+#pragma unroll
+        for (int m = 0; m < 16; ++m) acc = fmaf(Tr[m], Tm[(16 * ib + m) * kAS + 16 * jb + cc], acc);
+        val[e] = -acc;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int e = 0; e < 4 - dl; ++e) Tm[(16 * (e + dl) + r) * kAS + 16 * e + cc] = val[e];
+      __syncthreads();
+    }
+  }
+
+  // U = (T diag β) V (warps 0-3) and W = (T diag βγ) K (warps 4-7). T is lower triangular, so row
+  // block mt costs mt + 1 k-steps: warp (isw, pr, ch) takes row blocks pr and 3 − pr (5 k-steps
+  // together, the same for every warp) × columns 64·ch..64·ch+63. A fragments straight from T in
+  // fp32, scaled per column and split in registers. Rows past T come out zero: their rows of A are
+  // zero, so their rows of T are unit rows, times β = 0.
+  {
+    const int isw = warp >> 2, pr = warp & 1, ch = (warp >> 1) & 1, lr = lane & 7, q = lane >> 3;
+    const bf16* Bh = isw ? kh : qh;
+    const bf16* Bl = isw ? kl : ql;
+    const float* sc = isw ? bgam : bs;
+    const int boff = (lr + 8 * (q & 1)) * kRS + 64 * ch + 8 * (q >> 1);   // B [token][column] (ldmatrix.trans)
+#pragma unroll 1
+    for (int rbk = 0; rbk < 2; ++rbk) {
+      const int mt = rbk ? 3 - pr : pr;
+      float acc[8][4];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < kC / 16; ++ks) {
+        if (ks > mt) break;
+        uint32_t ah[4], al[4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h)      // columns 2tq (+8)
+#pragma unroll
+          for (int rr = 0; rr < 2; ++rr) {   // rows gq (+8)
+            const int s = 16 * ks + 2 * tq + 8 * h;
+            const float2 t = *reinterpret_cast<const float2*>(Tm + (16 * mt + gq + 8 * rr) * kAS + s);
+            split_pack(t.x * sc[s], t.y * sc[s + 1], ah[2 * h + rr], al[2 * h + rr]);
+          }
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          uint32_t bh[4], bl[4];
+          const int o = boff + 16 * ks * kRS + 16 * np;
+          ldsm_x4_t(bh[0], bh[1], bh[2], bh[3], Bh + o);
+          ldsm_x4_t(bl[0], bl[1], bl[2], bl[3], Bl + o);
+          mma_bf16x3(acc[2 * np], ah, al, bh[0], bh[1], bl[0], bl[1]);
+          mma_bf16x3(acc[2 * np + 1], ah, al, bh[2], bh[3], bl[2], bl[3]);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const int64_t o = (rb + 16 * mt + gq + 8 * rr) * kHD + 64 * ch + 8 * nt + 2 * tq;
+          if (isw) store_split2(p.b.Wh + o, p.b.Wl + o, acc[nt][2 * rr], acc[nt][2 * rr + 1]);
+          else *reinterpret_cast<float2*>(p.b.U + o) = make_float2(acc[nt][2 * rr], acc[nt][2 * rr + 1]);
+        }
+    }
+  }
+}
+
 struct CScanArgs {
   GdnDims d;
   float *conv_state, *S;
@@ -731,6 +1008,254 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan_kernel(const __grid_con
   conv_shift(d, p.conv_state, p.qkv, p.T);
 }
 
+// Bulk (TMA engine) prefetch of `bytes` (multiple of 16, 16-byte aligned) into L2: one instruction
+// per contiguous range, nothing to wait for.
+__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
+// P11 chunk scan: gdn_chunk_scan_kernel (same grid, shared memory layout and arithmetic) with the
+// work and the loads rescheduled around the chain S → Δ → S:
+//  - phase 1 computes only Δ = U − W S (48 MMAs per warp instead of 96); diag(γ)Q S moves into
+//    phase 2 next to O += PΔ and the state update, interleaved with the latter (two independent
+//    accumulator chains per warp). S_c stays readable in shared memory through phase 2: the new S
+//    is written after the next chunk's first barrier.
+//  - loads: W/U of chunk c+1 are issued after phase 1 of chunk c (all of phase 2 to arrive),
+//    diag(γ)Q of chunk c at the start of chunk c (phase 1 to arrive), K'/P one chunk ahead as
+//    before; the nine input planes of chunk c+2 are prefetched into L2 (one bulk prefetch per
+//    plane, spread over the head's CTAs) so that these copies hit L2, not HBM.
+//  - γ_C is loaded at the start of the chunk, not in front of the state update.
+__global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_constant__ CScanArgs p) {
+  extern __shared__ __align__(16) unsigned char smraw[];
+  bf16* Wh = reinterpret_cast<bf16*>(smraw);   // [kC][kRS]
+  bf16* Wl = Wh + kC * kRS;
+  bf16* Qh = Wl + kC * kRS;
+  bf16* Ql = Qh + kC * kRS;
+  bf16* Kh0 = Ql + kC * kRS;                   // [2][kC][kRS]
+  bf16* Kl0 = Kh0 + 2 * kC * kRS;
+  bf16* Ph0 = Kl0 + 2 * kC * kRS;              // [2][kC][kPS]
+  bf16* Pl0 = Ph0 + 2 * kC * kPS;
+  bf16* Sh = Pl0 + 2 * kC * kPS;               // [kHD][kNS] (state row = dk, column = value)
+  bf16* Sl = Sh + kHD * kNS;
+  bf16* Dh = Sl + kHD * kNS;                   // [kC][kNS] Δ (token × value column)
+  bf16* Dl = Dh + kC * kNS;
+  float* Us = reinterpret_cast<float*>(Dl + kC * kNS);   // [kC][kNS]
+  pdl_trigger();
+  pdl_wait();
+  const GdnDims& d = p.d;
+  const int nblk = kHD / kNB;
+  const int j = blockIdx.x / nblk, cb = blockIdx.x % nblk, c0 = cb * kNB;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int lr = lane & 7, q = lane >> 3;
+  const int nch = p.b.nch;
+  const int64_t hb = int64_t(j) * p.b.Tp;
+  const int64_t value_dim = int64_t(d.nv) * kHD;
+
+  auto issue_w = [&](int c) {   // W hi / lo and the U slice of chunk c
+    const int64_t rb = hb + int64_t(c) * kC;
+    for (int idx = tid; idx < kC * (kHD / 8); idx += blockDim.x) {
+      const int r = idx / (kHD / 8), ch = idx % (kHD / 8);
+      const int64_t go = (rb + r) * kHD + 8 * ch;
+      const int so = r * kRS + 8 * ch;
+      cp_async16(Wh + so, p.b.Wh + go);
+      cp_async16(Wl + so, p.b.Wl + go);
+    }
+    for (int idx = tid; idx < kC * (kNB / 4); idx += blockDim.x) {
+      const int r = idx / (kNB / 4), ch = idx % (kNB / 4);
+      cp_async16(Us + r * kNS + 4 * ch, p.b.U + (rb + r) * kHD + c0 + 4 * ch);
+    }
+  };
+  auto issue_q = [&](int c) {   // diag(γ)Q hi / lo of chunk c
+    const int64_t rb = hb + int64_t(c) * kC;
+    for (int idx = tid; idx < kC * (kHD / 8); idx += blockDim.x) {
+      const int r = idx / (kHD / 8), ch = idx % (kHD / 8);
+      const int64_t go = (rb + r) * kHD + 8 * ch;
+      const int so = r * kRS + 8 * ch;
+      cp_async16(Qh + so, p.b.Qh + go);
+      cp_async16(Ql + so, p.b.Ql + go);
+    }
+  };
+  auto issue_b = [&](int c) {   // K', P of chunk c into buffer c & 1
+    const int64_t rb = hb + int64_t(c) * kC;
+    bf16* kh = Kh0 + (c & 1) * kC * kRS;
+    bf16* kl = Kl0 + (c & 1) * kC * kRS;
+    bf16* ph = Ph0 + (c & 1) * kC * kPS;
+    bf16* pl = Pl0 + (c & 1) * kC * kPS;
+    for (int idx = tid; idx < kC * (kHD / 8); idx += blockDim.x) {
+      const int r = idx / (kHD / 8), ch = idx % (kHD / 8);
+      const int64_t go = (rb + r) * kHD + 8 * ch;
+      cp_async16(kh + r * kRS + 8 * ch, p.b.Kh + go);
+      cp_async16(kl + r * kRS + 8 * ch, p.b.Kl + go);
+    }
+    for (int idx = tid; idx < kC * (kC / 8); idx += blockDim.x) {
+      const int r = idx / (kC / 8), ch = idx % (kC / 8);
+      const int64_t go = (rb + r) * kC + 8 * ch;
+      cp_async16(ph + r * kPS + 8 * ch, p.b.Ph + go);
+      cp_async16(pl + r * kPS + 8 * ch, p.b.Pl + go);
+    }
+  };
+  // Chunk cc's nine planes of head j (64 contiguous rows each) into L2: thread `plane` of the CTA
+  // whose column block is plane % nblk.
+  auto prefetch = [&](int cc) {
+    if (tid >= 9 || tid % nblk != cb) return;
+    const int64_t r0 = hb + int64_t(cc) * kC;
+    if (tid < 6) {
+      const bf16* pl = tid == 0 ? p.b.Wh : tid == 1 ? p.b.Wl : tid == 2 ? p.b.Qh : tid == 3 ? p.b.Ql : tid == 4 ? p.b.Kh : p.b.Kl;
+      prefetch_l2_bulk(pl + r0 * kHD, kC * kHD * sizeof(bf16));
+    } else if (tid < 8) {
+      prefetch_l2_bulk((tid == 6 ? p.b.Ph : p.b.Pl) + r0 * kC, kC * kC * sizeof(bf16));
+    } else {
+      prefetch_l2_bulk(p.b.U + r0 * kHD, kC * kHD * sizeof(float));
+    }
+  };
+
+  if (nch > 1) prefetch(1);
+  // cp.async groups, oldest first: b(0), w(0); per chunk c: q(c), b(c+1) at its start, w(c+1) in its middle.
+  issue_b(0);
+  cp_async_commit();
+  issue_w(0);
+  cp_async_commit();
+
+  // This warp's 16 state rows (dk) × 32 columns as an MMA accumulator: row 16·warp + gq (+8),
+  // columns 8·nt + 2·tq (+1).
+  float* Sg = p.S + int64_t(j) * kHD * kHD;
+  float acc_s[4][4];
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      acc_s[nt][e] = Sg[(16 * warp + gq + 8 * (e >> 1)) * kHD + c0 + 8 * nt + 2 * tq + (e & 1)];
+
+  const int mt = warp & 3, nh = warp >> 2;   // Δ and O: 16 tokens × 16 columns
+  const int aoff = (16 * mt + lr + 8 * (q & 1)) * kRS + 8 * (q >> 1);   // A rows × k (ldmatrix)
+  const int poff = (16 * mt + lr + 8 * (q & 1)) * kPS + 8 * (q >> 1);
+  const int boff = (lr + 8 * (q & 1)) * kNS + 16 * nh + 8 * (q >> 1);   // B [k][n] (ldmatrix.trans)
+  const int koff = (lr + 8 * (q >> 1)) * kRS + 16 * warp + 8 * (q & 1);  // A = K'ᵀ from [token][dk] (.trans)
+  const int doff = (lr + 8 * (q & 1)) * kNS + 8 * (q >> 1);             // B = Δ, all 32 columns
+
+  for (int c = 0; c < nch; ++c) {
+    const int t0 = c * kC, n = min(kC, p.T - t0);
+    if (c + 2 < nch) prefetch(c + 2);
+    const float gc = p.b.gC[int64_t(j) * nch + c];
+    __syncthreads();   // chunk c-1 is done with S, Δ, diag(γ)Q and K'/P buffer (c+1)&1
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)   // S_c (hi / lo) as the B operand of this chunk
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int o = (16 * warp + gq + 8 * r) * kNS + 8 * nt + 2 * tq;
+        store_split2(Sh + o, Sl + o, acc_s[nt][2 * r], acc_s[nt][2 * r + 1]);
+      }
+    issue_q(c);
+    cp_async_commit();
+    if (c + 1 < nch) issue_b(c + 1);
+    cp_async_commit();
+    cp_async_wait<2>();   // everything but q(c) and b(c+1): W/U of chunk c, K'/P of chunk c
+    __syncthreads();
+
+    // Phase 1: Δ = U − W S (zero on rows past T: U and W are).
+    {
+      float aD[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) aD[nt][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kHD / 16; ++kk) {
+        uint32_t sh[4], sl[4], wh[4], wl[4];
+        ldsm_x4_t(sh[0], sh[1], sh[2], sh[3], Sh + boff + 16 * kk * kNS);
+        ldsm_x4_t(sl[0], sl[1], sl[2], sl[3], Sl + boff + 16 * kk * kNS);
+        ldsm_x4(wh[0], wh[1], wh[2], wh[3], Wh + aoff + 16 * kk);
+        ldsm_x4(wl[0], wl[1], wl[2], wl[3], Wl + aoff + 16 * kk);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) mma_bf16x3(aD[nt], wh, wl, sh[2 * nt], sh[2 * nt + 1], sl[2 * nt], sl[2 * nt + 1]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i = 16 * mt + gq + 8 * r, col = 16 * nh + 8 * nt + 2 * tq;
+          const float2 uv = *reinterpret_cast<const float2*>(Us + i * kNS + col);
+          store_split2(Dh + i * kNS + col, Dl + i * kNS + col, uv.x - aD[nt][2 * r], uv.y - aD[nt][2 * r + 1]);
+        }
+    }
+    cp_async_wait<1>();   // diag(γ)Q of chunk c too (only b(c+1) may still be in flight)
+    __syncthreads();      // Δ complete; W, U free
+    if (c + 1 < nch) issue_w(c + 1);
+    cp_async_commit();
+
+    // Phase 2: O = diag(γ)Q S interleaved with S ← γ_C S + K'ᵀ Δ (two k-steps of the first per
+    // k-step of the second), then O += P Δ.
+    const bf16* kh = Kh0 + (c & 1) * kC * kRS;
+    const bf16* kl = Kl0 + (c & 1) * kC * kRS;
+    float aO[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) aO[nt][e] = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_s[nt][e] *= gc;
+#pragma unroll
+    for (int ks = 0; ks < kC / 16; ++ks) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int kk = 2 * ks + h;
+        uint32_t sh[4], sl[4], qh[4], ql[4];
+        ldsm_x4_t(sh[0], sh[1], sh[2], sh[3], Sh + boff + 16 * kk * kNS);
+        ldsm_x4_t(sl[0], sl[1], sl[2], sl[3], Sl + boff + 16 * kk * kNS);
+        ldsm_x4(qh[0], qh[1], qh[2], qh[3], Qh + aoff + 16 * kk);
+        ldsm_x4(ql[0], ql[1], ql[2], ql[3], Ql + aoff + 16 * kk);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) mma_bf16x3(aO[nt], qh, ql, sh[2 * nt], sh[2 * nt + 1], sl[2 * nt], sl[2 * nt + 1]);
+      }
+      uint32_t ah[4], al[4];
+      ldsm_x4_t(ah[0], ah[1], ah[2], ah[3], kh + koff + 16 * ks * kRS);
+      ldsm_x4_t(al[0], al[1], al[2], al[3], kl + koff + 16 * ks * kRS);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        uint32_t dh[4], dl[4];
+        ldsm_x4_t(dh[0], dh[1], dh[2], dh[3], Dh + doff + 16 * ks * kNS + 16 * np);
+        ldsm_x4_t(dl[0], dl[1], dl[2], dl[3], Dl + doff + 16 * ks * kNS + 16 * np);
+        mma_bf16x3(acc_s[2 * np], ah, al, dh[0], dh[1], dl[0], dl[1]);
+        mma_bf16x3(acc_s[2 * np + 1], ah, al, dh[2], dh[3], dl[2], dl[3]);
+      }
+    }
+    // O += P Δ over the tokens s ≤ i (P is zero above the diagonal: k-steps past mt are skipped).
+    const bf16* ph = Ph0 + (c & 1) * kC * kPS;
+    const bf16* pl = Pl0 + (c & 1) * kC * kPS;
+#pragma unroll
+    for (int ks = 0; ks < kC / 16; ++ks) {
+      if (ks > mt) break;
+      uint32_t pah[4], pal[4], dh[4], dl[4];
+      ldsm_x4(pah[0], pah[1], pah[2], pah[3], ph + poff + 16 * ks);
+      ldsm_x4(pal[0], pal[1], pal[2], pal[3], pl + poff + 16 * ks);
+      ldsm_x4_t(dh[0], dh[1], dh[2], dh[3], Dh + boff + 16 * ks * kNS);
+      ldsm_x4_t(dl[0], dl[1], dl[2], dl[3], Dl + boff + 16 * ks * kNS);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) mma_bf16x3(aO[nt], pah, pal, dh[2 * nt], dh[2 * nt + 1], dl[2 * nt], dl[2 * nt + 1]);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = 16 * mt + gq + 8 * r, col = 16 * nh + 8 * nt + 2 * tq;
+        if (i < n)
+          *reinterpret_cast<float2*>(p.y + int64_t(t0 + i) * value_dim + j * kHD + c0 + col) =
+              make_float2(aO[nt][2 * r], aO[nt][2 * r + 1]);
+      }
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      Sg[(16 * warp + gq + 8 * (e >> 1)) * kHD + c0 + 8 * nt + 2 * tq + (e & 1)] = acc_s[nt][e];
+
+  conv_shift(d, p.conv_state, p.qkv, p.T);
+}
+
 ChunkBufs chunk_bufs(const GdnDims& d, int T, float* work) {
   ChunkBufs b;
   b.nch = (T + kC - 1) / kC;
@@ -770,6 +1295,11 @@ void launch_scan(const ScanArgs& a, cudaStream_t s) {
 bool& gdn_prep_batched_enabled() {
   static bool on = true;
   return on;
+}
+
+int& gdn_chunk_p11() {
+  static int parts = 3;
+  return parts;
 }
 
 bool gdn_prefill_ok(const GdnDims& d) {
@@ -826,10 +1356,12 @@ void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s) {
   static bool attr_set = false;
   if (!attr_set) {
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kIntraSmem)));
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra2_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kIntra2Smem)));
     attr_set = true;
   }
   IntraArgs a{d, u, beta, g, T, b};
-  launch(gdn_chunk_intra_kernel, dim3(b.nch, d.nv), dim3(256), kIntraSmem, s, a);
+  if (gdn_chunk_p11() & 1) launch(gdn_chunk_intra2_kernel, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P11
+  else launch(gdn_chunk_intra_kernel, dim3(b.nch, d.nv), dim3(256), kIntraSmem, s, a);
   CUDA_LAUNCH_CHECK();
 }
 
@@ -840,10 +1372,12 @@ void gdn_chunked_scan(const GdnDims& d, const float* norm_w, float* conv_state, 
   static bool attr_set = false;
   if (!attr_set) {
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCScanSmem)));
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan2_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCScanSmem)));
     attr_set = true;
   }
   CScanArgs a{d, conv_state, S, qkv, T, b, y};
-  launch(gdn_chunk_scan_kernel, dim3(d.nv * (kHD / kNB)), dim3(256), kCScanSmem, s, a);
+  if (gdn_chunk_p11() & 2) launch(gdn_chunk_scan2_kernel, dim3(d.nv * (kHD / kNB)), dim3(256), kCScanSmem, s, a);   // P11
+  else launch(gdn_chunk_scan_kernel, dim3(d.nv * (kHD / kNB)), dim3(256), kCScanSmem, s, a);
   CUDA_LAUNCH_CHECK();
   launch(gdn_norm_kernel, dim3(T, d.nv), dim3(kHD), 0, s, d, norm_w, z, T, y);
   CUDA_LAUNCH_CHECK();
