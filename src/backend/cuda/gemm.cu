@@ -1,6 +1,7 @@
 // Prefill GEMM (P1): y = x · Wᵀ on fp16 (default) or bf16 (LILY_GEMM_BF16=1) tensor cores with the
-// MLX 4/8-bit dequantisation fused into the mainloop. A CTA computes a BM×128 output tile with 8 warps; per 64-column K step (one
-// quantisation group) a cp.async stage brings BM rows of bf16 activations and 128 rows of packed
+// MLX 4/8-bit dequantisation fused into the mainloop. A CTA computes a BM×BN output tile with 8 warps
+// (BN = 128, or 256 with P10 for 4-bit and 16-bit B: see Cfg); per 64-column K step (one
+// quantisation group) a cp.async stage brings BM rows of bf16 activations and BN rows of packed
 // codes into shared memory (4 stages in flight), plus every 8th step the scales/biases of the next
 // 8 groups. Warps read A with ldmatrix and turn their codes into B fragments in registers: a nibble
 // OR-ed into the mantissa of bf16 128.0 (fp16 1024.0) is 128 + q (1024 + q) exactly, one x2 subtract
