@@ -380,7 +380,11 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
 
   // AM 2: the row's exponents per group -> factors 2^(s_row - s_g) <= 1 (s_row = min over groups,
   // from the group with the largest values), 0 below fp16's smallest subnormal 2^-24. Visible to
-  // all warps after the first barrier of the mainloop.
+  // all warps after the first barrier of the mainloop (P10: a barrier of its own, below, since
+  // every thread reads them before that one). kGfRegs: applied to the A fragments in registers
+  // (128 wide); else to the staged A tile in shared memory (P10).
+  constexpr bool kGfRegs = AM == kAmF16Grp && BN == kBN;
+  static_assert(AM != kAmF16Grp || kGfRegs || kAOne, "P10 AM 2: the shared-memory scaling uses the one-pointer A plan");
   if constexpr (AM == kAmF16Grp) {
     if (tid < BM) {
       const int G = K / 64;
@@ -393,6 +397,7 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
       }
       srf[tid] = ldexpf(kInvW, -smin);
     }
+    if constexpr (!kGfRegs) __syncthreads();
   }
 
   // ---- warp tile ----
@@ -419,6 +424,25 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
 
   for (int kg = 0; kg < nk; ++kg) {
     cp_wait<kStages - 2>();
+    if constexpr (!kGfRegs && AM == kAmF16Grp) {
+      // P10, AM 2: each thread scales the A chunks it copied itself (complete for this thread after
+      // the wait) by their row's factor for this group, in shared memory, before the barrier that
+      // publishes the stage: 4 HMUL2 per 16 bytes once per CTA instead of per fragment in every warp
+      // (the same fp16 products, so the same bits).
+      uint8_t* sa = smem + (kg % kStages) * SB + adst[0];
+#pragma unroll
+      for (int j = 0; j < ACH; ++j) {
+        const int m = (tid >> 3) + j * (kThreads / 8);
+        const uint32_t f = uint32_t(sgf[m * (kMaxGrpK / 64) + kg]) * 0x10001u;
+        uint4* p = reinterpret_cast<uint4*>(sa + j * (kThreads / 8) * 128);
+        uint4 v = *p;
+        v.x = h2_bits(__hmul2(bits_h2(v.x), bits_h2(f)));
+        v.y = h2_bits(__hmul2(bits_h2(v.y), bits_h2(f)));
+        v.z = h2_bits(__hmul2(bits_h2(v.z), bits_h2(f)));
+        v.w = h2_bits(__hmul2(bits_h2(v.w), bits_h2(f)));
+        *p = v;
+      }
+    }
     __syncthreads();
     if (kg + kStages - 1 < nk) load_stage(kg + kStages - 1);
     cp_commit();
@@ -458,23 +482,14 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
         }
       }
     }
-    // AM 2: this group's A factors for the rows g and g + 8 of each m16 tile. P10 keeps the two
-    // fp16 factors of an m16 tile in one register (low: row g, high: row g + 8) and duplicates
-    // each per use (one PRMT): 4 registers fewer for BM = 64, which fits 2 CTAs per SM.
-    constexpr bool kGfPacked = BN == kBNWide;
-    uint32_t gf[AM == kAmF16Grp ? C::MT : 1][kGfPacked ? 1 : 2];
-    if constexpr (AM == kAmF16Grp) {
+    // AM 2 (128 wide): this group's A factors for the rows g and g + 8 of each m16 tile.
+    uint32_t gf[kGfRegs ? C::MT : 1][2];
+    if constexpr (kGfRegs) {
 #pragma unroll
-      for (int mt = 0; mt < C::MT; ++mt) {
-        const uint32_t f0 = sgf[(wm0 + mt * 16 + g) * (kMaxGrpK / 64) + kg];
-        const uint32_t f1 = sgf[(wm0 + mt * 16 + g + 8) * (kMaxGrpK / 64) + kg];
-        if constexpr (kGfPacked) {
-          gf[mt][0] = f0 | (f1 << 16);
-        } else {
-          gf[mt][0] = f0 * 0x10001u;
-          gf[mt][1] = f1 * 0x10001u;
-        }
-      }
+      for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+          gf[mt][hh] = uint32_t(sgf[(wm0 + mt * 16 + g + 8 * hh) * (kMaxGrpK / 64) + kg]) * 0x10001u;
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {   // k16 steps of the group
@@ -482,14 +497,9 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
       auto load_af = [&](int mt, uint32_t* f4) {
         const int r = wm0 + mt * 16 + (lane & 15), c = 2 * i + (lane >> 4);
         ldsm_x4(a_base + swz(r, c), f4);
-        if constexpr (AM == kAmF16Grp) {   // a0, a2: row g; a1, a3: row g + 8
+        if constexpr (kGfRegs) {   // a0, a2: row g; a1, a3: row g + 8
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            uint32_t f;
-            if constexpr (kGfPacked) f = __byte_perm(gf[mt][0], 0, (e & 1) ? 0x3232 : 0x1010);
-            else f = gf[mt][e & 1];
-            f4[e] = h2_bits(__hmul2(bits_h2(f4[e]), bits_h2(f)));
-          }
+          for (int e = 0; e < 4; ++e) f4[e] = h2_bits(__hmul2(bits_h2(f4[e]), bits_h2(gf[mt][e & 1])));
         }
       };
       if constexpr (BT == kQ4 && BN == kBNWide) {
