@@ -40,7 +40,7 @@ static_assert(kperm_is_bijection(), "gemm k-order must be a permutation of each 
 constexpr int kBK = 64;        // K per pipeline stage = one quantisation group
 constexpr int kBN = 128;       // weight rows (output columns) per CTA: the wgmma kernel, P10 off
 constexpr int kBNWide = 256;   // P10: the mma.sync kernel's wide tile
-#ifndef LILY_P10_MINB
+#ifndef LILY_P10_MINB   // min_ctas below: -DLILY_P10_MINB=1 lets those kernels take ~190 registers
 #define LILY_P10_MINB 2
 #endif
 constexpr int kStages = 4;
@@ -153,8 +153,8 @@ __device__ __forceinline__ void dq8_pair(uint32_t wl, uint32_t wh, int bt, float
   lo = pack_bf16(v0 - __low2float(h), v1 - __high2float(h));
 }
 
-// Warp layout of a BM x BN CTA tile. BN = 128: 64x32 warp tiles (BM = 128, 64: 2x4 warps; 32: 32x16
-// in 1x8). BN = 256 (P10): 16-bit B at BM = 128 in 2x4 warps of 64x64 (twice the MMAs per ldmatrix
+// Warp layout of a BM x BN CTA tile. BN = 128: 2x4 warps (64x32 at BM = 128, 32x32 at 64), 1x8 at
+// BM = 32 (32x16). BN = 256 (P10): 16-bit B at BM = 128 in 2x4 warps of 64x64 (twice the MMAs per ldmatrix
 // of 64x32); 4-bit B, and BM = 64, 32, in 1x8 warps (128x32, 64x32, 32x32), so that every 4-bit
 // weight of the CTA is unpacked by exactly one warp (MT MMAs per unpacked fragment).
 template <int BM, int BN, int BT>
