@@ -470,7 +470,8 @@ int run(const Options& o) {
   const int H = c.hidden_size, I = c.moe_intermediate_size, k = c.num_experts_per_tok;
   for (int T : {512, 1024, 2048, 4096}) {
     const double flop = 2.0 * T * (double(k) * 3 * I * H + 3.0 * I * H + double(c.num_experts) * H);
-    // P10 variants: "BN128 …" / "BN256 …" force the grouped GEMMs' width (tile auto, or 32/64/128).
+    // P10 variants: "BN128 …" / "BN256 …" force the grouped GEMMs' width (tile auto, or 32/64/128), on
+    // mma.sync as in the engine (P1w off: this tool opts into wgmma, which would take gate/up).
     for (const char* tile : {"", "32", "64", "128", "P2", "bf16", "P1w", "P1w32", "P1w64", "P1w128", "BN128",
                              "BN256", "BN128 t64", "BN256 t64", "BN256 t32", "BN256 t128", "BN128 bf16",
                              "BN256 bf16"}) {
@@ -481,7 +482,7 @@ int run(const Options& o) {
         setenv("LILY_GEMM_BN", ts.substr(2, 3).c_str(), 1);
         setenv("LILY_MOE_TILE", tp == std::string::npos ? "" : ts.substr(tp + 2).c_str(), 1);
         set_gemm_precision(!bf);
-        set_abl({});
+        set_abl({"P1w"});
         const double ms =
             median(cuda_tools::time_ops(*gpu, [&] { gpu->moe(c, dev.layers[0].mlp, xd, T, yd); }, 3, 20));
         const double tf = flop / (ms * 1e-3) / 1e12;
@@ -516,6 +517,7 @@ int run(const Options& o) {
       cuda_tools::set_profiling(*gpu, false);
     }
     set_gemm_precision(true);
+    set_abl({"P1w"});
     for (const char* bn : {"128", "256"}) {
       setenv("LILY_GEMM_BN", bn, 1);
       gpu->moe(c, dev.layers[0].mlp, xd, T, yd);   // warm
@@ -526,6 +528,7 @@ int run(const Options& o) {
       cuda_tools::set_profiling(*gpu, false);
     }
     unsetenv("LILY_GEMM_BN");
+    set_abl({});
   }
   unsetenv("LILY_MOE_TILE");
   return 0;

@@ -1,6 +1,7 @@
 // Prefill GEMM (P1): y = x · Wᵀ on fp16 (default) or bf16 (LILY_GEMM_BF16=1) tensor cores with the
-// MLX 4/8-bit dequantisation fused into the mainloop. A CTA computes a BM×128 output tile with 8 warps; per 64-column K step (one
-// quantisation group) a cp.async stage brings BM rows of bf16 activations and 128 rows of packed
+// MLX 4/8-bit dequantisation fused into the mainloop. A CTA computes a BM×BN output tile with 8 warps
+// (BN = 128, or 256 with P10 for 4-bit and 16-bit B: see Cfg); per 64-column K step (one
+// quantisation group) a cp.async stage brings BM rows of bf16 activations and BN rows of packed
 // codes into shared memory (4 stages in flight), plus every 8th step the scales/biases of the next
 // 8 groups. Warps read A with ldmatrix and turn their codes into B fragments in registers: a nibble
 // OR-ed into the mantissa of bf16 128.0 (fp16 1024.0) is 128 + q (1024 + q) exactly, one x2 subtract
@@ -39,7 +40,7 @@ static_assert(kperm_is_bijection(), "gemm k-order must be a permutation of each 
 constexpr int kBK = 64;        // K per pipeline stage = one quantisation group
 constexpr int kBN = 128;       // weight rows (output columns) per CTA: the wgmma kernel, P10 off
 constexpr int kBNWide = 256;   // P10: the mma.sync kernel's wide tile
-#ifndef LILY_P10_MINB
+#ifndef LILY_P10_MINB   // min_ctas below: -DLILY_P10_MINB=1 lets those kernels take ~190 registers
 #define LILY_P10_MINB 2
 #endif
 constexpr int kStages = 4;
@@ -152,8 +153,8 @@ __device__ __forceinline__ void dq8_pair(uint32_t wl, uint32_t wh, int bt, float
   lo = pack_bf16(v0 - __low2float(h), v1 - __high2float(h));
 }
 
-// Warp layout of a BM x BN CTA tile. BN = 128: 64x32 warp tiles (BM = 128, 64: 2x4 warps; 32: 32x16
-// in 1x8). BN = 256 (P10): 16-bit B at BM = 128 in 2x4 warps of 64x64 (twice the MMAs per ldmatrix
+// Warp layout of a BM x BN CTA tile. BN = 128: 2x4 warps (64x32 at BM = 128, 32x32 at 64), 1x8 at
+// BM = 32 (32x16). BN = 256 (P10): 16-bit B at BM = 128 in 2x4 warps of 64x64 (twice the MMAs per ldmatrix
 // of 64x32); 4-bit B, and BM = 64, 32, in 1x8 warps (128x32, 64x32, 32x32), so that every 4-bit
 // weight of the CTA is unpacked by exactly one warp (MT MMAs per unpacked fragment).
 template <int BM, int BN, int BT>
@@ -379,7 +380,11 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
 
   // AM 2: the row's exponents per group -> factors 2^(s_row - s_g) <= 1 (s_row = min over groups,
   // from the group with the largest values), 0 below fp16's smallest subnormal 2^-24. Visible to
-  // all warps after the first barrier of the mainloop.
+  // all warps after the first barrier of the mainloop (P10: a barrier of its own, below, since
+  // every thread reads them before that one). kGfRegs: applied to the A fragments in registers
+  // (128 wide); else to the staged A tile in shared memory (P10).
+  constexpr bool kGfRegs = AM == kAmF16Grp && BN == kBN;
+  static_assert(AM != kAmF16Grp || kGfRegs || kAOne, "P10 AM 2: the shared-memory scaling uses the one-pointer A plan");
   if constexpr (AM == kAmF16Grp) {
     if (tid < BM) {
       const int G = K / 64;
@@ -392,6 +397,7 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
       }
       srf[tid] = ldexpf(kInvW, -smin);
     }
+    if constexpr (!kGfRegs) __syncthreads();
   }
 
   // ---- warp tile ----
@@ -418,6 +424,25 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
 
   for (int kg = 0; kg < nk; ++kg) {
     cp_wait<kStages - 2>();
+    if constexpr (!kGfRegs && AM == kAmF16Grp) {
+      // P10, AM 2: each thread scales the A chunks it copied itself (complete for this thread after
+      // the wait) by their row's factor for this group, in shared memory, before the barrier that
+      // publishes the stage: 4 HMUL2 per 16 bytes once per CTA instead of per fragment in every warp
+      // (the same fp16 products, so the same bits).
+      uint8_t* sa = smem + (kg % kStages) * SB + adst[0];
+#pragma unroll
+      for (int j = 0; j < ACH; ++j) {
+        const int m = (tid >> 3) + j * (kThreads / 8);
+        const uint32_t f = uint32_t(sgf[m * (kMaxGrpK / 64) + kg]) * 0x10001u;
+        uint4* p = reinterpret_cast<uint4*>(sa + j * (kThreads / 8) * 128);
+        uint4 v = *p;
+        v.x = h2_bits(__hmul2(bits_h2(v.x), bits_h2(f)));
+        v.y = h2_bits(__hmul2(bits_h2(v.y), bits_h2(f)));
+        v.z = h2_bits(__hmul2(bits_h2(v.z), bits_h2(f)));
+        v.w = h2_bits(__hmul2(bits_h2(v.w), bits_h2(f)));
+        *p = v;
+      }
+    }
     __syncthreads();
     if (kg + kStages - 1 < nk) load_stage(kg + kStages - 1);
     cp_commit();
@@ -457,23 +482,14 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
         }
       }
     }
-    // AM 2: this group's A factors for the rows g and g + 8 of each m16 tile. P10 keeps the two
-    // fp16 factors of an m16 tile in one register (low: row g, high: row g + 8) and duplicates
-    // each per use (one PRMT): 4 registers fewer for BM = 64, which fits 2 CTAs per SM.
-    constexpr bool kGfPacked = BN == kBNWide;
-    uint32_t gf[AM == kAmF16Grp ? C::MT : 1][kGfPacked ? 1 : 2];
-    if constexpr (AM == kAmF16Grp) {
+    // AM 2 (128 wide): this group's A factors for the rows g and g + 8 of each m16 tile.
+    uint32_t gf[kGfRegs ? C::MT : 1][2];
+    if constexpr (kGfRegs) {
 #pragma unroll
-      for (int mt = 0; mt < C::MT; ++mt) {
-        const uint32_t f0 = sgf[(wm0 + mt * 16 + g) * (kMaxGrpK / 64) + kg];
-        const uint32_t f1 = sgf[(wm0 + mt * 16 + g + 8) * (kMaxGrpK / 64) + kg];
-        if constexpr (kGfPacked) {
-          gf[mt][0] = f0 | (f1 << 16);
-        } else {
-          gf[mt][0] = f0 * 0x10001u;
-          gf[mt][1] = f1 * 0x10001u;
-        }
-      }
+      for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+          gf[mt][hh] = uint32_t(sgf[(wm0 + mt * 16 + g + 8 * hh) * (kMaxGrpK / 64) + kg]) * 0x10001u;
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {   // k16 steps of the group
@@ -481,14 +497,9 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
       auto load_af = [&](int mt, uint32_t* f4) {
         const int r = wm0 + mt * 16 + (lane & 15), c = 2 * i + (lane >> 4);
         ldsm_x4(a_base + swz(r, c), f4);
-        if constexpr (AM == kAmF16Grp) {   // a0, a2: row g; a1, a3: row g + 8
+        if constexpr (kGfRegs) {   // a0, a2: row g; a1, a3: row g + 8
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            uint32_t f;
-            if constexpr (kGfPacked) f = __byte_perm(gf[mt][0], 0, (e & 1) ? 0x3232 : 0x1010);
-            else f = gf[mt][e & 1];
-            f4[e] = h2_bits(__hmul2(bits_h2(f4[e]), bits_h2(f)));
-          }
+          for (int e = 0; e < 4; ++e) f4[e] = h2_bits(__hmul2(bits_h2(f4[e]), bits_h2(gf[mt][e & 1])));
         }
       };
       if constexpr (BT == kQ4 && BN == kBNWide) {
