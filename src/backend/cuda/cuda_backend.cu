@@ -510,6 +510,7 @@ class CudaBackend final : public Backend {
     gemv_x16_enabled() = !abl_.has("D24");      // D24: int16 x, dp2a in the 4-bit decode kernels
     fast_ = !abl_.has("D1");
     mma_q4_enabled() = !abl_.has("D1m");   // D1m: no mma.sync 4-bit kernels (f44444c FFMA ones)
+    lmhead_i16_enabled() = !abl_.has("D26");   // D26: lm_head on the int16 GEMV (D24) rather than D1m's mma.sync
     batch_ = !abl_.has("D3b");
     pdl_enabled() = !abl_.has("D3");
     fuse_add_ = !abl_.has("D8");
