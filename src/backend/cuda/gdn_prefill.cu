@@ -1153,7 +1153,9 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
     cp_async_wait<2>();   // everything but q(c) and b(c+1): W/U of chunk c, K'/P of chunk c
     __syncthreads();
 
-    // Phase 1: Δ = U − W S (zero on rows past T: U and W are).
+    // Phase 1: Δ = U − W S (zero on rows past T: U and W are). The warp's S fragments (16 columns,
+    // hi in sf[kk][0..3], lo in sf[kk][4..7]) stay in registers for diag(γ)Q S in phase 2.
+    uint32_t sf[kHD / 16][8];
     {
       float aD[2][4];
 #pragma unroll
@@ -1162,7 +1164,9 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
         for (int e = 0; e < 4; ++e) aD[nt][e] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < kHD / 16; ++kk) {
-        uint32_t sh[4], sl[4], wh[4], wl[4];
+        uint32_t* sh = sf[kk];
+        uint32_t* sl = sf[kk] + 4;
+        uint32_t wh[4], wl[4];
         ldsm_x4_t(sh[0], sh[1], sh[2], sh[3], Sh + boff + 16 * kk * kNS);
         ldsm_x4_t(sl[0], sl[1], sl[2], sl[3], Sl + boff + 16 * kk * kNS);
         ldsm_x4(wh[0], wh[1], wh[2], wh[3], Wh + aoff + 16 * kk);
@@ -1202,9 +1206,9 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int kk = 2 * ks + h;
-        uint32_t sh[4], sl[4], qh[4], ql[4];
-        ldsm_x4_t(sh[0], sh[1], sh[2], sh[3], Sh + boff + 16 * kk * kNS);
-        ldsm_x4_t(sl[0], sl[1], sl[2], sl[3], Sl + boff + 16 * kk * kNS);
+        const uint32_t* sh = sf[kk];
+        const uint32_t* sl = sf[kk] + 4;
+        uint32_t qh[4], ql[4];
         ldsm_x4(qh[0], qh[1], qh[2], qh[3], Qh + aoff + 16 * kk);
         ldsm_x4(ql[0], ql[1], ql[2], ql[3], Ql + aoff + 16 * kk);
 #pragma unroll
