@@ -275,7 +275,8 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                    {"P4c chunked, P9 off", {"P9"}, "0", "16", 3, "1"},
                                    {"P4c chunked, P11 off", {"P11"}, "0", "16", 3, "1"},
                                    {"P4c P11 per-chunk only", {}, "0", "16", 3, "1", "1", "0", "0", "1"},
-                                   {"P4c P11 scan only", {}, "0", "16", 3, "1", "1", "0", "0", "2"}};
+                                   {"P4c P11 scan only", {}, "0", "16", 3, "1", "1", "0", "0", "2"},
+                                   {"P4c P11 shared q/k", {}, "0", "16", 3, "1", "1", "0", "0", "7"}};
   // fp16 cache (default) first; with it the flash knobs bf16kv / bf16 ops do not apply. Then D18
   // off (f32 cache) with every flash form of before.
   const std::vector<Variant> av = {{"kv16 P6 off (per-tok)", {"P6"}, "0", "16", 1},
@@ -464,7 +465,8 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed, const std::stri
     cuda_tools::fill_uniform(gpu, z, T * VD, 2.f, seed + 12);
     cuda_tools::fill_uniform(gpu, a, T * nv, 3.f, seed + 13);
     cuda_tools::fill_uniform(gpu, b, T * nv, 3.f, seed + 14);
-    for (const Variant& v : {Variant{"P11 on", {}, "0", "16", 0, "1"}, Variant{"P11 off", {"P11"}, "0", "16", 0, "1"}}) {
+    for (const Variant& v : {Variant{"P11 on", {}, "0", "16", 0, "1"}, Variant{"P11 off", {"P11"}, "0", "16", 0, "1"},
+                             Variant{"P11 shq", {}, "0", "16", 0, "1", "1", "0", "0", "7"}}) {
       apply(gpu, v);
       auto call = [&] {
         for (int done = 0; done < total; done += T) gpu.gdn(c, w, st, qkv, z, a, b, T, y);

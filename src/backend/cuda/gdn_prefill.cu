@@ -327,6 +327,10 @@ struct ChunkBufs {
   bf16 *Kh, *Kl;            // [nv][Tp][128] K'
   bf16 *Ph, *Pl;            // [nv][Tp][64]  P (row i of chunk c at row c·kC + i)
   float* gC;                // [nv][nch] γ of the chunk's last token
+  // P11 shared layout (LILY_GDN_P11 bit 2): Q, K planes hold q̂, k̂ unscaled per key head (rows
+  // [nk][Tp], written by the first value head of each key head) and the scan applies the per-row
+  // factors below itself, so the two value heads of a key head share one copy.
+  float *rg, *rk;           // [nv][Tp] γ_i and e^{G_C − G_i}
   int Tp, nch;
 };
 
@@ -354,6 +358,7 @@ struct IntraArgs {
   const float *u, *beta, *g;
   int T;
   ChunkBufs b;
+  int shared;   // P11 shared layout (gdn_chunk_intra2_kernel only)
 };
 constexpr size_t kIntraSmem = sizeof(bf16) * 4 * kC * kRS + sizeof(float) * kC * kAS + sizeof(double) * kC +
                               sizeof(float) * 4 * kC;
@@ -612,15 +617,33 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
     store_split4(kh + r * kRS + 4 * c4, kl + r * kRS + 4 * c4, kv[it]);
   }
   __syncthreads();
-  // diag(γ) Q and K' from the fp32 registers.
+  if (p.shared) {
+    // q̂, k̂ once per key head (unscaled), the row factors per value head.
+    if (j % (d.nv / d.nk) == 0) {
+      const int64_t kb = int64_t(khd) * p.b.Tp + t0;
 #pragma unroll
-  for (int it = 0; it < kIt; ++it) {
-    const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
-    const float fq = gam[r], fk = kdec[r];
-    const float4 a = qv[it], b = kv[it];
-    const int64_t o = (rb + r) * kHD + 4 * c4;
-    store_split4(p.b.Qh + o, p.b.Ql + o, make_float4(a.x * fq, a.y * fq, a.z * fq, a.w * fq));
-    store_split4(p.b.Kh + o, p.b.Kl + o, make_float4(b.x * fk, b.y * fk, b.z * fk, b.w * fk));
+      for (int it = 0; it < kIt; ++it) {
+        const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
+        const int64_t o = (kb + r) * kHD + 4 * c4;
+        store_split4(p.b.Qh + o, p.b.Ql + o, qv[it]);
+        store_split4(p.b.Kh + o, p.b.Kl + o, kv[it]);
+      }
+    }
+    if (tid < kC) {
+      p.b.rg[rb + tid] = gam[tid];
+      p.b.rk[rb + tid] = kdec[tid];
+    }
+  } else {
+    // diag(γ) Q and K' from the fp32 registers.
+#pragma unroll
+    for (int it = 0; it < kIt; ++it) {
+      const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
+      const float fq = gam[r], fk = kdec[r];
+      const float4 a = qv[it], b = kv[it];
+      const int64_t o = (rb + r) * kHD + 4 * c4;
+      store_split4(p.b.Qh + o, p.b.Ql + o, make_float4(a.x * fq, a.y * fq, a.z * fq, a.w * fq));
+      store_split4(p.b.Kh + o, p.b.Kl + o, make_float4(b.x * fk, b.y * fk, b.z * fk, b.w * fk));
+    }
   }
   if (tid == 0) p.b.gC[int64_t(j) * p.b.nch + c] = gam[kC - 1];
 
@@ -1009,6 +1032,9 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan_kernel(const __grid_con
   conv_shift(d, p.conv_state, p.qkv, p.T);
 }
 
+constexpr size_t kCScan2SharedSmem = kCScanSmem + sizeof(bf16) * 2 * kC * kNS + sizeof(float) * 2 * kC;
+static_assert(kCScan2SharedSmem <= 227 * 1024, "chunk scan (shared q/k): shared memory");
+
 // Bulk (TMA engine) prefetch of `bytes` (multiple of 16, 16-byte aligned) into L2: one instruction
 // per contiguous range, nothing to wait for.
 __device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
@@ -1026,6 +1052,10 @@ __device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) 
 //    before; the nine input planes of chunk c+2 are prefetched into L2 (one bulk prefetch per
 //    plane, spread over the head's CTAs) so that these copies hit L2, not HBM.
 //  - γ_C is loaded at the start of the chunk, not in front of the state update.
+// kShared (P11 bit 2): diag(γ)Q and K' are not in the buffers; q̂, k̂ come unscaled from the key
+// head's rows (shared by its value heads) and the scan applies the row factors: O = diag(γ)(Q̂S) +
+// PΔ, and S ← γ_C S + K̂ᵀ(diag(e^{G_C−G}) Δ) with the scaled Δ as a second tile (10 KB more smem).
+template <bool kShared>
 __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_constant__ CScanArgs p) {
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* Wh = reinterpret_cast<bf16*>(smraw);   // [kC][kRS]
@@ -1041,6 +1071,10 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
   bf16* Dh = Sl + kHD * kNS;                   // [kC][kNS] Δ (token × value column)
   bf16* Dl = Dh + kC * kNS;
   float* Us = reinterpret_cast<float*>(Dl + kC * kNS);   // [kC][kNS]
+  bf16* D2h = reinterpret_cast<bf16*>(Us + kC * kNS);    // kShared: [kC][kNS] diag(e^{G_C−G}) Δ
+  bf16* D2l = D2h + kC * kNS;
+  float* rgs = reinterpret_cast<float*>(D2l + kC * kNS); // kShared: [kC] γ_i, then [kC] e^{G_C−G_i}
+  float* rks = rgs + kC;
   pdl_trigger();
   pdl_wait();
   const GdnDims& d = p.d;
@@ -1050,6 +1084,8 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
   const int lr = lane & 7, q = lane >> 3;
   const int nch = p.b.nch;
   const int64_t hb = int64_t(j) * p.b.Tp;
+  // Rows of the Q / K planes: the value head's, or with kShared its key head's.
+  const int64_t qb = kShared ? int64_t(j / (d.nv / d.nk)) * p.b.Tp : hb;
   const int64_t value_dim = int64_t(d.nv) * kHD;
 
   auto issue_w = [&](int c) {   // W hi / lo and the U slice of chunk c
@@ -1065,9 +1101,13 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
       const int r = idx / (kNB / 4), ch = idx % (kNB / 4);
       cp_async16(Us + r * kNS + 4 * ch, p.b.U + (rb + r) * kHD + c0 + 4 * ch);
     }
+    if (kShared && tid < kC / 2) {   // row factors: 16 × 16 bytes each
+      const int h = tid / (kC / 4), ch = tid % (kC / 4);   // array (γ, decay), 4 floats
+      cp_async16((h ? rks : rgs) + 4 * ch, (h ? p.b.rk : p.b.rg) + rb + 4 * ch);
+    }
   };
-  auto issue_q = [&](int c) {   // diag(γ)Q hi / lo of chunk c
-    const int64_t rb = hb + int64_t(c) * kC;
+  auto issue_q = [&](int c) {   // diag(γ)Q (kShared: q̂) hi / lo of chunk c
+    const int64_t rb = qb + int64_t(c) * kC;
     for (int idx = tid; idx < kC * (kHD / 8); idx += blockDim.x) {
       const int r = idx / (kHD / 8), ch = idx % (kHD / 8);
       const int64_t go = (rb + r) * kHD + 8 * ch;
@@ -1076,15 +1116,15 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
       cp_async16(Ql + so, p.b.Ql + go);
     }
   };
-  auto issue_b = [&](int c) {   // K', P of chunk c into buffer c & 1
-    const int64_t rb = hb + int64_t(c) * kC;
+  auto issue_b = [&](int c) {   // K' (kShared: k̂), P of chunk c into buffer c & 1
+    const int64_t rb = hb + int64_t(c) * kC, kb = qb + int64_t(c) * kC;
     bf16* kh = Kh0 + (c & 1) * kC * kRS;
     bf16* kl = Kl0 + (c & 1) * kC * kRS;
     bf16* ph = Ph0 + (c & 1) * kC * kPS;
     bf16* pl = Pl0 + (c & 1) * kC * kPS;
     for (int idx = tid; idx < kC * (kHD / 8); idx += blockDim.x) {
       const int r = idx / (kHD / 8), ch = idx % (kHD / 8);
-      const int64_t go = (rb + r) * kHD + 8 * ch;
+      const int64_t go = (kb + r) * kHD + 8 * ch;
       cp_async16(kh + r * kRS + 8 * ch, p.b.Kh + go);
       cp_async16(kl + r * kRS + 8 * ch, p.b.Kl + go);
     }
@@ -1102,7 +1142,7 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
     const int64_t r0 = hb + int64_t(cc) * kC;
     if (tid < 6) {
       const bf16* pl = tid == 0 ? p.b.Wh : tid == 1 ? p.b.Wl : tid == 2 ? p.b.Qh : tid == 3 ? p.b.Ql : tid == 4 ? p.b.Kh : p.b.Kl;
-      prefetch_l2_bulk(pl + r0 * kHD, kC * kHD * sizeof(bf16));
+      prefetch_l2_bulk(pl + (tid < 2 ? r0 : qb + int64_t(cc) * kC) * kHD, kC * kHD * sizeof(bf16));
     } else if (tid < 8) {
       prefetch_l2_bulk((tid == 6 ? p.b.Ph : p.b.Pl) + r0 * kC, kC * kC * sizeof(bf16));
     } else {
@@ -1180,9 +1220,16 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
         for (int r = 0; r < 2; ++r) {
           const int i = 16 * mt + gq + 8 * r, col = 16 * nh + 8 * nt + 2 * tq;
           const float2 uv = *reinterpret_cast<const float2*>(Us + i * kNS + col);
-          store_split2(Dh + i * kNS + col, Dl + i * kNS + col, uv.x - aD[nt][2 * r], uv.y - aD[nt][2 * r + 1]);
+          const float d0 = uv.x - aD[nt][2 * r], d1 = uv.y - aD[nt][2 * r + 1];
+          store_split2(Dh + i * kNS + col, Dl + i * kNS + col, d0, d1);
+          if (kShared) {
+            const float f = rks[i];
+            store_split2(D2h + i * kNS + col, D2l + i * kNS + col, d0 * f, d1 * f);
+          }
         }
     }
+    // kShared: this lane's two rows' γ, read before the factors' buffer is reloaded (issue_w below).
+    const float rg0 = kShared ? rgs[16 * mt + gq] : 1.f, rg1 = kShared ? rgs[16 * mt + gq + 8] : 1.f;
     cp_async_wait<1>();   // diag(γ)Q of chunk c too (only b(c+1) may still be in flight)
     __syncthreads();      // Δ complete; W, U free
     if (c + 1 < nch) issue_w(c + 1);
@@ -1220,10 +1267,19 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
 #pragma unroll
       for (int np = 0; np < 2; ++np) {
         uint32_t dh[4], dl[4];
-        ldsm_x4_t(dh[0], dh[1], dh[2], dh[3], Dh + doff + 16 * ks * kNS + 16 * np);
-        ldsm_x4_t(dl[0], dl[1], dl[2], dl[3], Dl + doff + 16 * ks * kNS + 16 * np);
+        ldsm_x4_t(dh[0], dh[1], dh[2], dh[3], (kShared ? D2h : Dh) + doff + 16 * ks * kNS + 16 * np);
+        ldsm_x4_t(dl[0], dl[1], dl[2], dl[3], (kShared ? D2l : Dl) + doff + 16 * ks * kNS + 16 * np);
         mma_bf16x3(acc_s[2 * np], ah, al, dh[0], dh[1], dl[0], dl[1]);
         mma_bf16x3(acc_s[2 * np + 1], ah, al, dh[2], dh[3], dl[2], dl[3]);
+      }
+    }
+    if (kShared) {   // O = diag(γ) (Q̂ S) so far
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        aO[nt][0] *= rg0;
+        aO[nt][1] *= rg0;
+        aO[nt][2] *= rg1;
+        aO[nt][3] *= rg1;
       }
     }
     // O += P Δ over the tokens s ≤ i (P is zero above the diagonal: k-steps past mt are skipped).
@@ -1279,6 +1335,8 @@ ChunkBufs chunk_bufs(const GdnDims& d, int T, float* work) {
   b.Ph = h; h += rows * kC;
   b.Pl = h; h += rows * kC;
   b.gC = reinterpret_cast<float*>(h);
+  b.rg = b.gC + ((int64_t(d.nv) * b.nch + 63) / 64) * 64;
+  b.rk = b.rg + rows;
   return b;
 }
 
@@ -1348,8 +1406,10 @@ void gdn_prefill_scan(const GdnDims& d, const float* norm_w, float* conv_state, 
 
 int64_t gdn_chunked_workspace_floats(const GdnDims& d, int T) {
   const int64_t nch = (T + kC - 1) / kC, rows = int64_t(d.nv) * nch * kC;
-  // U (f32) + six bf16 planes of 128 + two bf16 planes of 64 per row, γ_C per (head, chunk).
-  return ((gdn_prefill_workspace_floats(d, T) + 63) / 64) * 64 + rows * (kHD + 3 * kHD + kC) + d.nv * nch + 64;
+  // U (f32) + six bf16 planes of 128 + two bf16 planes of 64 per row, γ_C per (head, chunk), then
+  // the P11 row factors (two floats per row).
+  return ((gdn_prefill_workspace_floats(d, T) + 63) / 64) * 64 + rows * (kHD + 3 * kHD + kC) +
+         ((d.nv * nch + 63) / 64) * 64 + 2 * rows + 64;
 }
 
 void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s) {
@@ -1364,7 +1424,7 @@ void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s) {
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra2_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kIntra2Smem)));
     attr_set = true;
   }
-  IntraArgs a{d, u, beta, g, T, b};
+  IntraArgs a{d, u, beta, g, T, b, gdn_chunk_p11() == 7 ? 1 : 0};
   if (gdn_chunk_p11() & 1) launch(gdn_chunk_intra2_kernel, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P11
   else launch(gdn_chunk_intra_kernel, dim3(b.nch, d.nv), dim3(256), kIntraSmem, s, a);
   CUDA_LAUNCH_CHECK();
@@ -1377,11 +1437,15 @@ void gdn_chunked_scan(const GdnDims& d, const float* norm_w, float* conv_state, 
   static bool attr_set = false;
   if (!attr_set) {
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCScanSmem)));
-    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan2_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCScanSmem)));
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan2_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCScanSmem)));
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan2_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(kCScan2SharedSmem)));
     attr_set = true;
   }
   CScanArgs a{d, conv_state, S, qkv, T, b, y};
-  if (gdn_chunk_p11() & 2) launch(gdn_chunk_scan2_kernel, dim3(d.nv * (kHD / kNB)), dim3(256), kCScanSmem, s, a);   // P11
+  const int p11 = gdn_chunk_p11();
+  if (p11 == 7) launch(gdn_chunk_scan2_kernel<true>, dim3(d.nv * (kHD / kNB)), dim3(256), kCScan2SharedSmem, s, a);
+  else if (p11 & 2) launch(gdn_chunk_scan2_kernel<false>, dim3(d.nv * (kHD / kNB)), dim3(256), kCScanSmem, s, a);   // P11
   else launch(gdn_chunk_scan_kernel, dim3(d.nv * (kHD / kNB)), dim3(256), kCScanSmem, s, a);
   CUDA_LAUNCH_CHECK();
   launch(gdn_norm_kernel, dim3(T, d.nv), dim3(kHD), 0, s, d, norm_w, z, T, y);
