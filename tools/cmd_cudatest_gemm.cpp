@@ -6,7 +6,9 @@
 // rounding (LILY_CPU_EMULATE, gemm_emulate.h): against the latter only summation order remains, so
 // its bound is tight and catches a wrong exponent, scale or rounding that the f32 bound would
 // tolerate. One PASS/FAIL line per case with its errors, the failures repeated at the end; exits
-// non-zero on any failure. `--bench` times the shapes at T=4096 and the MoE block with CUDA events.
+// non-zero on any failure. P10: the mma.sync cases also run with 128- and 256-wide CTA tiles forced
+// (LILY_GEMM_BN), and each 256 case says whether it equals the 128 case bit for bit ("== BN128").
+// `--bench` times the shapes at T=4096 and the MoE block with CUDA events (with both widths).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -222,37 +224,60 @@ int run(const Options& o) {
           }
         }
         gpu->copy_from_host(xd, x.data(), 4LL * T * K);
-        std::vector<float> y(size_t(T) * N);
-        for (int f16 = 1; f16 >= 0; --f16)
-          for (int p1 = 0; p1 < 3; ++p1) {   // 0: fp16 wgmma (opted in above), 1: P1 off, 2: P1w off (mma.sync)
-            if (p1 == 2 && !f16) continue;       // bf16 never takes the wgmma kernel
-            set_gemm_precision(f16);
-            set_abl(p1 == 1   ? std::vector<std::string>{"P1"}
-                    : p1 == 2 ? std::vector<std::string>{"P1w"}
-                              : std::vector<std::string>{});
-            gpu->fill_zero(yd, 4LL * T * N);
-            gpu->matmul(s.dev, xd, T, yd);
-            gpu->copy_to_host(y.data(), yd, 4LL * T * N);
-            Err e{}, ee{};
-            for (size_t i = 0; i < slices.size(); ++i) {
-              const Err ei = compare(y.data() + slices[i].first, N, ref[i].data(), slices[i].second,
-                                     slices[i].second, all_rows(T));
-              const Err ej = compare(y.data() + slices[i].first, N, eref[f16][i].data(), slices[i].second,
-                                     slices[i].second, all_rows(T));
-              e.rms = std::max(e.rms, ei.rms);
-              e.maxrel = std::max(e.maxrel, ei.maxrel);
-              e.finite = e.finite && ei.finite;
-              ee.rms = std::max(ee.rms, ej.rms);
-              ee.maxrel = std::max(ee.maxrel, ej.maxrel);
-              ee.finite = ee.finite && ej.finite;
-            }
-            char what[160];
-            std::snprintf(what, sizeof what, "gemm %-26s %6dx%-4d T=%-4d %s %s", s.name.c_str(), N, K, T,
-                          f16 ? "fp16" : "bf16", p1 == 1 ? "P1 off" : p1 == 2 ? "P1w off" : f16 ? "wgmma" : "");
-            tally.report(what, e, ee, "", K);
+        std::vector<float> y(size_t(T) * N), y128(size_t(T) * N);
+        // p1 0: default (fp16: wgmma, opted in above; from T >= 512 P8 = 16-bit B on mma.sync),
+        // 1: P1 off (16-bit B at every T), 2: P1w and P8 off (fused 4-bit mma.sync at every T).
+        // bn: LILY_GEMM_BN ("": P10's own choice; 128 / 256 forced, not on wgmma nor for 8-bit B).
+        // A forced-256 case is also compared with the forced-128 case before it: the same MMAs in
+        // the same k-order, so it should be bitwise identical ("== BN128").
+        struct DV {
+          int f16, p1;
+          const char* bn;
+        };
+        const bool q8 = s.host.type == WType::kAffine8;
+        for (const DV& v : {DV{1, 0, ""}, DV{1, 1, ""}, DV{1, 2, ""}, DV{0, 0, ""}, DV{0, 1, ""}, DV{1, 1, "128"},
+                            DV{1, 1, "256"}, DV{1, 2, "128"}, DV{1, 2, "256"}, DV{0, 0, "128"}, DV{0, 0, "256"},
+                            DV{0, 1, "128"}, DV{0, 1, "256"}}) {
+          const int f16 = v.f16, p1 = v.p1;
+          const std::string bn = v.bn;
+          if (q8 && !bn.empty()) continue;   // 8-bit B: always 128 wide
+          set_gemm_precision(f16);
+          setenv("LILY_GEMM_BN", v.bn, 1);
+          set_abl(p1 == 1   ? std::vector<std::string>{"P1"}
+                  : p1 == 2 ? std::vector<std::string>{"P1w", "P8"}
+                            : std::vector<std::string>{});
+          gpu->fill_zero(yd, 4LL * T * N);
+          gpu->matmul(s.dev, xd, T, yd);
+          gpu->copy_to_host(y.data(), yd, 4LL * T * N);
+          std::string same;
+          if (bn == "128") y128 = y;
+          if (bn == "256") {
+            double md = 0;
+            for (size_t i = 0; i < y.size(); ++i) md = std::max(md, double(std::fabs(y[i] - y128[i])));
+            same = md == 0 ? "  == BN128" : "  differs from BN128 by " + std::to_string(md);
           }
+          Err e{}, ee{};
+          for (size_t i = 0; i < slices.size(); ++i) {
+            const Err ei = compare(y.data() + slices[i].first, N, ref[i].data(), slices[i].second,
+                                   slices[i].second, all_rows(T));
+            const Err ej = compare(y.data() + slices[i].first, N, eref[f16][i].data(), slices[i].second,
+                                   slices[i].second, all_rows(T));
+            e.rms = std::max(e.rms, ei.rms);
+            e.maxrel = std::max(e.maxrel, ei.maxrel);
+            e.finite = e.finite && ei.finite;
+            ee.rms = std::max(ee.rms, ej.rms);
+            ee.maxrel = std::max(ee.maxrel, ej.maxrel);
+            ee.finite = ee.finite && ej.finite;
+          }
+          char what[160];
+          std::snprintf(what, sizeof what, "gemm %-26s %6dx%-4d T=%-4d %s %s%s%s", s.name.c_str(), N, K, T,
+                        f16 ? "fp16" : "bf16", p1 == 1 ? "P1 off" : p1 == 2 ? "fused mma.sync" : f16 ? "default" : "",
+                        bn.empty() ? "" : " BN", v.bn);
+          tally.report(what, e, ee, same, K);
+        }
       }
     }
+    unsetenv("LILY_GEMM_BN");
     set_abl({});
 
     // ---- MoE block ----
@@ -273,14 +298,27 @@ int run(const Options& o) {
         bool p2off;
         bool f16;
         bool mmasync = false;   // P1w off: fp16 on the mma.sync kernel instead of wgmma
+        const char* bn = "";    // LILY_GEMM_BN (mma.sync only; "": P10's choice, 256 unless ablated)
       };
-      for (const Variant& v : {Variant{"", false, true}, Variant{"32", false, true}, Variant{"64", false, true},
-                               Variant{"128", false, true}, Variant{"", true, true}, Variant{"", false, true, true},
-                               Variant{"32", false, true, true}, Variant{"64", false, true, true},
-                               Variant{"128", false, true, true}, Variant{"", false, false},
-                               Variant{"32", false, false}, Variant{"128", false, false}, Variant{"", true, false}}) {
+      // P10: every mma.sync configuration with 128- and 256-wide tiles forced; the 256 case is
+      // compared with the 128 case just before it (same MMAs, same k-order: expect bitwise equal).
+      std::vector<float> y128(size_t(T) * H);
+      for (const Variant& v :
+           {Variant{"", false, true}, Variant{"32", false, true}, Variant{"64", false, true},
+            Variant{"128", false, true}, Variant{"", true, true}, Variant{"", false, true, true},
+            Variant{"32", false, true, true}, Variant{"64", false, true, true}, Variant{"128", false, true, true},
+            Variant{"", false, false}, Variant{"32", false, false}, Variant{"128", false, false},
+            Variant{"", true, false}, Variant{"", false, true, true, "128"}, Variant{"", false, true, true, "256"},
+            Variant{"32", false, true, true, "128"}, Variant{"32", false, true, true, "256"},
+            Variant{"64", false, true, true, "128"}, Variant{"64", false, true, true, "256"},
+            Variant{"128", false, true, true, "128"}, Variant{"128", false, true, true, "256"},
+            Variant{"", true, true, true, "128"}, Variant{"", true, true, true, "256"},
+            Variant{"", false, false, false, "128"}, Variant{"", false, false, false, "256"},
+            Variant{"32", false, false, false, "128"}, Variant{"32", false, false, false, "256"},
+            Variant{"128", false, false, false, "128"}, Variant{"128", false, false, false, "256"}}) {
         setenv("LILY_MOE_TILE", v.tile, 1);
         setenv("LILY_GEMM_WGMMA_GRP", "1", 1);   // the grouped GEMMs' wgmma form stays tested (off by default)
+        setenv("LILY_GEMM_BN", v.bn, 1);
         set_gemm_precision(v.f16);
         std::vector<std::string> off;
         if (v.p2off) off.push_back("P2");
@@ -308,17 +346,26 @@ int run(const Options& o) {
         Err e = compare(y.data(), H, ref.data(), H, H, same);
         const Err ee = compare(y.data(), H, eref[v.f16].data(), H, H, esame);
         if (diff > std::max(1, T / 50)) e.finite = false;
-        char what[160], extra[96];
-        std::snprintf(what, sizeof what, "moe T=%-4d tile %-4s %s %s", T, *v.tile ? v.tile : "auto",
+        const std::string bn = v.bn;
+        std::string ident;
+        if (bn == "128") y128 = y;
+        if (bn == "256") {
+          double md = 0;
+          for (size_t i = 0; i < y.size(); ++i) md = std::max(md, double(std::fabs(y[i] - y128[i])));
+          ident = md == 0 ? "  == BN128" : "  differs from BN128 by " + std::to_string(md);
+        }
+        char what[160], extra[160];
+        std::snprintf(what, sizeof what, "moe T=%-4d tile %-4s %s %s%s%s", T, *v.tile ? v.tile : "auto",
                       v.f16 ? (v.mmasync ? "fp16 P1w off" : "fp16 wgmma") : "bf16",
-                      v.p2off ? "P2 off (host routing)" : "");
-        std::snprintf(extra, sizeof extra, "  routing differs on %d/%d tokens%s", diff, T,
-                      diff > std::max(1, T / 50) ? " (too many)" : "");
+                      v.p2off ? "P2 off (host routing)" : "", bn.empty() ? "" : " BN", v.bn);
+        std::snprintf(extra, sizeof extra, "  routing differs on %d/%d tokens%s%s", diff, T,
+                      diff > std::max(1, T / 50) ? " (too many)" : "", ident.c_str());
         tally.report(what, e, ee, extra, 0, v.f16 ? kEmuRmsBound : kEmuRmsMoeBf16);
       }
     }
     unsetenv("LILY_MOE_TILE");
     unsetenv("LILY_GEMM_WGMMA_GRP");
+    unsetenv("LILY_GEMM_BN");
     set_abl({});
     unsetenv("LILY_GEMM_BF16");
     if (!tally.failed.empty()) {
@@ -362,6 +409,43 @@ int run(const Options& o) {
       std::printf("gemm %-26s %6dx%-4d T=%-4d %-12s %8.3f ms  %6.1f TFLOP/s (%4.1f%% of peak)\n", s.name.c_str(), N,
                   K, T, small && v == 0 ? "f32 GEMV" : names[v], ms, tf, 100 * tf / peak);
     }
+    // P10: 128- vs 256-wide tiles on mma.sync (LILY_GEMM_BN forced), fp16: the engine's path at this
+    // T (P8: dequantise, then 16-bit B), with the 256-wide grid rasterised in bands of 8 / 16 M tiles,
+    // and the fused 4-bit path (P8 and P1w off). Whole op as above, then the GEMM kernel alone
+    // (profiler events around the launch, mean of 10 calls).
+    if (N >= 64 && !s.big) {
+      struct BV {
+        const char* name;
+        const char* bn;
+        const char* raster;
+        bool fused;
+      };
+      for (const BV& b : {BV{"P8 BN128", "128", "", false}, BV{"P8 BN256", "256", "", false},
+                          BV{"P8 BN256 r8", "256", "8", false}, BV{"P8 BN256 r16", "256", "16", false},
+                          BV{"fused BN128", "128", "", true}, BV{"fused BN256", "256", "", true}}) {
+        set_gemm_precision(true);
+        set_abl(b.fused ? std::vector<std::string>{"P1w", "P8"} : std::vector<std::string>{"P1w"});
+        setenv("LILY_GEMM_BM", "", 1);
+        setenv("LILY_GEMM_SMALL_N", "", 1);
+        setenv("LILY_GEMM_BN", b.bn, 1);
+        setenv("LILY_GEMM_RASTER", b.raster, 1);
+        auto op = [&] { gpu->matmul(s.dev, xd, T, yd); };
+        const double ms = median(cuda_tools::time_ops(*gpu, op, 3, 20));
+        cuda_tools::set_profiling(*gpu, true);
+        for (int i = 0; i < 10; ++i) op();
+        double kms = 0;
+        for (const auto& o : cuda_tools::take_profile(*gpu))
+          if (o.name.rfind("gemm ", 0) == 0) kms += o.ms / o.calls;   // not gemm.convert / gemm.dequant
+        cuda_tools::set_profiling(*gpu, false);
+        const double flop = 2.0 * T * N * K;
+        std::printf("gemm %-26s %6dx%-4d T=%-4d %-12s %8.3f ms  %6.1f TFLOP/s (%4.1f%% of peak) | GEMM kernel %7.3f ms "
+                    "%6.1f TFLOP/s\n",
+                    s.name.c_str(), N, K, T, b.name, ms, flop / (ms * 1e-3) / 1e12, 100 * flop / (ms * 1e-3) / 1e12 / peak,
+                    kms, flop / (kms * 1e-3) / 1e12);
+      }
+      unsetenv("LILY_GEMM_BN");
+      unsetenv("LILY_GEMM_RASTER");
+    }
     // Split of one call into conversion and GEMM (profiler events), fp16 vs bf16: where the fp16
     // path's extra time goes.
     if (N >= 64) {
@@ -384,10 +468,28 @@ int run(const Options& o) {
   set_abl({});
   set_gemm_precision(true);
   const int H = c.hidden_size, I = c.moe_intermediate_size, k = c.num_experts_per_tok;
-  for (int T : {512, 2048, 4096}) {
+  for (int T : {512, 1024, 2048, 4096}) {
     const double flop = 2.0 * T * (double(k) * 3 * I * H + 3.0 * I * H + double(c.num_experts) * H);
-    for (const char* tile : {"", "32", "64", "128", "P2", "bf16", "P1w", "P1w32", "P1w64", "P1w128"}) {
+    // P10 variants: "BN128 …" / "BN256 …" force the grouped GEMMs' width (tile auto, or 32/64/128).
+    for (const char* tile : {"", "32", "64", "128", "P2", "bf16", "P1w", "P1w32", "P1w64", "P1w128", "BN128",
+                             "BN256", "BN128 t64", "BN256 t64", "BN256 t32", "BN256 t128", "BN128 bf16",
+                             "BN256 bf16"}) {
       const std::string ts = tile;
+      if (ts.rfind("BN", 0) == 0) {
+        const bool bf = ts.find("bf16") != std::string::npos;
+        const size_t tp = ts.find(" t");
+        setenv("LILY_GEMM_BN", ts.substr(2, 3).c_str(), 1);
+        setenv("LILY_MOE_TILE", tp == std::string::npos ? "" : ts.substr(tp + 2).c_str(), 1);
+        set_gemm_precision(!bf);
+        set_abl({});
+        const double ms =
+            median(cuda_tools::time_ops(*gpu, [&] { gpu->moe(c, dev.layers[0].mlp, xd, T, yd); }, 3, 20));
+        const double tf = flop / (ms * 1e-3) / 1e12;
+        std::printf("moe T=%-4d %-14s %8.3f ms  %6.1f TFLOP/s (%4.1f%% of peak)  %8.0f tok/s per layer\n", T, tile,
+                    ms, tf, 100 * tf / peak, T / (ms * 1e-3));
+        unsetenv("LILY_GEMM_BN");
+        continue;
+      }
       const bool p2 = ts == "P2", bf = ts == "bf16", mmasync = ts.rfind("P1w", 0) == 0;
       setenv("LILY_MOE_TILE", p2 || bf ? "" : mmasync ? tile + 3 : tile, 1);
       set_gemm_precision(!bf);
@@ -401,7 +503,8 @@ int run(const Options& o) {
                   : *tile ? (std::string("tile ") + tile).c_str() : "tile auto", ms, tf,
                   100 * tf / peak, T / (ms * 1e-3));
     }
-    // Per-stage split of the default configuration (profiler events, one call), fp16 then bf16.
+    // Per-stage split of the default configuration (profiler events, one call), fp16 then bf16,
+    // then fp16 with 128- and 256-wide tiles forced (P10; mean of 5 calls).
     unsetenv("LILY_MOE_TILE");
     set_abl({});
     for (int f16 = 1; f16 >= 0; --f16) {
@@ -413,6 +516,16 @@ int run(const Options& o) {
       cuda_tools::set_profiling(*gpu, false);
     }
     set_gemm_precision(true);
+    for (const char* bn : {"128", "256"}) {
+      setenv("LILY_GEMM_BN", bn, 1);
+      gpu->moe(c, dev.layers[0].mlp, xd, T, yd);   // warm
+      cuda_tools::set_profiling(*gpu, true);
+      for (int i = 0; i < 5; ++i) gpu->moe(c, dev.layers[0].mlp, xd, T, yd);
+      for (const auto& op : cuda_tools::take_profile(*gpu))
+        std::printf("    %-28s fp16 BN%s %8.3f ms\n", op.name.c_str(), bn, op.ms / op.calls);
+      cuda_tools::set_profiling(*gpu, false);
+    }
+    unsetenv("LILY_GEMM_BN");
   }
   unsetenv("LILY_MOE_TILE");
   return 0;

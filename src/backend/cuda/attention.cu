@@ -351,6 +351,11 @@ __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
 }
 __device__ __forceinline__ uint32_t u4w(const uint4& u, int i) { return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w; }
 
+// PM, the load schedule (D25): 0 (D25 off) = K rows, S, then the V rows; 1 = the V rows issued with the
+// K rows (one DRAM round trip per step instead of two); 2 (default) = as 1, and the next step's K rows
+// issued as soon as the S product has consumed this step's (K one step ahead; 255 registers, no spills).
+// Measured (session 6): mode 1 +0.1 / +0.1 / +0.4 %, mode 2 +0.4 / +0.8 / +1.1 % at 4K / 32K / 128K.
+template <int PM>
 __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(AttnDims d, const __half* kc,
                                                                              const __half* vc, int pos0,
                                                                              const int32_t* pos_dev,
@@ -387,9 +392,8 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
   const int64_t rs = int64_t(d.kv_heads) * hd;            // halves per cache row
   const __half* kb = kc + int64_t(kvh) * hd;
   const __half* vb = vc + int64_t(kvh) * hd;
-  for (int p0 = lo + 16 * warp; p0 < hi; p0 += 16 * NW) {
-    // K rows p0+g and p0+g+8 (a row past the slice loads row lo; its score is masked).
-    uint4 kr[2][8];
+  // K rows p0+g and p0+g+8 (a row past the slice loads row lo; its score is masked).
+  auto load_k = [&](int p0, uint4 (&kr)[2][8]) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int p = p0 + g + 8 * r;
@@ -397,15 +401,9 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
 #pragma unroll
       for (int i = 0; i < 8; ++i) kr[r][i] = __ldcs(src + 4 * i);
     }
-    float sc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int ks = 0; ks < 16; ++ks) {
-      const int i = ks >> 1, w = 2 * (ks & 1);
-      mma_f16_16816(sc, u4w(kr[0][i], w), u4w(kr[1][i], w), u4w(kr[0][i], w + 1), u4w(kr[1][i], w + 1),
-                    qw[i][w], qw[i][w + 1]);
-    }
-    // V rows p0 + {2t, 2t+1, 2t+8, 2t+9}, dims 64q + 8g + [0, 8): issued before the softmax math.
-    uint4 vr[4][4];
+  };
+  // V rows p0 + {2t, 2t+1, 2t+8, 2t+9}, dims 64q + 8g + [0, 8).
+  auto load_v = [&](int p0, uint4 (&vr)[4][4]) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int p = p0 + 2 * t + (r & 1) + 8 * (r >> 1);
@@ -413,6 +411,22 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
 #pragma unroll
       for (int q = 0; q < 4; ++q) vr[r][q] = __ldcs(src + 8 * q);
     }
+  };
+  uint4 kr[2][8];
+  if (PM == 2 && lo + 16 * warp < hi) load_k(lo + 16 * warp, kr);
+  for (int p0 = lo + 16 * warp; p0 < hi; p0 += 16 * NW) {
+    if (PM != 2) load_k(p0, kr);
+    uint4 vr[4][4];
+    if (PM >= 1) load_v(p0, vr);
+    float sc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int ks = 0; ks < 16; ++ks) {
+      const int i = ks >> 1, w = 2 * (ks & 1);
+      mma_f16_16816(sc, u4w(kr[0][i], w), u4w(kr[1][i], w), u4w(kr[0][i], w + 1), u4w(kr[1][i], w + 1),
+                    qw[i][w], qw[i][w + 1]);
+    }
+    if (PM == 2 && p0 + 16 * NW < hi) load_k(p0 + 16 * NW, kr);
+    if (PM == 0) load_v(p0, vr);   // issued before the softmax math
     // sc: (pos g, head 2t), (pos g, head 2t+1), (pos g+8, head 2t), (pos g+8, head 2t+1).
     if (p0 + g >= hi) sc[0] = sc[1] = -FLT_MAX;
     if (p0 + g + 8 >= hi) sc[2] = sc[3] = -FLT_MAX;
@@ -659,6 +673,11 @@ bool& attn_mma_decode_enabled() {
   return on;
 }
 
+int& attn_mma_pipe_mode() {
+  static int mode = 2;
+  return mode;
+}
+
 void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void* kc, void* vc, bool kv16,
                int pos0, const int32_t* pos_dev, const float* q, const float* k, const float* v,
                int T, float* o, float* work, int splits, bool pack_gqa, cudaStream_t s, const L2Prefetch* pf) {
@@ -685,10 +704,14 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void
     const size_t smem = sizeof(float) * (kMmaDecWarps * 8 * 256 + kMmaDecWarps * 16);
     static bool attr_set = false;
     if (!attr_set) {
-      CUDA_CHECK(cudaFuncSetAttribute(attn_split_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      CUDA_CHECK(cudaFuncSetAttribute(attn_split_mma_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      CUDA_CHECK(cudaFuncSetAttribute(attn_split_mma_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      CUDA_CHECK(cudaFuncSetAttribute(attn_split_mma_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
       attr_set = true;
     }
-    launch(attn_split_mma_kernel, dim3(splits, d.kv_heads, T), dim3(32 * kMmaDecWarps), smem, s, d,
+    const int pm = attn_mma_pipe_mode();
+    auto kern = pm == 2 ? attn_split_mma_kernel<2> : pm == 1 ? attn_split_mma_kernel<1> : attn_split_mma_kernel<0>;
+    launch(kern, dim3(splits, d.kv_heads, T), dim3(32 * kMmaDecWarps), smem, s, d,
            static_cast<const __half*>(kc), static_cast<const __half*>(vc), pos0, pos_dev, (const float*)qbuf, part);
     CUDA_LAUNCH_CHECK();
   } else if (kv16)

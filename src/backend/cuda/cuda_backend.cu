@@ -527,6 +527,7 @@ class CudaBackend final : public Backend {
     pack_gqa_ = !abl_.has("D6");
     splits_ = abl_.has("D7") ? 1 : 0;   // 0: sized from the SM count
     attn_mma_decode_enabled() = !abl_.has("D20");   // D20: tensor-core split-KV decode (fp16 cache)
+    attn_mma_pipe_mode() = abl_.has("D25") ? 0 : 2;  // D25: D20's V rows with its K rows, K one step ahead
     kv16_ = !abl_.has("D18");           // D18: fp16 KV cache (off = f32); applies to caches allocated later
     // Prefill mixers: P4 off = the decode GDN kernel for every T, P6 off = per-token split-KV
     // attention for every T. Thresholds and the scan's columns per lane come from the environment.
@@ -534,6 +535,7 @@ class CudaBackend final : public Backend {
     prefill_gdn_ = !abl_.has("P4");
     prefill_attn_ = !abl_.has("P6");
     gdn_prep_batched_enabled() = !abl_.has("P9");   // P9: GDN prefill prep with a CTA's loads at once
+    attn_prefill_bk64_enabled() = !abl_.has("P12");   // P12: flash attention prefill with 64-key tiles
     gdn_min_t_ = std::max(2, env_int("LILY_GDN_PREFILL_MIN_T", 2));
     gdn_nc_ = env_int("LILY_GDN_SCAN_NC", 0);
     gdn_chunked_ = abl_.has("P4c") ? 0 : env_int("LILY_GDN_CHUNKED", -1);   // P4c off = the scan
@@ -545,6 +547,9 @@ class CudaBackend final : public Backend {
     attn_bf16_kv_ = env_int("LILY_ATTN_BF16KV", 1) != 0;   // flash attention reads a 16-bit copy of the cache
     attn_bf16_ops_ = env_int("LILY_ATTN_BF16", 0) != 0;    // flash MMA operands bf16 (default fp16)
     kv16_u4_enabled() = env_int("LILY_ATTN_KV16_U4", 0) != 0;   // fp16 split-KV: 4 positions per warp in flight
+    attn_prefill_qreg_enabled() = env_int("LILY_ATTN_QREG", 0) != 0;   // P12 experiment: Q in registers
+    // P12's products: 2 (default) = S and P·V on wgmma, 1 = S only, 0 = both on mma.sync (64-key tiles).
+    attn_prefill_wg_mode() = env_int("LILY_ATTN_WG", 2);
     p1_off_ = abl_.has("P1");   // P1: separate dequantisation pass into bf16 before the GEMM
     // P8: dense 4-bit GEMMs of T >= LILY_P8_MIN_T tokens (default 512) dequantise first as P1 off
     // does: the fused mainloop's per-warp unpacking costs more than one pass over the weights once
@@ -556,6 +561,7 @@ class CudaBackend final : public Backend {
     // end to end than mma.sync at 4K although faster in isolation (docs/CUDA.md). --ablate P1w turns it off.
     gemm_set_wgmma(!abl_.has("P1w") && env_int("LILY_GEMM_WGMMA", 0) != 0);
     gemm_set_skinny(!abl_.has("P7"));   // P7: 32-row projections (in_proj_a/b) on the GEMM from T >= 256
+    gemm_set_wide(!abl_.has("P10"));    // P10: 256-wide CTA tiles on the mma.sync GEMM (gemm.h)
   }
   // Counting starts at the next MoE call of layer 0; counts are per layer.
   void set_expert_histogram(bool on) {

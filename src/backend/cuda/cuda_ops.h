@@ -97,6 +97,8 @@ bool& kv16_u4_enabled();
 // D20: with an fp16 cache, head_dim 256 and 8 query heads per KV head, the decode split-KV pass runs
 // on tensor cores (attn_split_mma_kernel; process-wide switch, ablation D20).
 bool& attn_mma_decode_enabled();
+// D20's load schedule (attn_split_mma_kernel's PM): 2 by default, 0 with ablation D25.
+int& attn_mma_pipe_mode();
 // Workspace floats needed for T tokens (prepared queries + split-KV partials).
 int64_t attention_workspace_floats(const AttnDims& d, int T);
 // `splits`: KV blocks per (token, kv head) for decode (D7); `pack_gqa`: one KV pass per KV head (D6).

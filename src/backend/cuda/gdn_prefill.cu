@@ -28,6 +28,15 @@ struct PrepArgs {
   float *u, *beta, *g;
 };
 
+// Gates of token t, value head j: g = −exp(A_log)·softplus(a + dt_bias), β = σ(b).
+__device__ __forceinline__ void prep_gates(const PrepArgs& p, int t, int j) {
+  const int64_t tj = int64_t(t) * p.d.nv + j;
+  const float av = p.a[tj] + p.dt_bias[j];
+  const float sp = av > 20.f ? av : log1pf(expf(av));
+  p.g[tj] = -expf(p.A_log[j]) * sp;
+  p.beta[tj] = 1.f / (1.f + expf(-p.b[tj]));
+}
+
 // grid (ceil(T / 8), conv_dim / 128), block 128: one thread per channel, 8 consecutive tokens. The
 // q and k channel blocks are exactly one head each, so their l2norm is one block reduction.
 __global__ void __launch_bounds__(kHD) gdn_prep_kernel(const __grid_constant__ PrepArgs p) {
@@ -52,12 +61,7 @@ __global__ void __launch_bounds__(kHD) gdn_prep_kernel(const __grid_constant__ P
       const float ss = block_sum(u * u, red);
       u *= rsqrtf(ss + 1e-6f) * (blk0 < key_dim ? rsqrtf(float(d.dk)) : 1.f);
     } else if (threadIdx.x == 0) {
-      const int j = (blk0 - 2 * key_dim) / d.dv;
-      const int64_t tj = int64_t(t) * d.nv + j;
-      const float av = p.a[tj] + p.dt_bias[j];
-      const float sp = av > 20.f ? av : log1pf(expf(av));
-      p.g[tj] = -expf(p.A_log[j]) * sp;
-      p.beta[tj] = 1.f / (1.f + expf(-p.b[tj]));
+      prep_gates(p, t, (blk0 - 2 * key_dim) / d.dv);
     }
     p.u[int64_t(t) * CD + ch] = u;
   }
@@ -116,12 +120,7 @@ __global__ void __launch_bounds__(kHD) gdn_prep_batched_kernel(const __grid_cons
       u[j] *= rsqrtf(ss + 1e-6f) * qs;
     }
   } else if (threadIdx.x < kPrepTok && t0 + int(threadIdx.x) < p.T) {   // gates of token t0 + thread
-    const int j = (blk0 - 2 * key_dim) / d.dv;
-    const int64_t tj = int64_t(t0 + int(threadIdx.x)) * d.nv + j;
-    const float av = p.a[tj] + p.dt_bias[j];
-    const float sp = av > 20.f ? av : log1pf(expf(av));
-    p.g[tj] = -expf(p.A_log[j]) * sp;
-    p.beta[tj] = 1.f / (1.f + expf(-p.b[tj]));
+    prep_gates(p, t0 + int(threadIdx.x), (blk0 - 2 * key_dim) / d.dv);
   }
 #pragma unroll
   for (int j = 0; j < kPrepTok; ++j)

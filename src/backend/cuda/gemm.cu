@@ -37,7 +37,11 @@ constexpr bool kperm_is_bijection() {
 static_assert(kperm_is_bijection(), "gemm k-order must be a permutation of each 64-column group");
 
 constexpr int kBK = 64;        // K per pipeline stage = one quantisation group
-constexpr int kBN = 128;       // weight rows (output columns) per CTA
+constexpr int kBN = 128;       // weight rows (output columns) per CTA: the wgmma kernel, P10 off
+constexpr int kBNWide = 256;   // P10: the mma.sync kernel's wide tile
+#ifndef LILY_P10_MINB
+#define LILY_P10_MINB 2
+#endif
 constexpr int kStages = 4;
 constexpr int kThreads = 256;
 
@@ -63,6 +67,7 @@ struct GemmArgs {
   GroupedB b;
   const int4* tiles;            // nullptr: plain mode, tile = blockIdx.x
   const int* n_tiles;
+  int raster;                   // plain mode, mma.sync: M tiles per band of the tile order (0: none)
   int mode;
   float* y;
   int64_t ldy;
@@ -147,13 +152,17 @@ __device__ __forceinline__ void dq8_pair(uint32_t wl, uint32_t wh, int bt, float
   lo = pack_bf16(v0 - __low2float(h), v1 - __high2float(h));
 }
 
-template <int BM>
+// Warp layout of a BM x BN CTA tile. BN = 128: 64x32 warp tiles (BM = 128, 64: 2x4 warps; 32: 32x16
+// in 1x8). BN = 256 (P10): 16-bit B at BM = 128 in 2x4 warps of 64x64 (twice the MMAs per ldmatrix
+// of 64x32); 4-bit B, and BM = 64, 32, in 1x8 warps (128x32, 64x32, 32x32), so that every 4-bit
+// weight of the CTA is unpacked by exactly one warp (MT MMAs per unpacked fragment).
+template <int BM, int BN, int BT>
 struct Cfg {
-  static constexpr int WM = BM == 32 ? 1 : 2;           // warps along M
-  static constexpr int WN = 8 / WM;                     // warps along N
-  static constexpr int WTM = BM / WM, WTN = kBN / WN;   // warp tile
+  static constexpr int WM = BM == 32 || (BN == 256 && (BM == 64 || BT == kQ4)) ? 1 : 2;   // warps along M
+  static constexpr int WN = 8 / WM;                                      // warps along N
+  static constexpr int WTM = BM / WM, WTN = BN / WN;                     // warp tile
   static constexpr int MT = WTM / 16, NT = WTN / 8;
-  static_assert(NT % 2 == 0 && MT >= 1, "warp tile");
+  static_assert(NT % 2 == 0 && MT >= 1 && WTN % 16 == 0, "warp tile");
 };
 
 // Bytes of one weight row per stage in shared memory.
@@ -165,41 +174,59 @@ template <int BT>
 constexpr int a_tiles() {
   return BT == kQ8 ? 2 : 1;   // split precision: hi and lo activations
 }
-template <int BM, int BT>
+template <int BM, int BT, int BN>
 constexpr int stage_bytes() {
-  return a_tiles<BT>() * BM * 128 + kBN * brow_bytes<BT>();
+  return a_tiles<BT>() * BM * 128 + BN * brow_bytes<BT>();
 }
 // Extra shared memory of the AM = 2 mode: per row 16 group factors (fp16) and the epilogue factor.
 template <int BM, int AM>
 constexpr int grp_bytes() {
   return AM == kAmF16Grp ? BM * (kMaxGrpK / 64) * 2 + BM * 4 : 0;
 }
-template <int BM, int BT, int AM>
+template <int BM, int BT, int AM, int BN>
 constexpr int smem_bytes() {
-  return kStages * stage_bytes<BM, BT>() + (BT == kBF ? 0 : 2 * 2 * kBN * 16) + grp_bytes<BM, AM>();
+  return kStages * stage_bytes<BM, BT, BN>() + (BT == kBF ? 0 : 2 * 2 * BN * 16) + grp_bytes<BM, AM>();
 }
 constexpr int kSvLd = 68;   // SwiGLU staging tile row stride in floats (64 + 4: fewer bank conflicts)
+// The same for a CTA of BN weight rows (BN / 2 activation columns).
+template <int BN>
+constexpr int sv_ld() {
+  return BN / 2 + 4;
+}
 
 // Swizzled offset of 16-byte chunk c of a 128-byte row r (conflict-free ldmatrix and cp.async).
 __device__ __forceinline__ int swz(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
-template <int BM, int BT, int AM>
-__global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant__ GemmArgs a) {
-  using C = Cfg<BM>;
+// CTAs per SM the register allocation must allow. P10 with 4-bit B, fp16 operands and BM <= 64: 2
+// (the 64x32 warp tiles would take ~190 registers and so one CTA per SM, where BN = 128 runs two of
+// ~120; shared memory allows two: 82 KB each at BM = 64). Not in bf16 (LILY_GEMM_BF16), whose
+// BM = 64 kernel spills at 128 registers.
+template <int BM, int BT, int AM, int BN>
+constexpr int min_ctas() {
+  return BN == 256 && BT == kQ4 && AM != kAmBf16 && BM <= 64 ? LILY_P10_MINB : 1;
+}
+
+template <int BM, int BT, int AM, int BN>
+__global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
+    gemm_kernel(const __grid_constant__ GemmArgs a) {
+  using C = Cfg<BM, BN, BT>;
   constexpr bool F16 = AM != kAmBf16;
   static_assert(!(F16 && BT == kQ8), "8-bit matrices run in bf16 split precision");
   static_assert(AM != kAmF16Grp || BT == kQ4, "per-group A exponents: 4-bit B only");
-  static_assert(BM * kSvLd * 4 <= kStages * stage_bytes<BM, BT>(), "SwiGLU staging tile");
+  static_assert(BN == 128 || BN == 256, "CTA width");
+  constexpr int SVLD = sv_ld<BN>();
+  static_assert(BM * SVLD * 4 <= kStages * stage_bytes<BM, BT, BN>(), "SwiGLU staging tile");
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int RB = brow_bytes<BT>();
-  constexpr int SB = stage_bytes<BM, BT>();
-  constexpr int BCH = kBN * RB / 16 / kThreads;         // B chunks per thread per stage
+  constexpr int SB = stage_bytes<BM, BT, BN>();
+  constexpr int BCH = BN * RB / 16 / kThreads;          // B chunks per thread per stage
   constexpr int ACH = BM * 8 / kThreads;                // A chunks per thread per stage (BM >= 32)
-  static_assert(BCH >= 1 && ACH >= 1, "chunking");
-  uint16_t* sbs = reinterpret_cast<uint16_t*>(smem + kStages * SB);   // [2][kBN][8] scales
-  uint16_t* sbb = sbs + 2 * kBN * 8;                                  // [2][kBN][8] biases
+  constexpr int SBCH = 2 * BN / kThreads;               // scale/bias chunks per thread (every 8th stage)
+  static_assert(BCH >= 1 && ACH >= 1 && SBCH >= 1, "chunking");
+  uint16_t* sbs = reinterpret_cast<uint16_t*>(smem + kStages * SB);   // [2][BN][8] scales
+  uint16_t* sbb = sbs + 2 * BN * 8;                                   // [2][BN][8] biases
   // AM 2: [BM][16] fp16 factors 2^(s_row - s_group) and [BM] epilogue factors 2^-(s_row + 8).
-  uint16_t* sgf = sbb + 2 * kBN * 8;
+  uint16_t* sgf = sbb + 2 * BN * 8;
   float* srf = reinterpret_cast<float*>(sgf + BM * (kMaxGrpK / 64));
 
   pdl_trigger();
@@ -210,15 +237,25 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   const bool plain = a.tiles == nullptr;
   constexpr bool kEarlyB = BT != kBF;
   if (!plain || !kEarlyB) pdl_wait();
+  // (bx, by): this CTA's M tile (or tile-list entry) and N tile. Plain mode with a.raster = R > 0
+  // walks the grid in bands of R M tiles, N tile by N tile inside a band, so that the CTAs running
+  // at once share fewer distinct A and B rows (L2 reuse); R = 0: blockIdx as launched (M fastest).
+  int bx = blockIdx.x, by = blockIdx.y;
+  if (plain && a.raster > 0) {
+    const int lin = blockIdx.x + gridDim.x * blockIdx.y, band = a.raster * gridDim.y;
+    const int m0 = (lin / band) * a.raster, h = min(int(gridDim.x) - m0, a.raster), in = lin % band;
+    bx = m0 + in % h;
+    by = in / h;
+  }
   int group = 0, pos0, rows;
   if (!plain) {
-    if (int(blockIdx.x) >= *a.n_tiles) return;
-    const int4 tl = a.tiles[blockIdx.x];
+    if (bx >= *a.n_tiles) return;
+    const int4 tl = a.tiles[bx];
     group = tl.x;
     pos0 = tl.y;
     rows = tl.z;
   } else {
-    pos0 = blockIdx.x * BM;
+    pos0 = bx * BM;
     rows = min(BM, a.M - pos0);
   }
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -229,10 +266,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   auto b_row = [&](int r, int& mat, int& col) {
     if (a.swiglu) {
       mat = (r >> 3) & 1;
-      col = blockIdx.y * (kBN / 2) + (r >> 4) * 8 + (r & 7);
+      col = by * (BN / 2) + (r >> 4) * 8 + (r & 7);
     } else {
       mat = 0;
-      col = blockIdx.y * kBN + r;
+      col = by * BN + r;
     }
   };
   auto mat_of = [&](int mat) -> const QMat& { return group < a.b.n_groups ? a.b.w[mat] : a.b.extra[mat]; };
@@ -240,41 +277,64 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
   const int64_t gsoff = group < a.b.n_groups ? int64_t(group) * a.b.sb_stride : 0;
   const int64_t row_bytes = BT == kQ4 ? K / 2 : BT == kQ8 ? K : 2 * K;
 
-  const uint8_t* bsrc[BCH];
-  bool bval[BCH];
-  int bdst[BCH];
+  // A thread's B chunk j is 16 bytes of CTA row r0 + j·RPJ (RPJ = a multiple of 16 rows): same
+  // matrix and 16-byte column as chunk 0, output column col0 + j·DCOL (SwiGLU: half as many, the
+  // other half being the other matrix). Up to 4 chunks keep a pointer each; more (8 for BN = 256
+  // with 16-bit B) are recomputed per stage from one pointer (registers for the accumulators).
+  // Swizzled kBF destinations: r & 7 is the same for all chunks.
+  constexpr int RPJ = kThreads * 16 / RB;
+  static_assert(RPJ % 16 == 0, "B chunk rows");
+  const int b_r0 = tid / (RB / 16), b_c = tid % (RB / 16);
+  int b_mat, b_col0;
+  b_row(b_r0, b_mat, b_col0);
+  const int b_dcol = a.swiglu ? RPJ / 2 : RPJ;
+  // Rows past N read nothing (src-size 0) from a valid address: the chunk-0 row clamped to column 0.
+  const uint8_t* b_src0 = static_cast<const uint8_t*>(mat_of(b_mat).data) + goff +
+                          int64_t(b_col0 < a.N ? b_col0 : 0) * row_bytes + b_c * 16;
+  const int b_dst0 = BT == kBF ? swz(b_r0, b_c) : b_r0 * RB + b_c * 16;
+  constexpr bool kBPtrs = BCH <= 4 && BN == kBN;
+  const uint8_t* bsrc[kBPtrs ? BCH : 1];
+  bool bval[kBPtrs ? BCH : 1];
+  if constexpr (kBPtrs) {
 #pragma unroll
-  for (int j = 0; j < BCH; ++j) {
-    const int idx = tid + j * kThreads, r = idx / (RB / 16), c = idx % (RB / 16);
-    int mat, col;
-    b_row(r, mat, col);
-    bval[j] = col < a.N;
-    const QMat& w = mat_of(mat);
-    bsrc[j] = static_cast<const uint8_t*>(w.data) + goff + int64_t(bval[j] ? col : 0) * row_bytes + c * 16;
-    bdst[j] = BT == kBF ? swz(r, c) : r * RB + c * 16;
+    for (int j = 0; j < BCH; ++j) {
+      bval[j] = b_col0 + j * b_dcol < a.N;
+      bsrc[j] = b_src0 + (bval[j] ? int64_t(j * b_dcol) * row_bytes : 0);
+    }
   }
-  // Scales/biases: thread t < 2*kBN loads 16 bytes (8 groups) of one row's scales (t even) or biases.
-  const uint8_t* sbsrc = nullptr;
-  bool sbval = false;
-  uint32_t sbdst = 0;
-  if (BT != kBF && tid < 2 * kBN) {
-    const int r = tid >> 1;
-    int mat, col;
-    b_row(r, mat, col);
-    sbval = col < a.N;
-    const QMat& w = mat_of(mat);
-    const void* base = (tid & 1) ? w.biases : w.scales;
-    sbsrc = static_cast<const uint8_t*>(base) + gsoff + int64_t(sbval ? col : 0) * (K / 64) * 2;
-    sbdst = smem_addr(((tid & 1) ? sbb : sbs) + r * 8);
+  // Scales/biases: chunk idx = tid + j·kThreads < 2·BN loads 16 bytes (8 groups) of row idx >> 1's
+  // scales (idx even) or biases: row r0 + j·128 (same matrix), output column col0 + j·SB_DCOL.
+  const int sb_r0 = tid >> 1;
+  int sb_mat = 0, sb_col0 = 0;
+  b_row(sb_r0, sb_mat, sb_col0);
+  const int sb_dcol = a.swiglu ? kThreads / 4 : kThreads / 2;
+  const uint8_t* sb_src0 = nullptr;
+  if (BT != kBF) {
+    const QMat& w = mat_of(sb_mat);
+    sb_src0 = static_cast<const uint8_t*>((tid & 1) ? w.biases : w.scales) + gsoff +
+              int64_t(sb_col0 < a.N ? sb_col0 : 0) * (K / 64) * 2;
   }
+  const uint32_t sb_dst0 = smem_addr(((tid & 1) ? sbb : sbs) + sb_r0 * 8);
   const uint32_t sm0 = smem_addr(smem);
   auto load_b = [&](int kg) {
-    const uint32_t st = sm0 + (kg % kStages) * SB;
+    const uint32_t st = sm0 + (kg % kStages) * SB + a_tiles<BT>() * BM * 128 + b_dst0;
 #pragma unroll
-    for (int j = 0; j < BCH; ++j)
-      cp_async16(st + a_tiles<BT>() * BM * 128 + bdst[j], bsrc[j] + int64_t(kg) * RB, bval[j]);
-    if (BT != kBF && (kg & 7) == 0 && sbsrc)
-      cp_async16(sbdst + ((kg >> 3) & 1) * kBN * 16, sbsrc + (kg >> 3) * 16, sbval);
+    for (int j = 0; j < BCH; ++j) {
+      if constexpr (kBPtrs) {
+        cp_async16(st + j * RPJ * RB, bsrc[j] + int64_t(kg) * RB, bval[j]);
+      } else {
+        const bool v = b_col0 + j * b_dcol < a.N;
+        cp_async16(st + j * RPJ * RB, b_src0 + (v ? int64_t(j * b_dcol) * row_bytes : 0) + int64_t(kg) * RB, v);
+      }
+    }
+    if (BT != kBF && (kg & 7) == 0) {
+#pragma unroll
+      for (int j = 0; j < SBCH; ++j) {
+        const bool v = sb_col0 + j * sb_dcol < a.N;
+        cp_async16(sb_dst0 + j * (kThreads / 2) * 16 + ((kg >> 3) & 1) * BN * 16,
+                   sb_src0 + (v ? int64_t(j * sb_dcol) * (K / 64) * 2 : 0) + (kg >> 3) * 16, v);
+      }
+    }
   };
   if (plain) {   // uncommitted: they join the first stage's commit group below
 #pragma unroll
@@ -283,11 +343,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     if (kEarlyB) pdl_wait();
   }
   constexpr int AT = a_tiles<BT>();
-  const uint16_t* asrc[ACH];
-  bool aval[ACH];
-  int adst[ACH];
+  // A chunk j: 16 bytes of CTA row m0 + 32j. P10's down GEMM (AM 2: never gathered, rows pos0 + m
+  // contiguous) derives them from one pointer, which keeps BM = 64 at 2 CTAs per SM without spills.
+  constexpr bool kAOne = BN == kBNWide && AM == kAmF16Grp;
+  const uint16_t* asrc[kAOne ? 1 : ACH];
+  bool aval[kAOne ? 1 : ACH];
+  int adst[kAOne ? 1 : ACH];
 #pragma unroll
-  for (int j = 0; j < ACH; ++j) {
+  for (int j = 0; j < (kAOne ? 1 : ACH); ++j) {
     const int idx = tid + j * kThreads, m = idx >> 3, c = idx & 7;
     aval[j] = m < rows;
     int src = 0;
@@ -299,8 +362,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     const uint32_t st = sm0 + (kg % kStages) * SB;
 #pragma unroll
     for (int j = 0; j < ACH; ++j) {
-      cp_async16(st + adst[j], asrc[j] + kg * kBK, aval[j]);
-      if (AT == 2) cp_async16(st + BM * 128 + adst[j], asrc[j] + (a.a_lo - a.a) + kg * kBK, aval[j]);
+      if constexpr (kAOne) {   // row m0 + 32j: swizzle phase unchanged, source 32j rows further
+        const bool v = (tid >> 3) + j * (kThreads / 8) < rows;
+        cp_async16(st + adst[0] + j * (kThreads / 8) * 128, asrc[0] + (v ? int64_t(j) * (kThreads / 8) * K : 0) + kg * kBK,
+                   v);
+      } else {
+        cp_async16(st + adst[j], asrc[j] + kg * kBK, aval[j]);
+        if (AT == 2) cp_async16(st + BM * 128 + adst[j], asrc[j] + (a.a_lo - a.a) + kg * kBK, aval[j]);
+      }
     }
   };
   auto load_stage = [&](int kg) {
@@ -361,7 +430,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     uint32_t s2[C::NT], b2[C::NT];
     float sf[C::NT], bf[C::NT];
     if constexpr (BT != kBF) {
-      const int sbi = ((kg >> 3) & 1) * kBN * 8 + (kg & 7);
+      const int sbi = ((kg >> 3) & 1) * BN * 8 + (kg & 7);
 #pragma unroll
       for (int j = 0; j < C::NT; ++j) {
         const int r = wn0 + 8 * j + g;
@@ -388,70 +457,133 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
         }
       }
     }
-    // AM 2: this group's A factors for the rows g and g + 8 of each m16 tile.
-    uint32_t gf[AM == kAmF16Grp ? C::MT : 1][2];
+    // AM 2: this group's A factors for the rows g and g + 8 of each m16 tile. P10 keeps the two
+    // fp16 factors of an m16 tile in one register (low: row g, high: row g + 8) and duplicates
+    // each per use (one PRMT): 4 registers fewer for BM = 64, which fits 2 CTAs per SM.
+    constexpr bool kGfPacked = BN == kBNWide;
+    uint32_t gf[AM == kAmF16Grp ? C::MT : 1][kGfPacked ? 1 : 2];
     if constexpr (AM == kAmF16Grp) {
 #pragma unroll
-      for (int mt = 0; mt < C::MT; ++mt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-          gf[mt][hh] = uint32_t(sgf[(wm0 + mt * 16 + g + 8 * hh) * (kMaxGrpK / 64) + kg]) * 0x10001u;
+      for (int mt = 0; mt < C::MT; ++mt) {
+        const uint32_t f0 = sgf[(wm0 + mt * 16 + g) * (kMaxGrpK / 64) + kg];
+        const uint32_t f1 = sgf[(wm0 + mt * 16 + g + 8) * (kMaxGrpK / 64) + kg];
+        if constexpr (kGfPacked) {
+          gf[mt][0] = f0 | (f1 << 16);
+        } else {
+          gf[mt][0] = f0 * 0x10001u;
+          gf[mt][1] = f1 * 0x10001u;
+        }
+      }
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {   // k16 steps of the group
-      uint32_t af[C::MT][4], afl[AT == 2 ? C::MT : 1][4];
-#pragma unroll
-      for (int mt = 0; mt < C::MT; ++mt) {
+      // A fragment of m16 tile mt (ldmatrix), AM 2: scaled by the group factors of its rows.
+      auto load_af = [&](int mt, uint32_t* f4) {
         const int r = wm0 + mt * 16 + (lane & 15), c = 2 * i + (lane >> 4);
-        ldsm_x4(a_base + swz(r, c), af[mt]);
-        if constexpr (AT == 2) ldsm_x4(a_base + BM * 128 + swz(r, c), afl[mt]);
+        ldsm_x4(a_base + swz(r, c), f4);
         if constexpr (AM == kAmF16Grp) {   // a0, a2: row g; a1, a3: row g + 8
 #pragma unroll
-          for (int e = 0; e < 4; ++e) af[mt][e] = h2_bits(__hmul2(bits_h2(af[mt][e]), bits_h2(gf[mt][e & 1])));
+          for (int e = 0; e < 4; ++e) {
+            uint32_t f;
+            if constexpr (kGfPacked) f = __byte_perm(gf[mt][0], 0, (e & 1) ? 0x3232 : 0x1010);
+            else f = gf[mt][e & 1];
+            f4[e] = h2_bits(__hmul2(bits_h2(f4[e]), bits_h2(f)));
+          }
         }
-      }
-      uint32_t bfr[C::NT][2], bfl[AT == 2 ? C::NT : 1][2];
-      if constexpr (BT == kBF) {
+      };
+      if constexpr (BT == kQ4 && BN == kBNWide) {
+        // P10, 4-bit: the order of the MMAs (volatile asm, so it fixes the live ranges) keeps the
+        // smaller operand set live: NT <= MT (64x32 warp tiles): all NT unpacked fragments, then
+        // m16 tile by m16 tile with its A fragment loaded just before; else (64x64) all MT A
+        // fragments, then n8 tile by n8 tile unpacked just before. Each accumulator's k-order is
+        // unchanged.
+        if constexpr (C::NT <= C::MT) {
+          uint32_t bq[C::NT][2];
 #pragma unroll
-        for (int p = 0; p < C::NT / 2; ++p) {
-          const int q = lane >> 3;
-          const int r = wn0 + (2 * p + (q >> 1)) * 8 + (lane & 7), c = 2 * i + (q & 1);
-          uint32_t v[4];
-          ldsm_x4(smem_addr(bst) + swz(r, c), v);
-          bfr[2 * p][0] = v[0];
-          bfr[2 * p][1] = v[1];
-          bfr[2 * p + 1][0] = v[2];
-          bfr[2 * p + 1][1] = v[3];
-        }
-      } else if constexpr (BT == kQ4) {
+          for (int j = 0; j < C::NT; ++j) {
+            const uint32_t w = cw[j][i >> 1];
+            bq[j][0] = dq4_pair<F16>(w, 2 * (i & 1), s2[j], b2[j]);
+            bq[j][1] = dq4_pair<F16>(w, 2 * (i & 1) + 1, s2[j], b2[j]);
+          }
 #pragma unroll
-        for (int j = 0; j < C::NT; ++j) {
-          const uint32_t w = cw[j][i >> 1];
-          bfr[j][0] = dq4_pair<F16>(w, 2 * (i & 1), s2[j], b2[j]);
-          bfr[j][1] = dq4_pair<F16>(w, 2 * (i & 1) + 1, s2[j], b2[j]);
-        }
-      } else {
+          for (int mt = 0; mt < C::MT; ++mt) {
+            uint32_t f4[4];
+            load_af(mt, f4);
 #pragma unroll
-        for (int j = 0; j < C::NT; ++j) {
-          const uint32_t wl = cw[j][2 * (i >> 1)], wh = cw[j][2 * (i >> 1) + 1];
-          dq8_pair(wl, wh, 2 * (i & 1), sf[j], bf[j], bfr[j][0], bfl[j][0]);
-          dq8_pair(wl, wh, 2 * (i & 1) + 1, sf[j], bf[j], bfr[j][1], bfl[j][1]);
-        }
-      }
+            for (int j = 0; j < C::NT; ++j) {
+              if constexpr (F16) mma_f16(acc[mt][j], f4, bq[j][0], bq[j][1]);
+              else mma_bf16(acc[mt][j], f4, bq[j][0], bq[j][1]);
+            }
+          }
+        } else {
+          uint32_t af[C::MT][4];
 #pragma unroll
-      for (int mt = 0; mt < C::MT; ++mt)
+          for (int mt = 0; mt < C::MT; ++mt) load_af(mt, af[mt]);
 #pragma unroll
-        for (int j = 0; j < C::NT; ++j) {
-          if constexpr (F16) {
-            mma_f16(acc[mt][j], af[mt], bfr[j][0], bfr[j][1]);
-          } else {
-            mma_bf16(acc[mt][j], af[mt], bfr[j][0], bfr[j][1]);
-            if constexpr (AT == 2) {
-              mma_bf16(acc[mt][j], afl[mt], bfr[j][0], bfr[j][1]);
-              mma_bf16(acc[mt][j], af[mt], bfl[j][0], bfl[j][1]);
+          for (int j = 0; j < C::NT; ++j) {
+            const uint32_t w = cw[j][i >> 1];
+            const uint32_t b0 = dq4_pair<F16>(w, 2 * (i & 1), s2[j], b2[j]);
+            const uint32_t b1 = dq4_pair<F16>(w, 2 * (i & 1) + 1, s2[j], b2[j]);
+#pragma unroll
+            for (int mt = 0; mt < C::MT; ++mt) {
+              if constexpr (F16) mma_f16(acc[mt][j], af[mt], b0, b1);
+              else mma_bf16(acc[mt][j], af[mt], b0, b1);
             }
           }
         }
+      } else {
+        uint32_t af[C::MT][4], afl[AT == 2 ? C::MT : 1][4];
+#pragma unroll
+        for (int mt = 0; mt < C::MT; ++mt) {
+          load_af(mt, af[mt]);
+          if constexpr (AT == 2) {
+            const int r = wm0 + mt * 16 + (lane & 15), c = 2 * i + (lane >> 4);
+            ldsm_x4(a_base + BM * 128 + swz(r, c), afl[mt]);
+          }
+        }
+        uint32_t bfr[C::NT][2], bfl[AT == 2 ? C::NT : 1][2];
+        if constexpr (BT == kBF) {
+#pragma unroll
+          for (int p = 0; p < C::NT / 2; ++p) {
+            const int q = lane >> 3;
+            const int r = wn0 + (2 * p + (q >> 1)) * 8 + (lane & 7), c = 2 * i + (q & 1);
+            uint32_t v[4];
+            ldsm_x4(smem_addr(bst) + swz(r, c), v);
+            bfr[2 * p][0] = v[0];
+            bfr[2 * p][1] = v[1];
+            bfr[2 * p + 1][0] = v[2];
+            bfr[2 * p + 1][1] = v[3];
+          }
+        } else if constexpr (BT == kQ4) {
+#pragma unroll
+          for (int j = 0; j < C::NT; ++j) {
+            const uint32_t w = cw[j][i >> 1];
+            bfr[j][0] = dq4_pair<F16>(w, 2 * (i & 1), s2[j], b2[j]);
+            bfr[j][1] = dq4_pair<F16>(w, 2 * (i & 1) + 1, s2[j], b2[j]);
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < C::NT; ++j) {
+            const uint32_t wl = cw[j][2 * (i >> 1)], wh = cw[j][2 * (i >> 1) + 1];
+            dq8_pair(wl, wh, 2 * (i & 1), sf[j], bf[j], bfr[j][0], bfl[j][0]);
+            dq8_pair(wl, wh, 2 * (i & 1) + 1, sf[j], bf[j], bfr[j][1], bfl[j][1]);
+          }
+        }
+#pragma unroll
+        for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+          for (int j = 0; j < C::NT; ++j) {
+            if constexpr (F16) {
+              mma_f16(acc[mt][j], af[mt], bfr[j][0], bfr[j][1]);
+            } else {
+              mma_bf16(acc[mt][j], af[mt], bfr[j][0], bfr[j][1]);
+              if constexpr (AT == 2) {
+                mma_bf16(acc[mt][j], afl[mt], bfr[j][0], bfr[j][1]);
+                mma_bf16(acc[mt][j], af[mt], bfl[j][0], bfl[j][1]);
+              }
+            }
+          }
+      }
     }
   }
   cp_wait<0>();
@@ -465,7 +597,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
     return 1.f;
   };
   if (BT == kQ4 && a.mode == kSwiGLU) {
-    // 1. silu(gate)·up of the warp's fragments into an f32 [BM][64] tile (pipeline smem reused).
+    // 1. silu(gate)·up of the warp's fragments into an f32 [BM][BN / 2] tile (pipeline smem reused).
     __syncthreads();
     float* sv = reinterpret_cast<float*>(smem);
 #pragma unroll
@@ -479,23 +611,27 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
           const float g0 = rf * acc[mt][2 * p][2 * hh], g1 = rf * acc[mt][2 * p][2 * hh + 1];
           const float u0 = rf * acc[mt][2 * p + 1][2 * hh], u1 = rf * acc[mt][2 * p + 1][2 * hh + 1];
           const float v0 = g0 / (1.f + __expf(-g0)) * u0, v1 = g1 / (1.f + __expf(-g1)) * u1;
-          *reinterpret_cast<float2*>(sv + m * kSvLd + wn0 / 2 + p * 8 + 2 * t) = make_float2(v0, v1);
+          *reinterpret_cast<float2*>(sv + m * SVLD + wn0 / 2 + p * 8 + 2 * t) = make_float2(v0, v1);
         }
       }
     __syncthreads();
-    // 2. Eight threads per row: 16 bytes each in the down GEMM's k-order (coalesced 128-byte
-    //    rows); fp16: the row's exponent for this 64-column group from the max over the 8 threads.
+    // 2. Eight threads per (row, 64-column group): 16 bytes each in the down GEMM's k-order
+    //    (coalesced 128-byte rows); fp16: the row's exponent for this group from the max over the 8
+    //    threads. BN = 256: two groups per CTA, each with its own exponent as with BN = 128.
+    //    (BM · NG is a multiple of 32, so the loop is uniform across a warp for the shuffles.)
+    constexpr int NG = BN / 128;
     const int L0 = 8 * (tid & 7);
-    for (int m = tid >> 3; m < BM; m += kThreads / 8) {
+    for (int mg = tid >> 3; mg < BM * NG; mg += kThreads / 8) {
+      const int m = mg / NG, gi = mg % NG, G = by * NG + gi;   // G: the group's index in the row
       float v[8], amax = 0.f;
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        v[i] = sv[m * kSvLd + gemm_kperm(L0 + i)];
+        v[i] = sv[m * SVLD + gi * 64 + gemm_kperm(L0 + i)];
         amax = fmaxf(amax, fabsf(v[i]));
       }
 #pragma unroll
       for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      if (m >= rows) continue;
+      if (m >= rows || G * 64 >= a.N) continue;
       const int64_t pos = pos0 + m;
       uint32_t o[4];
       if constexpr (F16) {
@@ -503,12 +639,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
         const float up = pow2f(se);
 #pragma unroll
         for (int u = 0; u < 4; ++u) o[u] = h2_bits(__floats2half2_rn(v[2 * u] * up, v[2 * u + 1] * up));
-        if ((tid & 7) == 0) a.act_exp[pos * a.ld_exp + blockIdx.y] = int8_t(se);
+        if ((tid & 7) == 0) a.act_exp[pos * a.ld_exp + G] = int8_t(se);
       } else {
 #pragma unroll
         for (int u = 0; u < 4; ++u) o[u] = pack_bf16(v[2 * u], v[2 * u + 1]);
       }
-      *reinterpret_cast<uint4*>(a.act + pos * a.ld_act + blockIdx.y * (kBN / 2) + L0) = make_uint4(o[0], o[1], o[2], o[3]);
+      *reinterpret_cast<uint4*>(a.act + pos * a.ld_act + G * 64 + L0) = make_uint4(o[0], o[1], o[2], o[3]);
     }
     return;
   }
@@ -528,7 +664,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const __grid_constant
       float* yrow = a.y + orow * a.ldy;
 #pragma unroll
       for (int j = 0; j < C::NT; ++j) {
-        const int n = blockIdx.y * kBN + wn0 + 8 * j + 2 * t;
+        const int n = by * BN + wn0 + 8 * j + 2 * t;
         const float v0 = sc * acc[mt][j][2 * hh], v1 = sc * acc[mt][j][2 * hh + 1];
         if (n + 1 < a.N && (a.ldy & 1) == 0) {
           float2* p = reinterpret_cast<float2*>(yrow + n);
@@ -629,42 +765,61 @@ int sm_count() {
   return sms;
 }
 
-template <int BM, int BT, int AM>
+template <int BM, int BT, int AM, int BN>
 void launch_gemm(const GemmArgs& a, int grid_m, int grid_n, cudaStream_t s) {
   static bool attr = false;
   if (!attr) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<BM, BT, AM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    smem_bytes<BM, BT, AM>()));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<BM, BT, AM, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    smem_bytes<BM, BT, AM, BN>()));
     attr = true;
   }
-  launch(gemm_kernel<BM, BT, AM>, dim3(grid_m, grid_n), dim3(kThreads), size_t(smem_bytes<BM, BT, AM>()), s, a);
+  launch(gemm_kernel<BM, BT, AM, BN>, dim3(grid_m, grid_n), dim3(kThreads), size_t(smem_bytes<BM, BT, AM, BN>()), s,
+         a);
 }
 
-template <int BT, int AM>
+template <int BT, int AM, int BN>
 void launch_bm(int bm, const GemmArgs& a, int grid_m, int grid_n, cudaStream_t s) {
-  if (bm == 128) launch_gemm<128, BT, AM>(a, grid_m, grid_n, s);
-  else if (bm == 64) launch_gemm<64, BT, AM>(a, grid_m, grid_n, s);
-  else launch_gemm<32, BT, AM>(a, grid_m, grid_n, s);
+  if (bm == 128) launch_gemm<128, BT, AM, BN>(a, grid_m, grid_n, s);
+  else if (bm == 64) launch_gemm<64, BT, AM, BN>(a, grid_m, grid_n, s);
+  else launch_gemm<32, BT, AM, BN>(a, grid_m, grid_n, s);
+}
+template <int BT, int AM>
+void launch_bn(int bm, int bn, const GemmArgs& a, int grid_m, int grid_n, cudaStream_t s) {
+  if (bn == kBNWide) launch_bm<BT, AM, kBNWide>(bm, a, grid_m, grid_n, s);
+  else launch_bm<BT, AM, kBN>(bm, a, grid_m, grid_n, s);
 }
 
 int env_int(const char* name, int def);
 
-void launch_any(int bt, int am, int bm, const GemmArgs& a, int grid_m, int grid_n, cudaStream_t s) {
-  if (bt == kQ4 && (am == kAmF16 || (am == kAmF16Grp && env_int("LILY_GEMM_WGMMA_GRP", 0))) && gemm_wgmma()) {
+// The (B type, A mode) pairs that run on the wgmma kernel (128-wide tiles only).
+bool on_wgmma(int bt, int am) {
+  return bt == kQ4 && (am == kAmF16 || (am == kAmF16Grp && env_int("LILY_GEMM_WGMMA_GRP", 0))) && gemm_wgmma();
+}
+
+// bn: the CTA width the caller sized grid_n for (kBNWide only where gemm_bn allows it).
+void launch_any(int bt, int am, int bm, int bn, const GemmArgs& a, int grid_m, int grid_n, cudaStream_t s) {
+  if (on_wgmma(bt, am)) {
+    LILY_CHECK(bn == kBN, "gemm: the wgmma kernel has 128-wide tiles");
     if (am == kAmF16Grp) launch_wgmma_bm<kAmF16Grp>(bm, a, grid_m, grid_n, s);
     else launch_wgmma_bm<kAmF16>(bm, a, grid_m, grid_n, s);
   } else if (bt == kQ4) {
-    if (am == kAmF16Grp) launch_bm<kQ4, kAmF16Grp>(bm, a, grid_m, grid_n, s);
-    else if (am == kAmF16) launch_bm<kQ4, kAmF16>(bm, a, grid_m, grid_n, s);
-    else launch_bm<kQ4, kAmBf16>(bm, a, grid_m, grid_n, s);
+    if (am == kAmF16Grp) launch_bn<kQ4, kAmF16Grp>(bm, bn, a, grid_m, grid_n, s);
+    else if (am == kAmF16) launch_bn<kQ4, kAmF16>(bm, bn, a, grid_m, grid_n, s);
+    else launch_bn<kQ4, kAmBf16>(bm, bn, a, grid_m, grid_n, s);
   } else if (bt == kQ8) {
-    launch_bm<kQ8, kAmBf16>(bm, a, grid_m, grid_n, s);
+    LILY_CHECK(bn == kBN, "gemm: 8-bit matrices have 128-wide tiles");
+    launch_bm<kQ8, kAmBf16, kBN>(bm, a, grid_m, grid_n, s);
   } else {
-    if (am == kAmF16) launch_bm<kBF, kAmF16>(bm, a, grid_m, grid_n, s);
-    else launch_bm<kBF, kAmBf16>(bm, a, grid_m, grid_n, s);
+    if (am == kAmF16) launch_bn<kBF, kAmF16>(bm, bn, a, grid_m, grid_n, s);
+    else launch_bn<kBF, kAmBf16>(bm, bn, a, grid_m, grid_n, s);
   }
   CUDA_LAUNCH_CHECK();
 }
+
+// P10: the CTA width of a call on the mma.sync kernel with 4-bit or 16-bit B. LILY_GEMM_BN=128|256
+// (read per call) forces it; otherwise 256 with P10 on. `wide_ok`: the caller's own condition for
+// the unforced choice (dense GEMMs: enough CTAs). 8-bit B and the wgmma kernel: always 128.
+int gemm_bn(int bt, int am, bool wide_ok);
 
 int env_int(const char* name, int def) {
   const char* v = std::getenv(name);
@@ -690,7 +845,19 @@ bool gemm_ok(const QMat& w) {
 
 namespace {
 bool g_skinny = true;
+bool g_wide = true;
 }
+void gemm_set_wide(bool on) { g_wide = on; }
+bool gemm_wide() { return g_wide; }
+
+namespace {
+int gemm_bn(int bt, int am, bool wide_ok) {
+  if (bt == kQ8 || on_wgmma(bt, am)) return kBN;
+  const int forced = env_int("LILY_GEMM_BN", 0);
+  if (forced == kBN || forced == kBNWide) return forced;
+  return g_wide && wide_ok ? kBNWide : kBN;
+}
+}  // namespace
 void gemm_set_skinny(bool on) { g_skinny = on; }
 int gemm_small_n(int T) {
   const int n = env_int("LILY_GEMM_SMALL_N", 64);
@@ -721,16 +888,32 @@ void gemm(const QMat& w, const GemmA& x, int T, float* y, int64_t ldy, bool accu
   LILY_CHECK(gemm_ok(w), "gemm: unsupported weight matrix");
   LILY_CHECK(w.type != kQ8 || (x.lo && !wb && (x.f16 ? x.hi : x.a)), "gemm: 8-bit weights need the split activations");
   LILY_CHECK(w.type == kQ8 || (x.a && (!x.f16 || x.rs)), "gemm: missing activations");
-  const int gn = (w.rows + kBN - 1) / kBN;
+  int bt = w.type, am = kAmBf16;
+  if (w.type != kQ8) am = x.f16 ? kAmF16 : kAmBf16;
+  if (wb) bt = kBF;
   if (!bm) bm = env_int("LILY_GEMM_BM", 0);
-  if (bm != 32 && bm != 64 && bm != 128) {
-    // Largest M-tile that still fills the GPU (B re-reads fall with BM, idle SMs cost more).
+  const bool bm_forced = bm == 32 || bm == 64 || bm == 128;
+  // Largest M-tile that still fills the GPU (B re-reads fall with BM, idle SMs cost more).
+  auto pick_bm = [&](int gn) {
+    if (bm_forced) return bm;
     auto ctas = [&](int m) { return int64_t((T + m - 1) / m) * gn; };
-    bm = 128;
-    if (ctas(128) < sm_count()) bm = 64;
-    if (bm == 64 && (T <= 32 || ctas(64) < sm_count())) bm = 32;
+    int b = 128;
+    if (ctas(128) < sm_count()) b = 64;
+    if (b == 64 && (T <= 32 || ctas(64) < sm_count())) b = 32;
+    return b;
+  };
+  // P10: 256-wide tiles from T >= LILY_GEMM_BN_MIN_T (default 512) when they still fill the GPU with
+  // BM >= 64 (halving the N tiles must not leave SMs idle: shorter chunks keep 128).
+  int bn = kBN;
+  if (gemm_bn(bt, am, true) == kBNWide) {
+    const bool forced = env_int("LILY_GEMM_BN", 0) == kBNWide;
+    const int b = pick_bm((w.rows + kBNWide - 1) / kBNWide);
+    if (forced || (T >= env_int("LILY_GEMM_BN_MIN_T", 512) && (bm_forced || b >= 64))) bn = kBNWide;
   }
+  const int gn = (w.rows + bn - 1) / bn;
+  bm = pick_bm(gn);
   GemmArgs a{};
+  a.raster = bn == kBNWide ? env_int("LILY_GEMM_RASTER", 0) : 0;
   a.K = w.cols;
   a.M = T;
   a.N = w.rows;
@@ -739,21 +922,18 @@ void gemm(const QMat& w, const GemmA& x, int T, float* y, int64_t ldy, bool accu
   a.mode = accumulate ? kAccum : kStore;
   a.y = y;
   a.ldy = ldy;
-  int bt = w.type, am = kAmBf16;
   if (w.type == kQ8) {
     a.a = x.f16 ? x.hi : x.a;
     a.a_lo = x.lo;
   } else {
     a.a = x.a;
     a.a_scale = x.rs;
-    am = x.f16 ? kAmF16 : kAmBf16;
   }
   if (wb) {
     a.b.w[0].type = kBF;
     a.b.w[0].data = wb;
-    bt = kBF;
   }
-  launch_any(bt, am, bm, a, (T + bm - 1) / bm, gn, s);
+  launch_any(bt, am, bm, bn, a, (T + bm - 1) / bm, gn, s);
 }
 
 void gemm_grouped_swiglu(const GroupedB& b, const GemmA& x, const int* a_rows, const int4* tiles, const int* n_tiles,
@@ -774,7 +954,9 @@ void gemm_grouped_swiglu(const GroupedB& b, const GemmA& x, const int* a_rows, c
   a.act_exp = act_exp;
   a.ld_exp = ld_act / 64;
   LILY_CHECK(a.N % 64 == 0 && ld_act >= a.N && (!x.f16 || (x.rs && act_exp)), "gemm_grouped_swiglu: arguments");
-  launch_any(kQ4, x.f16 ? kAmF16 : kAmBf16, bm, a, max_tiles, (a.N + kBN / 2 - 1) / (kBN / 2), s);
+  // P10: 256-wide tiles = 128 gate + 128 up rows, 128 activation columns (two exponent groups) per CTA.
+  const int am = x.f16 ? kAmF16 : kAmBf16, bn = gemm_bn(kQ4, am, true);
+  launch_any(kQ4, am, bm, bn, a, max_tiles, (a.N + bn / 2 - 1) / (bn / 2), s);
 }
 
 void gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* act_exp, bool f16, const int4* tiles,
@@ -795,7 +977,8 @@ void gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* 
   a.y = y;
   a.ldy = ldy;
   LILY_CHECK(!f16 || (act_exp && a.K <= kMaxGrpK), "gemm_grouped_scatter: fp16 needs the exponents, K <= 1024");
-  launch_any(kQ4, f16 ? kAmF16Grp : kAmBf16, bm, a, max_tiles, (a.N + kBN - 1) / kBN, s);
+  const int am = f16 ? kAmF16Grp : kAmBf16, bn = gemm_bn(kQ4, am, true);
+  launch_any(kQ4, am, bm, bn, a, max_tiles, (a.N + bn - 1) / bn, s);
 }
 
 }  // namespace lily::cuda

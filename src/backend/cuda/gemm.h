@@ -48,6 +48,15 @@ bool gemm_ok(const QMat& w);
 // on, rows >= LILY_GEMM_SKINNY_N (default 32: in_proj_a/b) from T >= LILY_GEMM_SKINNY_T (default
 // 256). shared_expert_gate (1 row) always stays on the GEMV. gemm_set_skinny is the P7 switch.
 void gemm_set_skinny(bool on);
+// P10: the mma.sync kernel computes 128 x 256 (BM = 128) or 64 x 256 tiles instead of BM x 128 for
+// 4-bit and 16-bit B: 64x64 warp tiles (BM = 128) or one warp row (BM = 64, 32), i.e. more MMAs per
+// shared-memory read and per barrier, and each 4-bit weight unpacked by fewer warps. Dense GEMMs
+// take it from T >= LILY_GEMM_BN_MIN_T (512) when the wider grid still fills the GPU with BM >= 64,
+// the MoE's grouped GEMMs always. LILY_GEMM_BN=128|256 (read per call) forces the width (not on
+// the wgmma kernel or for 8-bit B, which stay 128); LILY_GEMM_RASTER=R walks dense 256-wide grids in
+// bands of R M tiles. gemm_set_wide is the P10 switch (on by default).
+void gemm_set_wide(bool on);
+bool gemm_wide();
 int gemm_small_n(int T);
 // gemm_ok(w) and w.rows >= gemm_small_n(T): the prefill matmul path for W at T tokens.
 bool gemm_takes(const QMat& w, int T);

@@ -585,20 +585,25 @@ constexpr int kRouterCols = 2048;   // H: 128 16-byte chunks of 16 codes per row
 // Stages x (kRouterCols floats; gain ⊙ x with D9, adding the thread's share of Σx² to *ss) as
 // gemv_q8_kernel does: chunk ci (16 codes), float4 f -> [(ci/32)*128 + f*32 + ci%32], bytes 1 and
 // 3 of a word pre-scaled by 1/256, plus the plain sum of each chunk. Needs blockDim.x % 32 == 0.
+// One float4 (f = 0..3 of a 16-value chunk held by 4 consecutive lanes) staged for the 8-bit dot:
+// the chunk's plain sum to *sum (lane f == 0), bytes 1 and 3 of a word pre-scaled by 1/256.
+__device__ __forceinline__ float4 q8_stage(float4 v, int f, float* sum) {
+  float s4 = (v.x + v.y) + (v.z + v.w);
+  s4 += __shfl_xor_sync(0xffffffffu, s4, 1);
+  s4 += __shfl_xor_sync(0xffffffffu, s4, 2);
+  if (f == 0) *sum = s4;
+  v.y *= 1.f / 256;
+  v.w *= 1.f / 256;
+  return v;
+}
 // stage_x_q8 from registers (256 threads, 2 float4s each: the router's 2048 columns).
 __device__ __forceinline__ void stage_x_q8_regs(const XRegs<2>& x, float4* sm4, float* xsum) {
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     const int idx = int(threadIdx.x) + 256 * k;
-    float4 v = x.v[k];
-    const int ci = idx >> 2, f = idx & 3;
-    float s4 = (v.x + v.y) + (v.z + v.w);
-    s4 += __shfl_xor_sync(0xffffffffu, s4, 1);
-    s4 += __shfl_xor_sync(0xffffffffu, s4, 2);
-    if (f == 0) xsum[ci] = s4;
-    v.y *= 1.f / 256;
-    v.w *= 1.f / 256;
-    sm4[(ci >> 5) * 128 + f * 32 + (ci & 31)] = v;
+    const float4 v = x.v[k];
+    const int ci = idx >> 2;
+    sm4[(ci >> 5) * 128 + (idx & 3) * 32 + (ci & 31)] = q8_stage(v, idx & 3, xsum + ci);
   }
 }
 
@@ -614,14 +619,8 @@ __device__ __forceinline__ void stage_x_q8(const float* xin, const float* gain, 
       v.z *= g.z;
       v.w *= g.w;
     }
-    const int ci = idx >> 2, f = idx & 3;
-    float s4 = (v.x + v.y) + (v.z + v.w);
-    s4 += __shfl_xor_sync(0xffffffffu, s4, 1);
-    s4 += __shfl_xor_sync(0xffffffffu, s4, 2);
-    if (f == 0) xsum[ci] = s4;
-    v.y *= 1.f / 256;
-    v.w *= 1.f / 256;
-    sm4[(ci >> 5) * 128 + f * 32 + (ci & 31)] = v;
+    const int ci = idx >> 2;
+    sm4[(ci >> 5) * 128 + (idx & 3) * 32 + (ci & 31)] = q8_stage(v, idx & 3, xsum + ci);
   }
 }
 

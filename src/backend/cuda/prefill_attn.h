@@ -110,6 +110,16 @@ int64_t attention_prefill_workspace_floats(const AttnDims& d, int T, int pos0, b
 // and its tiles are read directly (implies fp16 MMA; bf16_kv and f16 are ignored). Else, f32 cache:
 // bf16_kv: the cache rows are converted to 16 bits once per call (otherwise every K/V tile in
 // every CTA). f16: MMA operands in fp16 (|v| < 65504 assumed, saturated), else bf16.
+// P12 (default on): the flash kernel's 16-bit-KV path (fp16 cache, or the per-call 16-bit copy) takes
+// keys in tiles of 64 through a 2-slot cp.async ring; off: tiles of 32 in a 3-slot ring (P6 as first
+// built). The f32-staging path (LILY_ATTN_BF16KV=0 with an f32 cache) keeps tiles of 32 either way.
+bool& attn_prefill_bk64_enabled();
+// Experiment (LILY_ATTN_QREG=1, only with P12): Q fragments kept in registers, 3 slots of 64 keys.
+bool& attn_prefill_qreg_enabled();
+// P12's products (LILY_ATTN_WG, only with P12 and fp16 operands): 2 (default) = S = Q·Kᵀ and O += P·V
+// on wgmma; 1 = S on wgmma, P·V on mma.sync; 0 = both on mma.sync; 3 = 2 with V's descriptor strides
+// exchanged (diagnostic only).
+int& attn_prefill_wg_mode();
 void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_norm, void* kc, void* vc, bool kv16,
                        int pos0, const float* q, const float* k, const float* v, int T, float* o, float* work,
                        bool bf16_kv, bool f16, cudaStream_t s);
