@@ -541,8 +541,11 @@ class CudaBackend final : public Backend {
     gdn_nc_ = env_int("LILY_GDN_SCAN_NC", 0);
     gdn_chunked_ = abl_.has("P4c") ? 0 : env_int("LILY_GDN_CHUNKED", -1);   // P4c off = the scan
     gdn_chunked_min_t_ = std::max(2, env_int("LILY_GDN_CHUNKED_MIN_T", 64));
-    // P11: faster chunked GDN kernels; LILY_GDN_P11 = 1 (per-chunk pass only) or 2 (scan only) for tests.
-    gdn_chunk_p11() = abl_.has("P11") ? 0 : (env_int("LILY_GDN_P11", 3) & 3);
+    // P11: faster chunked GDN kernels; LILY_GDN_P11 = 1 (per-chunk pass only) or 2 (scan only) for
+    // tests, 7 = both with q̂ / k̂ shared by the value heads of a key head (experimental), bit 4 (19)
+    // = scan3: Q~ = diag(γ)Q − PW and O0 = PU precomputed per chunk, the scan keeps only the
+    // state-dependent products.
+    gdn_chunk_p11() = abl_.has("P11") ? 0 : (env_int("LILY_GDN_P11", 3) & 23);
     attn_min_t_ = std::max(1, env_int("LILY_ATTN_PREFILL_MIN_T", 16));
     attn_bf16_kv_ = env_int("LILY_ATTN_BF16KV", 1) != 0;   // flash attention reads a 16-bit copy of the cache
     attn_bf16_ops_ = env_int("LILY_ATTN_BF16", 0) != 0;    // flash MMA operands bf16 (default fp16)

@@ -326,6 +326,13 @@ struct ChunkBufs {
   bf16 *Kh, *Kl;            // [nv][Tp][128] K'
   bf16 *Ph, *Pl;            // [nv][Tp][64]  P (row i of chunk c at row c·kC + i)
   float* gC;                // [nv][nch] γ of the chunk's last token
+  // P11 shared layout (LILY_GDN_P11 bit 2): Q, K planes hold q̂, k̂ unscaled per key head (rows
+  // [nk][Tp], written by the first value head of each key head) and the scan applies the per-row
+  // factors below itself, so the two value heads of a key head share one copy.
+  float *rg, *rk;           // [nv][Tp] γ_i and e^{G_C − G_i}
+  // P11 scan3 (LILY_GDN_P11 bit 4): the Q planes hold Q~ = diag(γ)Q − P W instead of diag(γ)Q, and
+  // O0 = P U; the P planes are not written.
+  float* O0;                // [nv][Tp][128] f32
   int Tp, nch;
 };
 
@@ -353,6 +360,7 @@ struct IntraArgs {
   const float *u, *beta, *g;
   int T;
   ChunkBufs b;
+  int shared;   // P11 shared layout (gdn_chunk_intra2_kernel only)
 };
 constexpr size_t kIntraSmem = sizeof(bf16) * 4 * kC * kRS + sizeof(float) * kC * kAS + sizeof(double) * kC +
                               sizeof(float) * 4 * kC;
@@ -538,7 +546,16 @@ __device__ __forceinline__ void split_pack(float a, float b, uint32_t& h, uint32
   l = *reinterpret_cast<const uint32_t*>(&L);
 }
 
+// kScan3 (P11 bit 4, for gdn_chunk_scan3_kernel): everything of the output that does not depend on
+// the carried state moves here. With M = P T (64×64, lower triangular, fp32 FMAs),
+//   O = diag(γ)Q S₀ + P (U − W S₀) = Q~ S₀ + O0,  Q~ = diag(γ)Q − M diag(βγ) K,  O0 = M diag(β) V,
+// and the two products are the U / W products with T replaced by M (same tiles, same code). P
+// lives transposed in the upper triangle of A's buffer (A is strictly lower, P_is has s ≤ i), then M
+// overwrites it; Q~ is formed in fp32 (γ_i q̂_i from the fp32 input minus the fp32 accumulator) and
+// only then split, so its cancellation (q̂'s components along keys written with β ≈ 1) loses nothing
+// beyond fp32 rounding of the larger terms.
 // grid (nch, nv), block 256 (8 warps), 2 CTAs per SM.
+template <bool kScan3>
 __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_constant__ IntraArgs p) {
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* qh = reinterpret_cast<bf16*>(smraw);   // [kC][kRS] q̂ hi / lo (v hi / lo after the products), k̂ hi / lo
@@ -611,15 +628,33 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
     store_split4(kh + r * kRS + 4 * c4, kl + r * kRS + 4 * c4, kv[it]);
   }
   __syncthreads();
-  // diag(γ) Q and K' from the fp32 registers.
+  if (!kScan3 && p.shared) {
+    // q̂, k̂ once per key head (unscaled), the row factors per value head.
+    if (j % (d.nv / d.nk) == 0) {
+      const int64_t kb = int64_t(khd) * p.b.Tp + t0;
 #pragma unroll
-  for (int it = 0; it < kIt; ++it) {
-    const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
-    const float fq = gam[r], fk = kdec[r];
-    const float4 a = qv[it], b = kv[it];
-    const int64_t o = (rb + r) * kHD + 4 * c4;
-    store_split4(p.b.Qh + o, p.b.Ql + o, make_float4(a.x * fq, a.y * fq, a.z * fq, a.w * fq));
-    store_split4(p.b.Kh + o, p.b.Kl + o, make_float4(b.x * fk, b.y * fk, b.z * fk, b.w * fk));
+      for (int it = 0; it < kIt; ++it) {
+        const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
+        const int64_t o = (kb + r) * kHD + 4 * c4;
+        store_split4(p.b.Qh + o, p.b.Ql + o, qv[it]);
+        store_split4(p.b.Kh + o, p.b.Kl + o, kv[it]);
+      }
+    }
+    if (tid < kC) {
+      p.b.rg[rb + tid] = gam[tid];
+      p.b.rk[rb + tid] = kdec[tid];
+    }
+  } else {
+    // diag(γ) Q (kScan3: Q~, written at the end) and K' from the fp32 registers.
+#pragma unroll
+    for (int it = 0; it < kIt; ++it) {
+      const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
+      const float fq = gam[r], fk = kdec[r];
+      const float4 a = qv[it], b = kv[it];
+      const int64_t o = (rb + r) * kHD + 4 * c4;
+      if (!kScan3) store_split4(p.b.Qh + o, p.b.Ql + o, make_float4(a.x * fq, a.y * fq, a.z * fq, a.w * fq));
+      store_split4(p.b.Kh + o, p.b.Kl + o, make_float4(b.x * fk, b.y * fk, b.z * fk, b.w * fk));
+    }
   }
   if (tid == 0) p.b.gC[int64_t(j) * p.b.nch + c] = gam[kC - 1];
 
@@ -667,8 +702,16 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
           av[e] = s + e < i ? bs[i] * dec * aK[nt][2 * r + e] : 0.f;
           pv[e] = dec * aQ[nt][2 * r + e];
         }
-        *reinterpret_cast<float2*>(Am + i * kAS + s) = make_float2(av[0], av[1]);
-        store_split2(p.b.Ph + (rb + i) * kC + s, p.b.Pl + (rb + i) * kC + s, pv[0], pv[1]);
+        if (kScan3) {   // A strictly below the diagonal, Pᵀ on and above it (disjoint elements)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            if (s + e < i) Am[i * kAS + s + e] = av[e];        // A_{i,s} at [i][s]
+            if (s + e <= i) Am[(s + e) * kAS + i] = pv[e];     // P_{i,s} at [s][i]
+          }
+        } else {
+          *reinterpret_cast<float2*>(Am + i * kAS + s) = make_float2(av[0], av[1]);
+          store_split2(p.b.Ph + (rb + i) * kC + s, p.b.Pl + (rb + i) * kC + s, pv[0], pv[1]);
+        }
       }
   }
   __syncthreads();   // A complete; q̂ hi / lo free
@@ -740,12 +783,43 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
     }
   }
 
-  // U = (T diag β) V (warps 0-3) and W = (T diag βγ) K (warps 4-7). T is lower triangular, so row
-  // block mt costs mt + 1 k-steps: warp (isw, pr, ch) takes row blocks pr and 3 − pr (5 k-steps
-  // together, the same for every warp) × columns 64·ch..64·ch+63. A fragments straight from T in
-  // fp32, scaled per column and split in registers. Rows past T come out zero: their rows of A are
-  // zero, so their rows of T are unit rows, times β = 0.
-  {
+  if (kScan3) {
+    // M = P T (lower triangular) in fp32 FMAs: thread = 4×4 tile, rows 4a.., columns 4bq..; k runs
+    // over 4bq..4a+3 (T_kj = 0 for k < j there: those places are inside diagonal blocks, which the
+    // solve wrote in full); P_ik for k > i is masked (those places of Am hold A).
+    const int a = tid >> 4, bq = tid & 15;
+    float m[4][4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+#pragma unroll
+      for (int f = 0; f < 4; ++f) m[e][f] = 0.f;
+    if (a >= bq) {
+#pragma unroll 4
+      for (int k = 4 * bq; k <= 4 * a + 3; ++k) {
+        const float4 pk = *reinterpret_cast<const float4*>(Am + k * kAS + 4 * a);   // P_{4a+e, k}
+        const float4 tk = *reinterpret_cast<const float4*>(Tm + k * kAS + 4 * bq);  // T_{k, 4bq+f}
+        const float pe[4] = {k <= 4 * a ? pk.x : 0.f, k <= 4 * a + 1 ? pk.y : 0.f, k <= 4 * a + 2 ? pk.z : 0.f, pk.w};
+        const float te[4] = {tk.x, tk.y, tk.z, tk.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+#pragma unroll
+          for (int f = 0; f < 4; ++f) m[e][f] = fmaf(pe[e], te[f], m[e][f]);
+      }
+    }
+    __syncthreads();   // Pᵀ read by everyone: M replaces it, whole 16×16 blocks on and below the diagonal
+    if ((a >> 2) >= (bq >> 2)) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        *reinterpret_cast<float4*>(Am + (4 * a + e) * kAS + 4 * bq) = make_float4(m[e][0], m[e][1], m[e][2], m[e][3]);
+    }
+  }
+
+  // L (T, or M for kScan3's second pass) times [diag(β) V | diag(βγ) K]: warps 0-3 the V part,
+  // warps 4-7 the K part. L is lower triangular, so row block mt costs mt + 1 k-steps: warp (isw,
+  // pr, ch) takes row blocks pr and 3 − pr (5 k-steps together, the same for every warp) × columns
+  // 64·ch..64·ch+63. A fragments straight from L in fp32, scaled per column and split in registers.
+  // epi(isw, row, column, x0, x1) gets the results two columns at a time.
+  auto tri_product = [&](const float* L, auto&& epi) {
     const int isw = warp >> 2, pr = warp & 1, ch = (warp >> 1) & 1, lr = lane & 7, q = lane >> 3;
     const bf16* Bh = isw ? kh : qh;
     const bf16* Bl = isw ? kl : ql;
@@ -768,7 +842,7 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
 #pragma unroll
           for (int rr = 0; rr < 2; ++rr) {   // rows gq (+8)
             const int s = 16 * ks + 2 * tq + 8 * h;
-            const float2 t = *reinterpret_cast<const float2*>(Tm + (16 * mt + gq + 8 * rr) * kAS + s);
+            const float2 t = *reinterpret_cast<const float2*>(L + (16 * mt + gq + 8 * rr) * kAS + s);
             split_pack(t.x * sc[s], t.y * sc[s + 1], ah[2 * h + rr], al[2 * h + rr]);
           }
 #pragma unroll
@@ -784,12 +858,33 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const int64_t o = (rb + 16 * mt + gq + 8 * rr) * kHD + 64 * ch + 8 * nt + 2 * tq;
-          if (isw) store_split2(p.b.Wh + o, p.b.Wl + o, acc[nt][2 * rr], acc[nt][2 * rr + 1]);
-          else *reinterpret_cast<float2*>(p.b.U + o) = make_float2(acc[nt][2 * rr], acc[nt][2 * rr + 1]);
-        }
+        for (int rr = 0; rr < 2; ++rr)
+          epi(isw, 16 * mt + gq + 8 * rr, 64 * ch + 8 * nt + 2 * tq, acc[nt][2 * rr], acc[nt][2 * rr + 1]);
     }
+  };
+
+  // U = (T diag β) V and W = (T diag βγ) K. Rows past T come out zero: their rows of A are zero, so
+  // their rows of T are unit rows, times β = 0.
+  tri_product(Tm, [&](int isw, int i, int col, float x0, float x1) {
+    const int64_t o = (rb + i) * kHD + col;
+    if (isw) store_split2(p.b.Wh + o, p.b.Wl + o, x0, x1);
+    else *reinterpret_cast<float2*>(p.b.U + o) = make_float2(x0, x1);
+  });
+  if (kScan3) {
+    __syncthreads();   // M complete
+    // O0 = M diag(β) V and Q~ = diag(γ) Q − M diag(βγ) K (fp32 difference, then split). Rows past T:
+    // P, hence M, is zero there and so is q̂.
+    tri_product(Am, [&](int isw, int i, int col, float x0, float x1) {
+      const int64_t o = (rb + i) * kHD + col;
+      if (isw) {
+        float2 qq = make_float2(0.f, 0.f);
+        if (i < n) qq = *reinterpret_cast<const float2*>(p.u + int64_t(t0 + i) * CD + khd * kHD + col);
+        const float gi = gam[i];
+        store_split2(p.b.Qh + o, p.b.Ql + o, fmaf(gi, qq.x, -x0), fmaf(gi, qq.y, -x1));
+      } else {
+        *reinterpret_cast<float2*>(p.b.O0 + o) = make_float2(x0, x1);
+      }
+    });
   }
 }
 
@@ -1008,6 +1103,9 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan_kernel(const __grid_con
   conv_shift(d, p.conv_state, p.qkv, p.T);
 }
 
+constexpr size_t kCScan2SharedSmem = kCScanSmem + sizeof(bf16) * 2 * kC * kNS + sizeof(float) * 2 * kC;
+static_assert(kCScan2SharedSmem <= 227 * 1024, "chunk scan (shared q/k): shared memory");
+
 // Bulk (TMA engine) prefetch of `bytes` (multiple of 16, 16-byte aligned) into L2: one instruction
 // per contiguous range, nothing to wait for.
 __device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
@@ -1025,6 +1123,10 @@ __device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) 
 //    before; the nine input planes of chunk c+2 are prefetched into L2 (one bulk prefetch per
 //    plane, spread over the head's CTAs) so that these copies hit L2, not HBM.
 //  - γ_C is loaded at the start of the chunk, not in front of the state update.
+// kShared (P11 bit 2): diag(γ)Q and K' are not in the buffers; q̂, k̂ come unscaled from the key
+// head's rows (shared by its value heads) and the scan applies the row factors: O = diag(γ)(Q̂S) +
+// PΔ, and S ← γ_C S + K̂ᵀ(diag(e^{G_C−G}) Δ) with the scaled Δ as a second tile (10 KB more smem).
+template <bool kShared>
 __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_constant__ CScanArgs p) {
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* Wh = reinterpret_cast<bf16*>(smraw);   // [kC][kRS]
@@ -1040,6 +1142,10 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
   bf16* Dh = Sl + kHD * kNS;                   // [kC][kNS] Δ (token × value column)
   bf16* Dl = Dh + kC * kNS;
   float* Us = reinterpret_cast<float*>(Dl + kC * kNS);   // [kC][kNS]
+  bf16* D2h = reinterpret_cast<bf16*>(Us + kC * kNS);    // kShared: [kC][kNS] diag(e^{G_C−G}) Δ
+  bf16* D2l = D2h + kC * kNS;
+  float* rgs = reinterpret_cast<float*>(D2l + kC * kNS); // kShared: [kC] γ_i, then [kC] e^{G_C−G_i}
+  float* rks = rgs + kC;
   pdl_trigger();
   pdl_wait();
   const GdnDims& d = p.d;
@@ -1049,6 +1155,8 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
   const int lr = lane & 7, q = lane >> 3;
   const int nch = p.b.nch;
   const int64_t hb = int64_t(j) * p.b.Tp;
+  // Rows of the Q / K planes: the value head's, or with kShared its key head's.
+  const int64_t qb = kShared ? int64_t(j / (d.nv / d.nk)) * p.b.Tp : hb;
   const int64_t value_dim = int64_t(d.nv) * kHD;
 
   auto issue_w = [&](int c) {   // W hi / lo and the U slice of chunk c
@@ -1064,9 +1172,13 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
       const int r = idx / (kNB / 4), ch = idx % (kNB / 4);
       cp_async16(Us + r * kNS + 4 * ch, p.b.U + (rb + r) * kHD + c0 + 4 * ch);
     }
+    if (kShared && tid < kC / 2) {   // row factors: 16 × 16 bytes each
+      const int h = tid / (kC / 4), ch = tid % (kC / 4);   // array (γ, decay), 4 floats
+      cp_async16((h ? rks : rgs) + 4 * ch, (h ? p.b.rk : p.b.rg) + rb + 4 * ch);
+    }
   };
-  auto issue_q = [&](int c) {   // diag(γ)Q hi / lo of chunk c
-    const int64_t rb = hb + int64_t(c) * kC;
+  auto issue_q = [&](int c) {   // diag(γ)Q (kShared: q̂) hi / lo of chunk c
+    const int64_t rb = qb + int64_t(c) * kC;
     for (int idx = tid; idx < kC * (kHD / 8); idx += blockDim.x) {
       const int r = idx / (kHD / 8), ch = idx % (kHD / 8);
       const int64_t go = (rb + r) * kHD + 8 * ch;
@@ -1075,15 +1187,15 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
       cp_async16(Ql + so, p.b.Ql + go);
     }
   };
-  auto issue_b = [&](int c) {   // K', P of chunk c into buffer c & 1
-    const int64_t rb = hb + int64_t(c) * kC;
+  auto issue_b = [&](int c) {   // K' (kShared: k̂), P of chunk c into buffer c & 1
+    const int64_t rb = hb + int64_t(c) * kC, kb = qb + int64_t(c) * kC;
     bf16* kh = Kh0 + (c & 1) * kC * kRS;
     bf16* kl = Kl0 + (c & 1) * kC * kRS;
     bf16* ph = Ph0 + (c & 1) * kC * kPS;
     bf16* pl = Pl0 + (c & 1) * kC * kPS;
     for (int idx = tid; idx < kC * (kHD / 8); idx += blockDim.x) {
       const int r = idx / (kHD / 8), ch = idx % (kHD / 8);
-      const int64_t go = (rb + r) * kHD + 8 * ch;
+      const int64_t go = (kb + r) * kHD + 8 * ch;
       cp_async16(kh + r * kRS + 8 * ch, p.b.Kh + go);
       cp_async16(kl + r * kRS + 8 * ch, p.b.Kl + go);
     }
@@ -1101,7 +1213,7 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
     const int64_t r0 = hb + int64_t(cc) * kC;
     if (tid < 6) {
       const bf16* pl = tid == 0 ? p.b.Wh : tid == 1 ? p.b.Wl : tid == 2 ? p.b.Qh : tid == 3 ? p.b.Ql : tid == 4 ? p.b.Kh : p.b.Kl;
-      prefetch_l2_bulk(pl + r0 * kHD, kC * kHD * sizeof(bf16));
+      prefetch_l2_bulk(pl + (tid < 2 ? r0 : qb + int64_t(cc) * kC) * kHD, kC * kHD * sizeof(bf16));
     } else if (tid < 8) {
       prefetch_l2_bulk((tid == 6 ? p.b.Ph : p.b.Pl) + r0 * kC, kC * kC * sizeof(bf16));
     } else {
@@ -1152,7 +1264,9 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
     cp_async_wait<2>();   // everything but q(c) and b(c+1): W/U of chunk c, K'/P of chunk c
     __syncthreads();
 
-    // Phase 1: Δ = U − W S (zero on rows past T: U and W are).
+    // Phase 1: Δ = U − W S (zero on rows past T: U and W are). The warp's S fragments (16 columns,
+    // hi in sf[kk][0..3], lo in sf[kk][4..7]) stay in registers for diag(γ)Q S in phase 2.
+    uint32_t sf[kHD / 16][8];
     {
       float aD[2][4];
 #pragma unroll
@@ -1161,7 +1275,9 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
         for (int e = 0; e < 4; ++e) aD[nt][e] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < kHD / 16; ++kk) {
-        uint32_t sh[4], sl[4], wh[4], wl[4];
+        uint32_t* sh = sf[kk];
+        uint32_t* sl = sf[kk] + 4;
+        uint32_t wh[4], wl[4];
         ldsm_x4_t(sh[0], sh[1], sh[2], sh[3], Sh + boff + 16 * kk * kNS);
         ldsm_x4_t(sl[0], sl[1], sl[2], sl[3], Sl + boff + 16 * kk * kNS);
         ldsm_x4(wh[0], wh[1], wh[2], wh[3], Wh + aoff + 16 * kk);
@@ -1175,9 +1291,16 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
         for (int r = 0; r < 2; ++r) {
           const int i = 16 * mt + gq + 8 * r, col = 16 * nh + 8 * nt + 2 * tq;
           const float2 uv = *reinterpret_cast<const float2*>(Us + i * kNS + col);
-          store_split2(Dh + i * kNS + col, Dl + i * kNS + col, uv.x - aD[nt][2 * r], uv.y - aD[nt][2 * r + 1]);
+          const float d0 = uv.x - aD[nt][2 * r], d1 = uv.y - aD[nt][2 * r + 1];
+          store_split2(Dh + i * kNS + col, Dl + i * kNS + col, d0, d1);
+          if (kShared) {
+            const float f = rks[i];
+            store_split2(D2h + i * kNS + col, D2l + i * kNS + col, d0 * f, d1 * f);
+          }
         }
     }
+    // kShared: this lane's two rows' γ, read before the factors' buffer is reloaded (issue_w below).
+    const float rg0 = kShared ? rgs[16 * mt + gq] : 1.f, rg1 = kShared ? rgs[16 * mt + gq + 8] : 1.f;
     cp_async_wait<1>();   // diag(γ)Q of chunk c too (only b(c+1) may still be in flight)
     __syncthreads();      // Δ complete; W, U free
     if (c + 1 < nch) issue_w(c + 1);
@@ -1201,9 +1324,9 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int kk = 2 * ks + h;
-        uint32_t sh[4], sl[4], qh[4], ql[4];
-        ldsm_x4_t(sh[0], sh[1], sh[2], sh[3], Sh + boff + 16 * kk * kNS);
-        ldsm_x4_t(sl[0], sl[1], sl[2], sl[3], Sl + boff + 16 * kk * kNS);
+        const uint32_t* sh = sf[kk];
+        const uint32_t* sl = sf[kk] + 4;
+        uint32_t qh[4], ql[4];
         ldsm_x4(qh[0], qh[1], qh[2], qh[3], Qh + aoff + 16 * kk);
         ldsm_x4(ql[0], ql[1], ql[2], ql[3], Ql + aoff + 16 * kk);
 #pragma unroll
@@ -1215,10 +1338,19 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
 #pragma unroll
       for (int np = 0; np < 2; ++np) {
         uint32_t dh[4], dl[4];
-        ldsm_x4_t(dh[0], dh[1], dh[2], dh[3], Dh + doff + 16 * ks * kNS + 16 * np);
-        ldsm_x4_t(dl[0], dl[1], dl[2], dl[3], Dl + doff + 16 * ks * kNS + 16 * np);
+        ldsm_x4_t(dh[0], dh[1], dh[2], dh[3], (kShared ? D2h : Dh) + doff + 16 * ks * kNS + 16 * np);
+        ldsm_x4_t(dl[0], dl[1], dl[2], dl[3], (kShared ? D2l : Dl) + doff + 16 * ks * kNS + 16 * np);
         mma_bf16x3(acc_s[2 * np], ah, al, dh[0], dh[1], dl[0], dl[1]);
         mma_bf16x3(acc_s[2 * np + 1], ah, al, dh[2], dh[3], dl[2], dl[3]);
+      }
+    }
+    if (kShared) {   // O = diag(γ) (Q̂ S) so far
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        aO[nt][0] *= rg0;
+        aO[nt][1] *= rg0;
+        aO[nt][2] *= rg1;
+        aO[nt][3] *= rg1;
       }
     }
     // O += P Δ over the tokens s ≤ i (P is zero above the diagonal: k-steps past mt are skipped).
@@ -1256,6 +1388,245 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
   conv_shift(d, p.conv_state, p.qkv, p.T);
 }
 
+// ---- P11 scan3 (LILY_GDN_P11 bit 4): the chunk scan with only the state-dependent work ----------
+// With Q~ and O0 from gdn_chunk_intra2_kernel<true>, a chunk needs
+//   Δ = U − W S,   O = Q~ S + O0,   S ← γ_C S + K'ᵀ Δ,
+// so P, P Δ and its operands leave the scan. Per chunk: one barrier, phase 1 = W S and Q~ S in one
+// pass over S's fragments (four accumulators, each split over even / odd k-steps: 12-deep MMA chains,
+// the split terms interleaved over the accumulators since the asm MMAs keep their order), Δ and y
+// stored; a barrier; phase 2 = the state update (two accumulator sets, 6-deep chains), the new S
+// stored to shared memory at once (nobody reads S in phase 2). W, Q~, K' (hi / lo) are
+// double-buffered and arrive during the whole previous chunk; U and O0 (this CTA's 32 columns) go to
+// registers one chunk ahead; chunk c + 2 is prefetched into L2 as in the scan2 kernel.
+// Shared memory: the 64×128 bf16 tiles are unpadded with the 16-byte chunks XOR-swizzled by row
+// (chunk ch of row r at ch ^ (r & 7): the 8 rows of an ldmatrix matrix hit 8 distinct bank groups),
+// which is what makes 12 of them + S + Δ fit: 227,328 bytes.
+constexpr size_t kCScan3Smem = sizeof(bf16) * (12 * kC * kHD + 2 * kHD * kNS + 2 * kC * kNS);
+static_assert(kCScan3Smem <= 227 * 1024, "chunk scan3: shared memory");
+
+// Element offset of 16-byte chunk ch (0..15) of row r in a swizzled 64×128 bf16 tile.
+__device__ __forceinline__ int swz(int r, int ch) { return r * kHD + ((ch ^ (r & 7)) << 3); }
+
+// grid nv · (128 / kNB), block 256 (8 warps); CTA (j, cb) carries columns c0..c0+31 of head j's state.
+__global__ void __launch_bounds__(256, 1) gdn_chunk_scan3_kernel(const __grid_constant__ CScanArgs p) {
+  extern __shared__ __align__(16) unsigned char smraw[];
+  bf16* tiles = reinterpret_cast<bf16*>(smraw);   // [buffer 2][Wh, Wl, Qh, Ql, Kh, Kl][kC × kHD] swizzled
+  bf16* Sh = tiles + 12 * kC * kHD;                // [kHD][kNS] (state row = dk, column = value)
+  bf16* Sl = Sh + kHD * kNS;
+  bf16* Dh = Sl + kHD * kNS;                       // [kC][kNS] Δ (token × value column)
+  bf16* Dl = Dh + kC * kNS;
+  constexpr int kTile = kC * kHD;
+  pdl_trigger();
+  pdl_wait();
+  const GdnDims& d = p.d;
+  const int nblk = kHD / kNB;
+  const int j = blockIdx.x / nblk, cb = blockIdx.x % nblk, c0 = cb * kNB;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int lr = lane & 7, q = lane >> 3;
+  const int nch = p.b.nch;
+  const int64_t hb = int64_t(j) * p.b.Tp;
+  const int64_t value_dim = int64_t(d.nv) * kHD;
+
+  auto issue = [&](int c) {   // W, Q~, K' hi / lo of chunk c into buffer c & 1 (4 rows × 6 planes per thread)
+    const int64_t rb = hb + int64_t(c) * kC;
+    bf16* dst = tiles + (c & 1) * 6 * kTile;
+#pragma unroll
+    for (int it = 0; it < kC * (kHD / 8) / 256; ++it) {
+      const int idx = tid + 256 * it, r = idx >> 4, ch = idx & 15;
+      const int64_t go = (rb + r) * kHD + 8 * ch;
+      const int so = swz(r, ch);
+      cp_async16(dst + so, p.b.Wh + go);
+      cp_async16(dst + kTile + so, p.b.Wl + go);
+      cp_async16(dst + 2 * kTile + so, p.b.Qh + go);
+      cp_async16(dst + 3 * kTile + so, p.b.Ql + go);
+      cp_async16(dst + 4 * kTile + so, p.b.Kh + go);
+      cp_async16(dst + 5 * kTile + so, p.b.Kl + go);
+    }
+  };
+  const int mt = warp & 3, nh = warp >> 2;   // phase 1: 16 tokens × 16 columns
+  // U and O0 of chunk c at this thread's phase-1 places: index 2·nt + r = row 16mt + gq + 8r,
+  // columns 16nh + 8nt + 2tq (+1).
+  auto load_uo = [&](int c, float2 (&u)[4], float2 (&o)[4]) {
+    const int64_t rb = hb + int64_t(c) * kC;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t go = (rb + 16 * mt + gq + 8 * r) * kHD + c0 + 16 * nh + 8 * nt + 2 * tq;
+        u[2 * nt + r] = __ldg(reinterpret_cast<const float2*>(p.b.U + go));
+        o[2 * nt + r] = __ldg(reinterpret_cast<const float2*>(p.b.O0 + go));
+      }
+  };
+  // Chunk cc's eight planes of head j into L2 (64 contiguous rows each): thread `plane` of the CTA
+  // whose column block is plane % nblk.
+  auto prefetch = [&](int cc) {
+    if (tid >= 8 || tid % nblk != cb) return;
+    const int64_t r0 = hb + int64_t(cc) * kC;
+    if (tid < 6) {
+      const bf16* pl = tid == 0 ? p.b.Wh : tid == 1 ? p.b.Wl : tid == 2 ? p.b.Qh : tid == 3 ? p.b.Ql : tid == 4 ? p.b.Kh : p.b.Kl;
+      prefetch_l2_bulk(pl + r0 * kHD, kC * kHD * sizeof(bf16));
+    } else {
+      prefetch_l2_bulk((tid == 6 ? p.b.U : p.b.O0) + r0 * kHD, kC * kHD * sizeof(float));
+    }
+  };
+
+  if (nch > 1) prefetch(1);
+  issue(0);
+  cp_async_commit();
+  float2 uN[4], oN[4];
+  load_uo(0, uN, oN);
+
+  // This warp's 16 state rows (dk) × 32 columns as an MMA accumulator: row 16·warp + gq (+8),
+  // columns 8·nt + 2·tq (+1).
+  float* Sg = p.S + int64_t(j) * kHD * kHD;
+  float acc_s[4][4];
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      acc_s[nt][e] = Sg[(16 * warp + gq + 8 * (e >> 1)) * kHD + c0 + 8 * nt + 2 * tq + (e & 1)];
+  auto write_s = [&] {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int o = (16 * warp + gq + 8 * r) * kNS + 8 * nt + 2 * tq;
+        store_split2(Sh + o, Sl + o, acc_s[nt][2 * r], acc_s[nt][2 * r + 1]);
+      }
+  };
+  write_s();
+
+  const int boff = (lr + 8 * (q & 1)) * kNS + 16 * nh + 8 * (q >> 1);   // B = S [k][n] (ldmatrix.trans)
+  const int doff = (lr + 8 * (q & 1)) * kNS + 8 * (q >> 1);             // B = Δ, all 32 columns
+  const int arow = 16 * mt + lr + 8 * (q & 1);                           // A = W / Q~ rows (ldmatrix)
+
+  for (int c = 0; c < nch; ++c) {
+    const int t0 = c * kC, n = min(kC, p.T - t0);
+    if (c + 2 < nch) prefetch(c + 2);
+    const float gc = p.b.gC[int64_t(j) * nch + c];
+    float2 u[4], o[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      u[e] = uN[e];
+      o[e] = oN[e];
+    }
+    cp_async_wait<0>();   // W, Q~, K' of chunk c (the only group in flight)
+    __syncthreads();      // ... visible to all; S_c written; chunk c−1 done with Δ and buffer (c+1)&1
+    if (c + 1 < nch) {
+      issue(c + 1);
+      load_uo(c + 1, uN, oN);
+    }
+    cp_async_commit();
+    const bf16* Wt = tiles + (c & 1) * 6 * kTile;
+
+    // Phase 1: Δ = U − W S and O = Q~ S + O0 (16 tokens × 16 columns per warp; accumulator h
+    // takes the k-steps of parity h).
+    {
+      float aD[2][2][4], aO[2][2][4];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) aD[h][nt][e] = aO[h][nt][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kHD / 16; ++kk) {
+        const int h = kk & 1;
+        uint32_t sh[4], sl[4], wh[4], wl[4], qh[4], ql[4];
+        const int ao = swz(arow, 2 * kk + (q >> 1));
+        ldsm_x4_t(sh[0], sh[1], sh[2], sh[3], Sh + boff + 16 * kk * kNS);
+        ldsm_x4_t(sl[0], sl[1], sl[2], sl[3], Sl + boff + 16 * kk * kNS);
+        ldsm_x4(wh[0], wh[1], wh[2], wh[3], Wt + ao);
+        ldsm_x4(wl[0], wl[1], wl[2], wl[3], Wt + kTile + ao);
+        ldsm_x4(qh[0], qh[1], qh[2], qh[3], Wt + 2 * kTile + ao);
+        ldsm_x4(ql[0], ql[1], ql[2], ql[3], Wt + 3 * kTile + ao);
+        // lo·hi, hi·lo, hi·hi (small terms first), each over the four accumulators.
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          mma_bf16(aD[h][nt], wl[0], wl[1], wl[2], wl[3], sh[2 * nt], sh[2 * nt + 1]);
+          mma_bf16(aO[h][nt], ql[0], ql[1], ql[2], ql[3], sh[2 * nt], sh[2 * nt + 1]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          mma_bf16(aD[h][nt], wh[0], wh[1], wh[2], wh[3], sl[2 * nt], sl[2 * nt + 1]);
+          mma_bf16(aO[h][nt], qh[0], qh[1], qh[2], qh[3], sl[2 * nt], sl[2 * nt + 1]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          mma_bf16(aD[h][nt], wh[0], wh[1], wh[2], wh[3], sh[2 * nt], sh[2 * nt + 1]);
+          mma_bf16(aO[h][nt], qh[0], qh[1], qh[2], qh[3], sh[2 * nt], sh[2 * nt + 1]);
+        }
+      }
+      // Δ (zero on rows past T: U and W are) to shared memory, O to y.
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i = 16 * mt + gq + 8 * r, col = 16 * nh + 8 * nt + 2 * tq, x = 2 * nt + r;
+          const float d0 = u[x].x - (aD[0][nt][2 * r] + aD[1][nt][2 * r]);
+          const float d1 = u[x].y - (aD[0][nt][2 * r + 1] + aD[1][nt][2 * r + 1]);
+          store_split2(Dh + i * kNS + col, Dl + i * kNS + col, d0, d1);
+          if (i < n)
+            *reinterpret_cast<float2*>(p.y + int64_t(t0 + i) * value_dim + j * kHD + c0 + col) =
+                make_float2(o[x].x + (aO[0][nt][2 * r] + aO[1][nt][2 * r]),
+                            o[x].y + (aO[0][nt][2 * r + 1] + aO[1][nt][2 * r + 1]));
+        }
+    }
+    __syncthreads();   // Δ complete (and every warp done reading S_c)
+
+    // Phase 2: S ← γ_C S + K'ᵀ Δ (warp = 16 state rows × 32 columns); the odd k-steps go to a
+    // second accumulator set, added at the end.
+    {
+      const bf16* Kt = Wt + 4 * kTile;
+      float acc2[4][4];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          acc_s[nt][e] *= gc;
+          acc2[nt][e] = 0.f;
+        }
+#pragma unroll
+      for (int ks = 0; ks < kC / 16; ++ks) {
+        float(*ac)[4] = (ks & 1) ? acc2 : acc_s;
+        uint32_t ah[4], al[4], dh[2][4], dl[2][4];
+        // A = K'ᵀ from [token][dk] (.trans): tokens 16ks + lr + 8(q>>1), dk 16·warp + 8(q&1).
+        const int ko = swz(16 * ks + lr + 8 * (q >> 1), 2 * warp + (q & 1));
+        ldsm_x4_t(ah[0], ah[1], ah[2], ah[3], Kt + ko);
+        ldsm_x4_t(al[0], al[1], al[2], al[3], Kt + kTile + ko);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          ldsm_x4_t(dh[np][0], dh[np][1], dh[np][2], dh[np][3], Dh + doff + 16 * ks * kNS + 16 * np);
+          ldsm_x4_t(dl[np][0], dl[np][1], dl[np][2], dl[np][3], Dl + doff + 16 * ks * kNS + 16 * np);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+          mma_bf16(ac[nt], al[0], al[1], al[2], al[3], dh[nt >> 1][2 * (nt & 1)], dh[nt >> 1][2 * (nt & 1) + 1]);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+          mma_bf16(ac[nt], ah[0], ah[1], ah[2], ah[3], dl[nt >> 1][2 * (nt & 1)], dl[nt >> 1][2 * (nt & 1) + 1]);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+          mma_bf16(ac[nt], ah[0], ah[1], ah[2], ah[3], dh[nt >> 1][2 * (nt & 1)], dh[nt >> 1][2 * (nt & 1) + 1]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_s[nt][e] += acc2[nt][e];
+    }
+    write_s();   // S_{c+1}: phase 1 of this chunk (its only reader) ended before the barrier above
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      Sg[(16 * warp + gq + 8 * (e >> 1)) * kHD + c0 + 8 * nt + 2 * tq + (e & 1)] = acc_s[nt][e];
+
+  conv_shift(d, p.conv_state, p.qkv, p.T);
+}
+
 ChunkBufs chunk_bufs(const GdnDims& d, int T, float* work) {
   ChunkBufs b;
   b.nch = (T + kC - 1) / kC;
@@ -1274,6 +1645,9 @@ ChunkBufs chunk_bufs(const GdnDims& d, int T, float* work) {
   b.Ph = h; h += rows * kC;
   b.Pl = h; h += rows * kC;
   b.gC = reinterpret_cast<float*>(h);
+  b.rg = b.gC + ((int64_t(d.nv) * b.nch + 63) / 64) * 64;
+  b.rk = b.rg + rows;
+  b.O0 = b.rk + ((rows + 63) / 64) * 64;   // 256-byte aligned (rows are whole chunks: already)
   return b;
 }
 
@@ -1343,8 +1717,10 @@ void gdn_prefill_scan(const GdnDims& d, const float* norm_w, float* conv_state, 
 
 int64_t gdn_chunked_workspace_floats(const GdnDims& d, int T) {
   const int64_t nch = (T + kC - 1) / kC, rows = int64_t(d.nv) * nch * kC;
-  // U (f32) + six bf16 planes of 128 + two bf16 planes of 64 per row, γ_C per (head, chunk).
-  return ((gdn_prefill_workspace_floats(d, T) + 63) / 64) * 64 + rows * (kHD + 3 * kHD + kC) + d.nv * nch + 64;
+  // U (f32) + six bf16 planes of 128 + two bf16 planes of 64 per row, γ_C per (head, chunk), then
+  // the P11 row factors (two floats per row), then O0 (P11 scan3, 128 floats per row).
+  return ((gdn_prefill_workspace_floats(d, T) + 63) / 64) * 64 + rows * (kHD + 3 * kHD + kC) +
+         ((d.nv * nch + 63) / 64) * 64 + 2 * rows + 64 + rows * kHD + 64;
 }
 
 void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s) {
@@ -1356,11 +1732,16 @@ void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s) {
   static bool attr_set = false;
   if (!attr_set) {
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kIntraSmem)));
-    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra2_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kIntra2Smem)));
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra2_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(kIntra2Smem)));
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra2_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(kIntra2Smem)));
     attr_set = true;
   }
-  IntraArgs a{d, u, beta, g, T, b};
-  if (gdn_chunk_p11() & 1) launch(gdn_chunk_intra2_kernel, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P11
+  const int p11 = gdn_chunk_p11();
+  IntraArgs a{d, u, beta, g, T, b, p11 == 7 ? 1 : 0};
+  if (p11 & 16) launch(gdn_chunk_intra2_kernel<true>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P11 scan3
+  else if (p11 & 1) launch(gdn_chunk_intra2_kernel<false>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P11
   else launch(gdn_chunk_intra_kernel, dim3(b.nch, d.nv), dim3(256), kIntraSmem, s, a);
   CUDA_LAUNCH_CHECK();
 }
@@ -1372,11 +1753,17 @@ void gdn_chunked_scan(const GdnDims& d, const float* norm_w, float* conv_state, 
   static bool attr_set = false;
   if (!attr_set) {
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCScanSmem)));
-    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan2_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCScanSmem)));
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan2_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCScanSmem)));
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan2_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(kCScan2SharedSmem)));
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan3_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCScan3Smem)));
     attr_set = true;
   }
   CScanArgs a{d, conv_state, S, qkv, T, b, y};
-  if (gdn_chunk_p11() & 2) launch(gdn_chunk_scan2_kernel, dim3(d.nv * (kHD / kNB)), dim3(256), kCScanSmem, s, a);   // P11
+  const int p11 = gdn_chunk_p11();
+  if (p11 & 16) launch(gdn_chunk_scan3_kernel, dim3(d.nv * (kHD / kNB)), dim3(256), kCScan3Smem, s, a);   // P11 scan3
+  else if (p11 == 7) launch(gdn_chunk_scan2_kernel<true>, dim3(d.nv * (kHD / kNB)), dim3(256), kCScan2SharedSmem, s, a);
+  else if (p11 & 2) launch(gdn_chunk_scan2_kernel<false>, dim3(d.nv * (kHD / kNB)), dim3(256), kCScanSmem, s, a);   // P11
   else launch(gdn_chunk_scan_kernel, dim3(d.nv * (kHD / kNB)), dim3(256), kCScanSmem, s, a);
   CUDA_LAUNCH_CHECK();
   launch(gdn_norm_kernel, dim3(T, d.nv), dim3(kHD), 0, s, d, norm_w, z, T, y);

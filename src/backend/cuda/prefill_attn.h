@@ -92,7 +92,10 @@ void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s);
 // P11: bit 0 = the per-chunk pass with (I + A)⁻¹ formed by 16×16 blocks and applied by split-bf16
 // MMAs (off: forward substitution, one column per thread); bit 1 = the chunk scan with Δ alone in
 // its first phase, rescheduled loads and an L2 prefetch two chunks ahead. 0 = the P4c kernels.
-// Same buffers, same results to rounding; either part works with the other's old form.
+// Same buffers, same results to rounding; either part works with the other's old form. 7 (both +
+// bit 2, experimental): q̂ / k̂ stored once per key head, row factors applied in the scan. Bit 4
+// (scan3, overrides bits 0-2): the per-chunk pass also forms Q~ = diag(γ)Q − P W and O0 = P U, and
+// the scan keeps only Δ = U − W S, O = Q~ S + O0, S ← γ_C S + K'ᵀ Δ.
 int& gdn_chunk_p11();
 void gdn_chunked_scan(const GdnDims& d, const float* norm_w, float* conv_state, float* S, const float* qkv,
                       const float* z, int T, float* work, float* y, cudaStream_t s);
