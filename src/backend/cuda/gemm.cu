@@ -776,6 +776,7 @@ int sm_count() {
   return sms;
 }
 
+int env_int(const char* name, int def);
 #include "backend/cuda/gemm_wg16.cuh"
 
 template <int BM, int BT, int AM, int BN>
@@ -969,7 +970,10 @@ void gemm(const QMat& w, const GemmA& x, int T, float* y, int64_t ldy, bool accu
 }
 
 void gemm_f16_raw(int kernel, const uint16_t* a16, const float* rs, int T, int K, const uint16_t* b16, int N,
-                  float* y, int64_t ldy, bool accumulate, cudaStream_t s) {
+                  float* y, int64_t ldy, bool accumulate) {
+  static cudaStream_t s = nullptr;
+  if (!s) CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaDeviceSynchronize());
   LILY_CHECK(K % kBK == 0 && T > 0 && N > 0, "gemm_f16_raw: K must be a multiple of 64");
   GemmArgs a{};
   a.a = a16;
@@ -987,6 +991,7 @@ void gemm_f16_raw(int kernel, const uint16_t* a16, const float* rs, int T, int K
   a.ldy = ldy;
   if (kernel == 1) launch_wg16(a, s);
   else launch_any(kBF, kAmF16, 128, kBNWide, a, (T + 127) / 128, (N + kBNWide - 1) / kBNWide, s);
+  CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 void gemm_grouped_swiglu(const GroupedB& b, const GemmA& x, const int* a_rows, const int4* tiles, const int* n_tiles,

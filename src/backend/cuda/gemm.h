@@ -94,8 +94,10 @@ void gemm(const QMat& w, const GemmA& x, int T, float* y, int64_t ldy, bool accu
 // Test aid (P13): y[T, N] (row stride ldy) = rs[row]·2^-8 · a·bᵀ (or += when `accumulate`) on raw
 // fp16 device buffers a [T, K], b [N, K] (row-major, K % 64 == 0; any common column order), with
 // kernel 0 = the mma.sync kernel (BM 128, BN 256: what P8 runs without P13), 1 = gemm_wg16_kernel.
+// Synchronous (waits for the device before and after, own stream). Plain C++ signature: the test
+// tool declares it itself (this header is not includable from host-only C++).
 void gemm_f16_raw(int kernel, const uint16_t* a, const float* rs, int T, int K, const uint16_t* b, int N, float* y,
-                  int64_t ldy, bool accumulate, cudaStream_t s);
+                  int64_t ldy, bool accumulate);
 
 // ---- grouped GEMM (used by moe_prefill.cu) -------------------------------------------------
 // Rows are processed in M-tiles listed by a device tile map {group, first row, rows, 0}; the grid

@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(kW16Threads, 1) gemm_wg16_kernel(const __grid_
   }
 }
 
-// One CTA per SM (1 fits: 193 KB of shared memory), each walking tiles blockIdx.x + i·gridDim.x.
+// One CTA per SM (193 KB of shared memory), each walking tiles blockIdx.x + i·gridDim.x.
 void launch_wg16(const GemmArgs& a, cudaStream_t s) {
   static bool attr = false;
   if (!attr) {
@@ -194,7 +194,9 @@ void launch_wg16(const GemmArgs& a, cudaStream_t s) {
     attr = true;
   }
   const int tiles = ((a.M + kW16BM - 1) / kW16BM) * ((a.N + kW16BN - 1) / kW16BN);
-  const int grid = std::min(tiles, sm_count());
+  // LILY_GEMM_WG16_GRID (tests): fewer CTAs, i.e. more tiles per CTA.
+  const int cap = env_int("LILY_GEMM_WG16_GRID", 0);
+  const int grid = std::min(tiles, cap > 0 ? cap : sm_count());
   launch(gemm_wg16_kernel, dim3(grid), dim3(kW16Threads), size_t(W16Cfg::SMEM), s, a);
   CUDA_LAUNCH_CHECK();
 }
