@@ -164,7 +164,8 @@ struct Shape {
 //   rand / accum: random operands and power-of-two row scales against a double reference, store
 //          and += mode (scales, accumulation, pipeline races between stages and tiles).
 // Row scales are 256 (factor rs·2^-8 = 1) in the structured cases. Each runs with the default grid
-// and with LILY_GEMM_WG16_GRID=4 (several tiles per CTA: the persistent loop's phases).
+// and with LILY_GEMM_WG16_GRID=4 (several tiles per CTA: the persistent loop's phases), in the
+// cp.async form and the TMA form (tensor maps: a TMA-only failure is the map or the expect-tx count).
 uint16_t f16_exact(float f) {   // f exactly representable as a normal fp16 (or 0)
   if (f == 0.f) return 0;
   uint32_t u;
@@ -204,7 +205,8 @@ void probe_p13(Backend& gpu, Tally& tally) {
     int k;
     const char* grid;
   };
-  const Case cases[3] = {{"mma.sync", 0, ""}, {"wgmma", 1, ""}, {"wgmma grid 4", 1, "4"}};
+  const Case cases[5] = {
+      {"mma.sync", 0, ""}, {"wgmma", 1, ""}, {"wgmma grid 4", 1, "4"}, {"wgmma tma", 2, ""}, {"tma grid 4", 2, "4"}};
   // Exact cases: count mismatches, show the first ones as (token, column): expected -> got.
   auto exact = [&](const char* name, const std::function<float(int, int)>& want) {
     upload();
@@ -381,9 +383,9 @@ int run(const Options& o) {
         // bn: LILY_GEMM_BN ("": P10's own choice; 128 / 256 forced, not on wgmma nor for 8-bit B).
         // A forced-256 case is also compared with the forced-128 case before it: the same MMAs in
         // the same k-order, so it should be bitwise identical ("== BN128").
-        // wg: LILY_GEMM_WG16 ("": P13's own choice; "0" / "1" forced): P1 off with the wgmma kernel of
-        // P13 forced off, then on (16-bit B at every T), the latter compared with the former
-        // ("== mma.sync P8": bitwise equal, else the largest difference; summation orders differ).
+        // wg: LILY_GEMM_WG16 ("": P13's own choice; "0" / "1" / "2" forced): P1 off with the wgmma kernel
+        // of P13 forced off, then on (16-bit B at every T), then on in its TMA form, each compared with
+        // the first ("== mma.sync P8": bitwise equal, else the largest difference; summation orders differ).
         struct DV {
           int f16, p1;
           const char* bn;
@@ -393,7 +395,8 @@ int run(const Options& o) {
         std::vector<float> ymma;
         for (const DV& v : {DV{1, 0, ""}, DV{1, 1, ""}, DV{1, 2, ""}, DV{0, 0, ""}, DV{0, 1, ""}, DV{1, 1, "128"},
                             DV{1, 1, "256"}, DV{1, 2, "128"}, DV{1, 2, "256"}, DV{0, 0, "128"}, DV{0, 0, "256"},
-                            DV{0, 1, "128"}, DV{0, 1, "256"}, DV{1, 1, "", "0"}, DV{1, 1, "", "1"}}) {
+                            DV{0, 1, "128"}, DV{0, 1, "256"}, DV{1, 1, "", "0"}, DV{1, 1, "", "1"},
+                            DV{1, 1, "", "2"}}) {
           const int f16 = v.f16, p1 = v.p1;
           const std::string bn = v.bn, wg = v.wg;
           if (q8 && !bn.empty()) continue;   // 8-bit B: always 128 wide
@@ -409,7 +412,7 @@ int run(const Options& o) {
           gpu->copy_to_host(y.data(), yd, 4LL * T * N);
           std::string same;
           if (wg == "0") ymma = y;
-          if (wg == "1") {
+          if (wg == "1" || wg == "2") {
             double md = 0;
             for (size_t i = 0; i < y.size(); ++i) md = std::max(md, double(std::fabs(y[i] - ymma[i])));
             same = md == 0 ? "  == mma.sync P8" : "  differs from mma.sync P8 by " + std::to_string(md);
@@ -438,7 +441,7 @@ int run(const Options& o) {
                         f16 ? "fp16" : "bf16", p1 == 1 ? "P1 off" : p1 == 2 ? "fused mma.sync" : f16 ? "default" : "",
                         bn.empty() ? "" : " BN", v.bn);
           if (!wg.empty()) std::snprintf(what + std::strlen(what), sizeof what - std::strlen(what), " P13 %s",
-                                         wg == "1" ? "wgmma" : "off");
+                                         wg == "1" ? "wgmma" : wg == "2" ? "wgmma tma" : "off");
           tally.report(what, e, ee, same, K);
         }
       }
@@ -581,7 +584,8 @@ int run(const Options& o) {
     // and the fused 4-bit path (P8 and P1w off). Whole op as above, then the GEMM kernel alone
     // (profiler events around the launch, mean of 10 calls).
     if (N >= 64 && !s.big) {
-      // "P13 wg16": the P8 path on the wgmma kernel (LILY_GEMM_WG16=1; the other rows force it off).
+      // "P13 wg16" / "P13 wg16 tma": the P8 path on the wgmma kernel (LILY_GEMM_WG16=1 / 2: cp.async /
+      // TMA loads; the other rows force it off).
       struct BV {
         const char* name;
         const char* bn;
@@ -590,7 +594,8 @@ int run(const Options& o) {
         const char* wg = "0";
       };
       for (const BV& b : {BV{"P8 BN128", "128", "", false}, BV{"P8 BN256", "256", "", false},
-                          BV{"P13 wg16", "", "", false, "1"}, BV{"P8 BN256 r8", "256", "8", false},
+                          BV{"P13 wg16", "", "", false, "1"}, BV{"P13 wg16 tma", "", "", false, "2"},
+                          BV{"P8 BN256 r8", "256", "8", false},
                           BV{"P8 BN256 r16", "256", "16", false}, BV{"fused BN128", "128", "", true},
                           BV{"fused BN256", "256", "", true}}) {
         setenv("LILY_GEMM_WG16", b.wg, 1);

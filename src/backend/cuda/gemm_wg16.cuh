@@ -11,6 +11,10 @@
 // of gemm_kernel (fp16 row scale 2^-s · 2^-8), while the producer already fills the ring for the
 // CTA's next tile. Orientation is gemm_kernel's (wgmma M = tokens, N = weight rows), unlike P1w.
 // Both operands are in the mma k-order (gemm.h); a common permutation of K changes nothing.
+// TMA variant (LILY_GEMM_WG16_TMA=1 or LILY_GEMM_WG16=2, opt-in until measured): one producer thread
+// loads each stage with two cp.async.bulk.tensor copies (tensor maps with the 128-byte swizzle, the
+// same smem layout; rows past T or N filled with zeros) that complete on the full mbarrier by
+// transaction count; no per-thread copies, no proxy fence.
 // Included by gemm.cu after gemm_wgmma.cuh (descriptor, mbarrier and fence helpers), inside its
 // anonymous namespace.
 
@@ -42,6 +46,21 @@ __device__ __forceinline__ void wg16_mma(float* d, uint64_t da, uint64_t db) {
       : "l"(da), "l"(db), "r"(1));
 }
 
+// TMA: the tensor maps of A [M, K] (box 64 x 128) and B [N, K] (box 64 x 256), fp16, 128-byte swizzle.
+struct W16Maps {
+  CUtensorMap a, b;
+};
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Box at (column c0, row c1) of the map into shared memory at dst; completes `bytes` on mbarrier bar.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+
 // Tile t of the persistent walk: M tiles fastest, so that the CTAs running at once share the
 // weight tiles (each read from DRAM about once; the activations of a 4K chunk fit in L2 anyway).
 __device__ __forceinline__ void wg16_tile(int t, int gm, int& bx, int& by) {
@@ -49,7 +68,9 @@ __device__ __forceinline__ void wg16_tile(int t, int gm, int& bx, int& by) {
   bx = t - by * gm;
 }
 
-__global__ void __launch_bounds__(kW16Threads, 1) gemm_wg16_kernel(const __grid_constant__ GemmArgs a) {
+template <bool TMA>
+__global__ void __launch_bounds__(kW16Threads, 1)
+    gemm_wg16_kernel(const __grid_constant__ GemmArgs a, const __grid_constant__ W16Maps maps) {
   using C = W16Cfg;
   constexpr int S = C::S, D = C::D;
   extern __shared__ __align__(1024) uint8_t w16_smem_raw[];
@@ -65,7 +86,7 @@ __global__ void __launch_bounds__(kW16Threads, 1) gemm_wg16_kernel(const __grid_
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
-      mbar_init(bar_full + 8 * s, 128);    // every producer thread arrives once per fill
+      mbar_init(bar_full + 8 * s, TMA ? 1 : 128);   // TMA: one arrival + the transaction bytes
       mbar_init(bar_empty + 8 * s, 256);   // every consumer thread arrives once per use
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -76,7 +97,29 @@ __global__ void __launch_bounds__(kW16Threads, 1) gemm_wg16_kernel(const __grid_
   // be read by an earlier kernel: nothing global is touched before the wait.
   pdl_wait();
 
-  if (tid < 128) {
+  if (TMA && tid < 128) {
+    // ---- producer, TMA: thread 0 alone; per step wait for the slot, announce 48 KB, two copies ----
+    if (tid == 0) {
+      const int total = my_tiles * nk;
+      int pos0 = 0, n0 = 0;
+      for (int q = 0; q < total; ++q) {
+        if (q >= S) mbar_wait(bar_empty + 8 * (q % S), ((q / S) + 1) & 1);
+        const int i = q / nk, kg = q - i * nk;
+        if (kg == 0) {
+          int bx, by;
+          wg16_tile(int(blockIdx.x) + i * int(gridDim.x), gm, bx, by);
+          pos0 = bx * kW16BM;
+          n0 = by * kW16BN;
+        }
+        const uint32_t st = sm0 + (q % S) * C::STAGE, fb = bar_full + 8 * (q % S);
+        mbar_expect_tx(fb, C::STAGE);
+        tma_load_2d(st, &maps.a, kg * kBK, pos0, fb);
+        tma_load_2d(st + C::A_BYTES, &maps.b, kg * kBK, n0, fb);
+      }
+    }
+    return;
+  }
+  if (!TMA && tid < 128) {
     // ---- producer warpgroup. Thread (r0 = tid / 8, c = tid % 8) copies 16-byte chunk c of rows
     // r0 + 16j: activation rows j < 8, weight rows j < 16. Its swizzled destination is swz(r0, c)
     // + 2048j (r & 7 is the same for all j). Steps run continuously over the CTA's tiles: global
@@ -186,17 +229,48 @@ __global__ void __launch_bounds__(kW16Threads, 1) gemm_wg16_kernel(const __grid_
   }
 }
 
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no libcuda link needed).
+void wg16_map(CUtensorMap* m, const void* p, int K, int rows, int box_rows) {
+  static PFN_cuTensorMapEncodeTiled_v12000 enc = nullptr;
+  if (!enc) {
+    cudaDriverEntryPointQueryResult q{};
+    void* fn = nullptr;
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+    LILY_CHECK(fn && q == cudaDriverEntryPointSuccess, "gemm: cuTensorMapEncodeTiled not available");
+    enc = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }
+  const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(K) * 2};
+  const cuuint32_t box[2] = {uint32_t(kBK), uint32_t(box_rows)};
+  const cuuint32_t es[2] = {1, 1};
+  const CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<void*>(p), dims, strides, box, es,
+                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  LILY_CHECK(r == CUDA_SUCCESS, "gemm: cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
+}
+
 // One CTA per SM (193 KB of shared memory), each walking tiles blockIdx.x + i·gridDim.x.
-void launch_wg16(const GemmArgs& a, cudaStream_t s) {
+template <bool TMA>
+void launch_wg16_t(const GemmArgs& a, cudaStream_t s) {
   static bool attr = false;
   if (!attr) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, W16Cfg::SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg16_kernel<TMA>, cudaFuncAttributeMaxDynamicSharedMemorySize, W16Cfg::SMEM));
     attr = true;
+  }
+  W16Maps maps;
+  std::memset(&maps, 0, sizeof maps);
+  if (TMA) {
+    wg16_map(&maps.a, a.a, a.K, a.M, kW16BM);
+    wg16_map(&maps.b, a.b.w[0].data, a.K, a.N, kW16BN);
   }
   const int tiles = ((a.M + kW16BM - 1) / kW16BM) * ((a.N + kW16BN - 1) / kW16BN);
   // LILY_GEMM_WG16_GRID (tests): fewer CTAs, i.e. more tiles per CTA.
   const int cap = env_int("LILY_GEMM_WG16_GRID", 0);
   const int grid = std::min(tiles, cap > 0 ? cap : sm_count());
-  launch(gemm_wg16_kernel, dim3(grid), dim3(kW16Threads), size_t(W16Cfg::SMEM), s, a);
+  launch(gemm_wg16_kernel<TMA>, dim3(grid), dim3(kW16Threads), size_t(W16Cfg::SMEM), s, a, maps);
   CUDA_LAUNCH_CHECK();
+}
+void launch_wg16(const GemmArgs& a, bool tma, cudaStream_t s) {
+  if (tma) launch_wg16_t<true>(a, s);
+  else launch_wg16_t<false>(a, s);
 }
