@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
@@ -27,6 +28,10 @@
 #include "model/weights.h"
 #ifdef LILY_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
+namespace lily::cuda {   // backend/cuda/gemm.h (a CUDA header): the P13 test entry, synchronous
+void gemm_f16_raw(int kernel, const uint16_t* a, const float* rs, int T, int K, const uint16_t* b, int N, float* y,
+                  int64_t ldy, bool accumulate);
+}  // namespace lily::cuda
 #endif
 
 namespace lily {
@@ -147,6 +152,153 @@ struct Shape {
   bool big = false;   // lm_head: small T only, reference on row slices
 };
 
+// ---- P13 probe: the wgmma GEMM of the P8 path (gemm_wg16.cuh) on raw fp16 buffers ----------------
+// Structured operands whose exact product names the element that was read, so that one run tells
+// which part of the kernel is wrong (the same cases run on the mma.sync kernel as a control):
+//   kmap:  A[m,k] = 1 at k = km(m) only, B[n,k] = k      -> y = km(m); a wrong value is the k that
+//          met A's one (A and B tiles disagree on the k order: swizzle, descriptor k-offset);
+//   nmap:  A as kmap, B[n,k] = n mod 2048               -> y = n mod 2048; else the weight row that
+//          landed in column n (B layout along N, or the epilogue's columns);
+//   mmap:  A[m,k] = m mod 2048 at k = km(m), B = 1      -> y = m mod 2048; else the token that landed
+//          in row m (A layout along M, or the epilogue's rows);
+//   rand / accum: random operands and power-of-two row scales against a double reference, store
+//          and += mode (scales, accumulation, pipeline races between stages and tiles).
+// Row scales are 256 (factor rs·2^-8 = 1) in the structured cases. Each runs with the default grid
+// and with LILY_GEMM_WG16_GRID=4 (several tiles per CTA: the persistent loop's phases), in the
+// cp.async form and the TMA form (tensor maps: a TMA-only failure is the map or the expect-tx count).
+uint16_t f16_exact(float f) {   // f exactly representable as a normal fp16 (or 0)
+  if (f == 0.f) return 0;
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const int e = int((u >> 23) & 255u) - 127 + 15;
+  return uint16_t(((u >> 16) & 0x8000u) | (uint32_t(e) << 10) | ((u >> 13) & 0x3ffu));
+}
+
+void probe_p13(Backend& gpu, Tally& tally) {
+  const int T = 600, K = 2048, NS = 2112, NR = 576;   // 5 M tiles (last 88 rows); 9 / 3 N tiles (last 64)
+  std::vector<uint16_t> ha(size_t(T) * K), hb(size_t(NS) * K);
+  std::vector<float> fa(size_t(T) * K), fb(size_t(NS) * K), rs(T, 256.f), y(size_t(T) * NS), y0(size_t(T) * NS);
+  auto km = [&](int m) { return (m * 37 + 11) % K; };
+  float* da = gpu.alloc(int64_t(T) * K / 2);
+  float* db = gpu.alloc(int64_t(NS) * K / 2);
+  float* drs = gpu.alloc(T);
+  float* dy = gpu.alloc(int64_t(T) * NS);
+  auto upload = [&] {
+    for (size_t i = 0; i < fa.size(); ++i) ha[i] = f16_exact(fa[i]);
+    for (size_t i = 0; i < fb.size(); ++i) hb[i] = f16_exact(fb[i]);
+    gpu.copy_from_host(da, ha.data(), 2LL * T * K);
+    gpu.copy_from_host(db, hb.data(), 2LL * NS * K);
+    gpu.copy_from_host(drs, rs.data(), 4LL * T);
+  };
+  // Runs kernel `kern` (0 mma.sync, 1 wgmma; grid cap for 1) on N columns, y from y0 (accum) or zero.
+  auto run = [&](int kern, const char* grid, int N, bool accum) {
+    setenv("LILY_GEMM_WG16_GRID", grid, 1);
+    if (accum) gpu.copy_from_host(dy, y0.data(), 4LL * T * N);
+    else gpu.fill_zero(dy, 4LL * T * N);
+    lily::cuda::gemm_f16_raw(kern, reinterpret_cast<const uint16_t*>(da), drs, T, K,
+                             reinterpret_cast<const uint16_t*>(db), N, dy, N, accum);
+    gpu.copy_to_host(y.data(), dy, 4LL * T * N);
+    unsetenv("LILY_GEMM_WG16_GRID");
+  };
+  struct Case {
+    const char* kern;
+    int k;
+    const char* grid;
+  };
+  const Case cases[5] = {
+      {"mma.sync", 0, ""}, {"wgmma", 1, ""}, {"wgmma grid 4", 1, "4"}, {"wgmma tma", 2, ""}, {"tma grid 4", 2, "4"}};
+  // Exact cases: count mismatches, show the first ones as (token, column): expected -> got.
+  auto exact = [&](const char* name, const std::function<float(int, int)>& want) {
+    upload();
+    for (const Case& c : cases) {
+      run(c.k, c.grid, NS, false);
+      int64_t bad = 0;
+      std::string first;
+      for (int m = 0; m < T; ++m)
+        for (int n = 0; n < NS; ++n) {
+          const float w = want(m, n), got = y[size_t(m) * NS + n];
+          if (got == w) continue;
+          if (++bad <= 6) {
+            char b[96];
+            std::snprintf(b, sizeof b, " (%d,%d): %g -> %g", m, n, double(w), double(got));
+            first += b;
+          }
+        }
+      Err e{}, ee{};
+      e.finite = ee.finite = bad == 0;
+      char what[160];
+      std::snprintf(what, sizeof what, "P13 probe %-5s %-12s T=%d N=%d K=%d", name, c.kern, T, NS, K);
+      tally.report(what, e, ee, "  mismatches " + std::to_string(bad) + first);
+    }
+  };
+  std::fill(fa.begin(), fa.end(), 0.f);
+  for (int m = 0; m < T; ++m) fa[size_t(m) * K + km(m)] = 1.f;
+  for (int n = 0; n < NS; ++n)
+    for (int k = 0; k < K; ++k) fb[size_t(n) * K + k] = float(k);
+  exact("kmap", [&](int m, int) { return float(km(m)); });
+  for (int n = 0; n < NS; ++n)
+    for (int k = 0; k < K; ++k) fb[size_t(n) * K + k] = float(n % 2048);
+  exact("nmap", [&](int, int n) { return float(n % 2048); });
+  for (int m = 0; m < T; ++m) fa[size_t(m) * K + km(m)] = float(m % 2048);
+  std::fill(fb.begin(), fb.end(), 1.f);
+  exact("mmap", [&](int m, int) { return float(m % 2048); });
+
+  // Random operands q/256 (exact in fp16), row scales 2^-3..2^3 · 256; y0 random for the += case.
+  std::mt19937 rng(1234);
+  std::uniform_int_distribution<int> q(-256, 256), ex(-3, 3);
+  for (auto& v : fa) v = float(q(rng)) / 256.f;
+  for (auto& v : fb) v = float(q(rng)) / 256.f;
+  for (auto& v : rs) v = std::ldexp(256.f, ex(rng));
+  for (auto& v : y0) v = float(q(rng)) / 16.f;
+  upload();
+  std::vector<double> ref(size_t(T) * NR), mag(size_t(T) * NR);
+  for (int m = 0; m < T; ++m)
+    for (int n = 0; n < NR; ++n) {
+      double sacc = 0, sabs = 0;
+      const float *ar = &fa[size_t(m) * K], *br = &fb[size_t(n) * K];
+      for (int k = 0; k < K; ++k) {
+        sacc += double(ar[k]) * br[k];
+        sabs += std::fabs(double(ar[k]) * br[k]);
+      }
+      const double f = rs[m] / 256.0;
+      ref[size_t(m) * NR + n] = f * sacc;
+      mag[size_t(m) * NR + n] = f * sabs;
+    }
+  std::vector<float> ctrl(size_t(T) * NR);
+  for (int accum = 0; accum < 2; ++accum)
+    for (const Case& c : cases) {
+      run(c.k, c.grid, NR, accum);
+      // Bound per element: 2^-20 of sum |a·b| (f32 accumulation over K = 2048, any order) + the
+      // += rounding; a wrong stage, scale or tile is O(|y|).
+      int64_t bad = 0;
+      double worst = 0, md = 0;
+      std::string first;
+      for (int m = 0; m < T; ++m)
+        for (int n = 0; n < NR; ++n) {
+          const size_t i = size_t(m) * NR + n;
+          const double want = ref[i] + (accum ? y0[i] : 0.0), got = y[i];
+          const double tol = std::ldexp(mag[i], -20) + std::ldexp(std::fabs(want), -22) + 1e-30;
+          const double r = std::fabs(got - want) / tol;
+          worst = std::max(worst, r);
+          if (c.k == 0) ctrl[i] = y[i];
+          else md = std::max(md, double(std::fabs(y[i] - ctrl[i])));
+          if (r > 1 && ++bad <= 4) {
+            char b[96];
+            std::snprintf(b, sizeof b, " (%d,%d): %.6g -> %.6g", m, n, want, got);
+            first += b;
+          }
+        }
+      Err e{}, ee{};
+      e.finite = ee.finite = bad == 0;
+      char what[160], extra[256];
+      std::snprintf(what, sizeof what, "P13 probe %-5s %-12s T=%d N=%d K=%d", accum ? "accum" : "rand", c.kern, T, NR, K);
+      std::snprintf(extra, sizeof extra, "  mismatches %lld, worst error %.2f of bound%s%s", (long long)bad, worst,
+                    c.k == 0 ? "" : (md == 0 ? ", == mma.sync" : (", max |diff| to mma.sync " + std::to_string(md)).c_str()),
+                    first.c_str());
+      tally.report(what, e, ee, extra);
+    }
+}
+
 int run(const Options& o) {
   // wgmma (P1w) is opt-in in the backend; the tests and benches here run it and its ablation.
   setenv("LILY_GEMM_WGMMA", "1", 1);
@@ -192,7 +344,7 @@ int run(const Options& o) {
       {"lm_head", host->lm_head, dev.lm_head, true},
   };
   const bool bench = o.flag("bench");
-  const std::vector<int> Ts = {16, 17, 100, 512, 2048};
+  const std::vector<int> Ts = {16, 17, 100, 512, 600, 2048};
   const int64_t max_x = 4096LL * 4096, max_y = 4096LL * 8192;
   float* xd = gpu->alloc(max_x);
   float* yd = gpu->alloc(max_y);
@@ -204,6 +356,7 @@ int run(const Options& o) {
   };
 
   if (!bench) {
+    probe_p13(*gpu, tally);
     // ---- dense GEMMs ----
     for (const Shape& s : shapes) {
       const int N = int(s.host.rows), K = int(s.host.cols);
@@ -230,19 +383,27 @@ int run(const Options& o) {
         // bn: LILY_GEMM_BN ("": P10's own choice; 128 / 256 forced, not on wgmma nor for 8-bit B).
         // A forced-256 case is also compared with the forced-128 case before it: the same MMAs in
         // the same k-order, so it should be bitwise identical ("== BN128").
+        // wg: LILY_GEMM_WG16 ("": P13's own choice; "0" / "1" / "2" forced): P1 off with the wgmma kernel
+        // of P13 forced off, then on (16-bit B at every T), then on in its TMA form, each compared with
+        // the first ("== mma.sync P8": bitwise equal, else the largest difference; summation orders differ).
         struct DV {
           int f16, p1;
           const char* bn;
+          const char* wg = "";
         };
         const bool q8 = s.host.type == WType::kAffine8;
+        std::vector<float> ymma;
         for (const DV& v : {DV{1, 0, ""}, DV{1, 1, ""}, DV{1, 2, ""}, DV{0, 0, ""}, DV{0, 1, ""}, DV{1, 1, "128"},
                             DV{1, 1, "256"}, DV{1, 2, "128"}, DV{1, 2, "256"}, DV{0, 0, "128"}, DV{0, 0, "256"},
-                            DV{0, 1, "128"}, DV{0, 1, "256"}}) {
+                            DV{0, 1, "128"}, DV{0, 1, "256"}, DV{1, 1, "", "0"}, DV{1, 1, "", "1"},
+                            DV{1, 1, "", "2"}}) {
           const int f16 = v.f16, p1 = v.p1;
-          const std::string bn = v.bn;
+          const std::string bn = v.bn, wg = v.wg;
           if (q8 && !bn.empty()) continue;   // 8-bit B: always 128 wide
+          if (q8 && !wg.empty()) continue;   // 8-bit B: no 16-bit copy, no P13
           set_gemm_precision(f16);
           setenv("LILY_GEMM_BN", v.bn, 1);
+          setenv("LILY_GEMM_WG16", v.wg, 1);
           set_abl(p1 == 1   ? std::vector<std::string>{"P1"}
                   : p1 == 2 ? std::vector<std::string>{"P1w", "P8"}
                             : std::vector<std::string>{});
@@ -250,6 +411,12 @@ int run(const Options& o) {
           gpu->matmul(s.dev, xd, T, yd);
           gpu->copy_to_host(y.data(), yd, 4LL * T * N);
           std::string same;
+          if (wg == "0") ymma = y;
+          if (wg == "1" || wg == "2") {
+            double md = 0;
+            for (size_t i = 0; i < y.size(); ++i) md = std::max(md, double(std::fabs(y[i] - ymma[i])));
+            same = md == 0 ? "  == mma.sync P8" : "  differs from mma.sync P8 by " + std::to_string(md);
+          }
           if (bn == "128") y128 = y;
           if (bn == "256") {
             double md = 0;
@@ -273,11 +440,14 @@ int run(const Options& o) {
           std::snprintf(what, sizeof what, "gemm %-26s %6dx%-4d T=%-4d %s %s%s%s", s.name.c_str(), N, K, T,
                         f16 ? "fp16" : "bf16", p1 == 1 ? "P1 off" : p1 == 2 ? "fused mma.sync" : f16 ? "default" : "",
                         bn.empty() ? "" : " BN", v.bn);
+          if (!wg.empty()) std::snprintf(what + std::strlen(what), sizeof what - std::strlen(what), " P13 %s",
+                                         wg == "1" ? "wgmma" : wg == "2" ? "wgmma tma" : "off");
           tally.report(what, e, ee, same, K);
         }
       }
     }
     unsetenv("LILY_GEMM_BN");
+    unsetenv("LILY_GEMM_WG16");
     set_abl({});
 
     // ---- MoE block ----
@@ -414,15 +584,21 @@ int run(const Options& o) {
     // and the fused 4-bit path (P8 and P1w off). Whole op as above, then the GEMM kernel alone
     // (profiler events around the launch, mean of 10 calls).
     if (N >= 64 && !s.big) {
+      // "P13 wg16" / "P13 wg16 tma": the P8 path on the wgmma kernel (LILY_GEMM_WG16=1 / 2: cp.async /
+      // TMA loads; the other rows force it off).
       struct BV {
         const char* name;
         const char* bn;
         const char* raster;
         bool fused;
+        const char* wg = "0";
       };
       for (const BV& b : {BV{"P8 BN128", "128", "", false}, BV{"P8 BN256", "256", "", false},
-                          BV{"P8 BN256 r8", "256", "8", false}, BV{"P8 BN256 r16", "256", "16", false},
-                          BV{"fused BN128", "128", "", true}, BV{"fused BN256", "256", "", true}}) {
+                          BV{"P13 wg16", "", "", false, "1"}, BV{"P13 wg16 tma", "", "", false, "2"},
+                          BV{"P8 BN256 r8", "256", "8", false},
+                          BV{"P8 BN256 r16", "256", "16", false}, BV{"fused BN128", "128", "", true},
+                          BV{"fused BN256", "256", "", true}}) {
+        setenv("LILY_GEMM_WG16", b.wg, 1);
         set_gemm_precision(true);
         set_abl(b.fused ? std::vector<std::string>{"P1w", "P8"} : std::vector<std::string>{"P1w"});
         setenv("LILY_GEMM_BM", "", 1);
@@ -445,6 +621,7 @@ int run(const Options& o) {
       }
       unsetenv("LILY_GEMM_BN");
       unsetenv("LILY_GEMM_RASTER");
+      unsetenv("LILY_GEMM_WG16");
     }
     // Split of one call into conversion and GEMM (profiler events), fp16 vs bf16: where the fp16
     // path's extra time goes.

@@ -18,6 +18,8 @@
 // 8-bit matrices (the router and the shared-expert gate) run in split precision: x = x_hi + x_lo
 // and w = w_hi + w_lo as bf16 pairs, three MMAs per fragment (hi·hi + lo·hi + hi·lo), ~16-bit
 // mantissas, so that top-k routing agrees with the f32 reference except at exact near-ties.
+#include <cuda.h>   // CUtensorMap (P13's TMA variant; encoded through the runtime's driver entry point)
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -776,6 +778,9 @@ int sm_count() {
   return sms;
 }
 
+int env_int(const char* name, int def);
+#include "backend/cuda/gemm_wg16.cuh"
+
 template <int BM, int BT, int AM, int BN>
 void launch_gemm(const GemmArgs& a, int grid_m, int grid_n, cudaStream_t s) {
   static bool attr = false;
@@ -841,7 +846,24 @@ int env_int(const char* name, int def) {
 
 namespace {
 bool g_wgmma = false;
+bool g_wg16 = true;
+// P13: whether a 16-bit-B fp16 GEMM of T x N x K runs on gemm_wg16_kernel. LILY_GEMM_WG16=0/1/2 (read
+// per call) forces it off / on / on with TMA loads; otherwise P13 on, no LILY_GEMM_BN forcing (an
+// mma.sync knob) and at least LILY_GEMM_WG16_MIN_TILES (default 3/4 of the SMs) 128x256 tiles: below
+// that the mma.sync kernel's 64-token tiles fill the GPU better.
+bool wg16_takes(int T, int N, int K) {
+  if (K % kBK != 0 || T <= 0 || N <= 0) return false;
+  const int forced = env_int("LILY_GEMM_WG16", -1);
+  if (forced >= 0 && forced <= 2) return forced >= 1;
+  if (!g_wg16 || env_int("LILY_GEMM_BN", 0) != 0) return false;
+  const int64_t tiles = int64_t((T + kW16BM - 1) / kW16BM) * ((N + kW16BN - 1) / kW16BN);
+  return tiles >= env_int("LILY_GEMM_WG16_MIN_TILES", sm_count() * 3 / 4);
 }
+// The TMA form of the P13 kernel: LILY_GEMM_WG16=2 or LILY_GEMM_WG16_TMA=1 (opt-in, read per call).
+bool wg16_tma() { return env_int("LILY_GEMM_WG16", -1) == 2 || env_int("LILY_GEMM_WG16_TMA", 0) != 0; }
+}  // namespace
+void gemm_set_wg16(bool on) { g_wg16 = on; }
+bool gemm_wg16() { return g_wg16; }
 void gemm_set_wgmma(bool on) { g_wgmma = on; }
 bool gemm_wgmma() { return g_wgmma; }
 
@@ -944,7 +966,36 @@ void gemm(const QMat& w, const GemmA& x, int T, float* y, int64_t ldy, bool accu
     a.b.w[0].type = kBF;
     a.b.w[0].data = wb;
   }
+  if (wb && am == kAmF16 && wg16_takes(T, w.rows, w.cols)) {   // P13
+    launch_wg16(a, wg16_tma(), s);
+    return;
+  }
   launch_any(bt, am, bm, bn, a, (T + bm - 1) / bm, gn, s);
+}
+
+void gemm_f16_raw(int kernel, const uint16_t* a16, const float* rs, int T, int K, const uint16_t* b16, int N,
+                  float* y, int64_t ldy, bool accumulate) {
+  static cudaStream_t s = nullptr;
+  if (!s) CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  LILY_CHECK(K % kBK == 0 && T > 0 && N > 0, "gemm_f16_raw: K must be a multiple of 64");
+  GemmArgs a{};
+  a.a = a16;
+  a.a_scale = rs;
+  a.K = K;
+  a.M = T;
+  a.N = N;
+  a.b.w[0].type = kBF;
+  a.b.w[0].rows = N;
+  a.b.w[0].cols = K;
+  a.b.w[0].data = b16;
+  a.b.n_groups = 1;
+  a.mode = accumulate ? kAccum : kStore;
+  a.y = y;
+  a.ldy = ldy;
+  if (kernel >= 1) launch_wg16(a, kernel == 2, s);
+  else launch_any(kBF, kAmF16, 128, kBNWide, a, (T + 127) / 128, (N + kBNWide - 1) / kBNWide, s);
+  CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 void gemm_grouped_swiglu(const GroupedB& b, const GemmA& x, const int* a_rows, const int4* tiles, const int* n_tiles,

@@ -57,6 +57,15 @@ void gemm_set_skinny(bool on);
 // bands of R M tiles. gemm_set_wide is the P10 switch (on by default).
 void gemm_set_wide(bool on);
 bool gemm_wide();
+// P13: dense GEMMs on the 16-bit weight copy (P8, P1 off) with fp16 operands run on a Hopper wgmma
+// kernel (gemm_wg16.cuh: persistent, producer warpgroup + 2 consumer warpgroups on m64n256k16,
+// 128 x 256 tiles) instead of the mma.sync kernel, when the grid has at least
+// LILY_GEMM_WG16_MIN_TILES (default 3/4 of the SMs) such tiles. LILY_GEMM_WG16=0/1 (read per call)
+// forces it off/on for any shape (2: on, TMA form); a forced LILY_GEMM_BN keeps mma.sync. The TMA
+// form (one thread loads a stage with two tensor copies instead of 128 threads with cp.async) is
+// opt-in: LILY_GEMM_WG16_TMA=1. gemm_set_wg16 is the P13 switch (on by default).
+void gemm_set_wg16(bool on);
+bool gemm_wg16();
 int gemm_small_n(int T);
 // gemm_ok(w) and w.rows >= gemm_small_n(T): the prefill matmul path for W at T tokens.
 bool gemm_takes(const QMat& w, int T);
@@ -83,6 +92,14 @@ void gemm_dequant(const QMat& w, bool f16, uint16_t* wb, cudaStream_t s);
 // and the grid size (LILY_GEMM_BM overrides).
 void gemm(const QMat& w, const GemmA& x, int T, float* y, int64_t ldy, bool accumulate, const uint16_t* wb, int bm,
           cudaStream_t s);
+// Test aid (P13): y[T, N] (row stride ldy) = rs[row]·2^-8 · a·bᵀ (or += when `accumulate`) on raw
+// fp16 device buffers a [T, K], b [N, K] (row-major, K % 64 == 0; any common column order), with
+// kernel 0 = the mma.sync kernel (BM 128, BN 256: what P8 runs without P13), 1 = gemm_wg16_kernel,
+// 2 = its TMA form.
+// Synchronous (waits for the device before and after, own stream). Plain C++ signature: the test
+// tool declares it itself (this header is not includable from host-only C++).
+void gemm_f16_raw(int kernel, const uint16_t* a, const float* rs, int T, int K, const uint16_t* b, int N, float* y,
+                  int64_t ldy, bool accumulate);
 
 // ---- grouped GEMM (used by moe_prefill.cu) -------------------------------------------------
 // Rows are processed in M-tiles listed by a device tile map {group, first row, rows, 0}; the grid
