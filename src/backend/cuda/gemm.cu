@@ -311,8 +311,12 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
   // Rows past N read nothing (src-size 0) from a valid address: the chunk-0 row clamped to column 0.
   const uint8_t* b_src0 = static_cast<const uint8_t*>(mat_of(b_mat).data) + goff +
                           int64_t(b_col0 < a.N ? b_col0 : 0) * row_bytes + b_c * 16;
+  // 512 wide: bytes between chunks j and j + 1 (< 2^31 / 3 for the MoE's K: 32-bit offsets).
+  [[maybe_unused]] const int b_jstride = int(b_dcol * row_bytes);
   const int b_dst0 = BT == kBF ? swz(b_r0, b_c) : b_r0 * RB + b_c * 16;
   constexpr bool kBPtrs = BCH <= 4 && BN == kBN;
+  // 512 wide: N is a multiple of the tile (the launcher checks), so no B row is past N (registers).
+  constexpr bool kBFull = BN == kBNMoe;
   const uint8_t* bsrc[kBPtrs ? BCH : 1];
   bool bval[kBPtrs ? BCH : 1];
   if constexpr (kBPtrs) {
@@ -343,14 +347,18 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
       if constexpr (kBPtrs) {
         cp_async16(st + j * RPJ * RB, bsrc[j] + int64_t(kg) * RB, bval[j]);
       } else {
-        const bool v = b_col0 + j * b_dcol < a.N;
-        cp_async16(st + j * RPJ * RB, b_src0 + (v ? int64_t(j * b_dcol) * row_bytes : 0) + int64_t(kg) * RB, v);
+        if constexpr (kBFull) {
+          cp_async16(st + j * RPJ * RB, b_src0 + j * b_jstride + kg * RB, true);
+        } else {
+          const bool v = b_col0 + j * b_dcol < a.N;
+          cp_async16(st + j * RPJ * RB, b_src0 + (v ? int64_t(j * b_dcol) * row_bytes : 0) + int64_t(kg) * RB, v);
+        }
       }
     }
     if (BT != kBF && (kg & 7) == 0) {
 #pragma unroll
       for (int j = 0; j < SBCH; ++j) {
-        const bool v = sb_col0 + j * sb_dcol < a.N;
+        const bool v = kBFull || sb_col0 + j * sb_dcol < a.N;
         cp_async16(sb_dst0 + j * (kThreads / 2) * 16 + ((kg >> 3) & 1) * BN * 16,
                    sb_src0 + (v ? int64_t(j * sb_dcol) * (K / 64) * 2 : 0) + (kg >> 3) * 16, v);
       }
@@ -470,9 +478,10 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
     const uint32_t a_base = smem_addr(st);
     const uint8_t* bst = st + AT * BM * 128;
     // This group's codes and scales for the warp's NT n8-tiles (row wn0 + 8j + g).
-    uint32_t cw[C::NT][BT == kQ8 ? 4 : 2];
-    // 512 wide: scale and bias packed in s2 (dq4_pair_sb), b2 unused.
+    // 512 wide: scale and bias packed in s2 (dq4_pair_sb), b2 unused; the codes are read from shared
+    // memory by k16 step (word i / 2, at its first use), not all 16 words per thread at once.
     constexpr bool kSBPack = BT == kQ4 && BN == kBNMoe;
+    uint32_t cw[kSBPack ? 1 : C::NT][BT == kQ8 ? 4 : 2];
     uint32_t s2[C::NT], b2[kSBPack ? 1 : C::NT];
     float sf[C::NT], bf[C::NT];
     if constexpr (BT != kBF) {
@@ -480,7 +489,8 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
 #pragma unroll
       for (int j = 0; j < C::NT; ++j) {
         const int r = wn0 + 8 * j + g;
-        if constexpr (BT == kQ4) {
+        if constexpr (kSBPack) {
+        } else if constexpr (BT == kQ4) {
           const uint2 v = *reinterpret_cast<const uint2*>(bst + r * 32 + 8 * t);
           cw[j][0] = v.x;
           cw[j][1] = v.y;
@@ -529,10 +539,14 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
         }
       };
       if constexpr (BT == kQ4 && BN >= kBNWide) {
-        // Weight pair p of n8 tile j's word w.
+        // Weight pair p of n8 tile j's word w; word: this k16 step's code word of n8 tile j.
         auto dq = [&](uint32_t w, int p, int j) -> uint32_t {
           if constexpr (kSBPack) return dq4_pair_sb<F16>(w, p, s2[j]);
           else return dq4_pair<F16>(w, p, s2[j], b2[j]);
+        };
+        auto word = [&](int j) -> uint32_t {
+          if constexpr (kSBPack) return *reinterpret_cast<const uint32_t*>(bst + (wn0 + 8 * j + g) * 32 + 8 * t + 4 * (i >> 1));
+          else return cw[j][i >> 1];
         };
         // P10, 4-bit: the order of the MMAs (volatile asm, so it fixes the live ranges) keeps the
         // smaller operand set live: NT <= MT (64x32 warp tiles): all NT unpacked fragments, then
@@ -543,7 +557,7 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
           uint32_t bq[C::NT][2];
 #pragma unroll
           for (int j = 0; j < C::NT; ++j) {
-            const uint32_t w = cw[j][i >> 1];
+            const uint32_t w = word(j);
             bq[j][0] = dq(w, 2 * (i & 1), j);
             bq[j][1] = dq(w, 2 * (i & 1) + 1, j);
           }
@@ -563,7 +577,7 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
           for (int mt = 0; mt < C::MT; ++mt) load_af(mt, af[mt]);
 #pragma unroll
           for (int j = 0; j < C::NT; ++j) {
-            const uint32_t w = cw[j][i >> 1];
+            const uint32_t w = word(j);
             const uint32_t b0 = dq(w, 2 * (i & 1), j);
             const uint32_t b1 = dq(w, 2 * (i & 1) + 1, j);
 #pragma unroll
@@ -829,7 +843,8 @@ template <int BT, int AM>
 void launch_bn(int bm, int bn, const GemmArgs& a, int grid_m, int grid_n, cudaStream_t s) {
   if constexpr (BT == kQ4 && AM != kAmBf16) {   // 512 wide: BM = 64 / 32 only (moe_bn ensures it)
     if (bn == kBNMoe) {
-      LILY_CHECK(bm <= 64, "gemm: 512-wide tiles need BM <= 64");
+      LILY_CHECK(bm <= 64 && a.N % (a.swiglu ? kBNMoe / 2 : kBNMoe) == 0 && a.K <= (1 << 20),
+                 "gemm: 512-wide tiles need BM <= 64, whole N tiles and K <= 2^20");
       if (bm == 64) launch_gemm<64, BT, AM, kBNMoe>(a, grid_m, grid_n, s);
       else launch_gemm<32, BT, AM, kBNMoe>(a, grid_m, grid_n, s);
       return;
@@ -1025,7 +1040,9 @@ void gemm_grouped_swiglu(const GroupedB& b, const GemmA& x, const int* a_rows, c
   LILY_CHECK(a.N % 64 == 0 && ld_act >= a.N && (!x.f16 || (x.rs && act_exp)), "gemm_grouped_swiglu: arguments");
   // P10: 256-wide tiles = 128 gate + 128 up rows, 128 activation columns (two exponent groups) per CTA;
   // 512 wide: 256 + 256 rows, 256 columns (four groups).
-  const int am = x.f16 ? kAmF16 : kAmBf16, bn = moe_bn(am, bm);
+  const int am = x.f16 ? kAmF16 : kAmBf16;
+  int bn = moe_bn(am, bm);
+  if (bn == kBNMoe && a.N % (kBNMoe / 2) != 0) bn = kBNWide;   // 512 wide: whole N tiles only
   launch_any(kQ4, am, bm, bn, a, max_tiles, (a.N + bn / 2 - 1) / (bn / 2), s);
 }
 
@@ -1047,7 +1064,9 @@ void gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* 
   a.y = y;
   a.ldy = ldy;
   LILY_CHECK(!f16 || (act_exp && a.K <= kMaxGrpK), "gemm_grouped_scatter: fp16 needs the exponents, K <= 1024");
-  const int am = f16 ? kAmF16Grp : kAmBf16, bn = moe_bn(am, bm);
+  const int am = f16 ? kAmF16Grp : kAmBf16;
+  int bn = moe_bn(am, bm);
+  if (bn == kBNMoe && a.N % kBNMoe != 0) bn = kBNWide;   // 512 wide: whole N tiles only
   launch_any(kQ4, am, bm, bn, a, max_tiles, (a.N + bn - 1) / bn, s);
 }
 
