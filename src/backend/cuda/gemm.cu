@@ -42,6 +42,7 @@ static_assert(kperm_is_bijection(), "gemm k-order must be a permutation of each 
 constexpr int kBK = 64;        // K per pipeline stage = one quantisation group
 constexpr int kBN = 128;       // weight rows (output columns) per CTA: the wgmma kernel, P10 off
 constexpr int kBNWide = 256;   // P10: the mma.sync kernel's wide tile
+constexpr int kBNMoe = 512;    // P10 at 512: the MoE's grouped GEMMs, 4-bit B, fp16, BM <= 64
 #ifndef LILY_P10_MINB   // min_ctas below: -DLILY_P10_MINB=1 lets those kernels take ~190 registers
 #define LILY_P10_MINB 2
 #endif
@@ -131,6 +132,22 @@ __device__ __forceinline__ uint32_t dq4_pair(uint32_t w, int p, uint32_t s2, uin
   }
 }
 
+// The same with the scale and bias packed in one word (low half: scale, high half: bias), each
+// broadcast to both lanes by the HFMA2's operand selectors: one register per n8 tile instead of two
+// (the 512-wide tiles' register budget), the same values, so the same bits.
+template <bool F16>
+__device__ __forceinline__ uint32_t dq4_pair_sb(uint32_t w, int p, uint32_t sb) {
+  if constexpr (F16) {
+    const uint32_t v = ((w >> (4 * p)) & 0x000F000Fu) | 0x64006400u;
+    const __half2 q = __hsub2(bits_h2(v), bits_h2(0x64006400u));
+    return h2_bits(__hfma2(q, __low2half2(bits_h2(sb)), __high2half2(bits_h2(sb))));
+  } else {
+    const uint32_t v = ((w >> (4 * p)) & 0x000F000Fu) | 0x43004300u;
+    const __nv_bfloat162 q = __hsub2(bits_bf2(v), bits_bf2(0x43004300u));
+    return bf2_bits(__hfma2(q, __low2bfloat162(bits_bf2(sb)), __high2bfloat162(bits_bf2(sb))));
+  }
+}
+
 // fp16 path: the exponent s of a row with maximum |x| = amax (max|x|·2^s in [2^14, 2^15); the
 // cpu emulation, fp16_row_exp in gemm_emulate.cpp, is the same function).
 // The exponent comes from the bits (frexpf and ldexpf are multi-instruction library calls, and
@@ -158,14 +175,16 @@ __device__ __forceinline__ void dq8_pair(uint32_t wl, uint32_t wh, int bt, float
 // Warp layout of a BM x BN CTA tile. BN = 128: 2x4 warps (64x32 at BM = 128, 32x32 at 64), 1x8 at
 // BM = 32 (32x16). BN = 256 (P10): 16-bit B at BM = 128 in 2x4 warps of 64x64 (twice the MMAs per ldmatrix
 // of 64x32); 4-bit B, and BM = 64, 32, in 1x8 warps (128x32, 64x32, 32x32), so that every 4-bit
-// weight of the CTA is unpacked by exactly one warp (MT MMAs per unpacked fragment).
+// weight of the CTA is unpacked by exactly one warp (MT MMAs per unpacked fragment). BN = 512 (4-bit
+// B, BM = 64 / 32 only: the MoE's grouped GEMMs): 1x8 warps of 64x64 / 32x64.
 template <int BM, int BN, int BT>
 struct Cfg {
-  static constexpr int WM = BM == 32 || (BN == 256 && (BM == 64 || BT == kQ4)) ? 1 : 2;   // warps along M
+  static constexpr int WM = BM == 32 || (BN >= 256 && (BM == 64 || BT == kQ4)) ? 1 : 2;   // warps along M
   static constexpr int WN = 8 / WM;                                      // warps along N
   static constexpr int WTM = BM / WM, WTN = BN / WN;                     // warp tile
   static constexpr int MT = WTM / 16, NT = WTN / 8;
   static_assert(NT % 2 == 0 && MT >= 1 && WTN % 16 == 0, "warp tile");
+  static_assert(BN != kBNMoe || (BT == kQ4 && BM <= 64), "512-wide tiles: 4-bit B, BM <= 64");
 };
 
 // Bytes of one weight row per stage in shared memory.
@@ -203,7 +222,7 @@ __device__ __forceinline__ int swz(int r, int c) { return r * 128 + ((c ^ (r & 7
 // CTAs per SM the register allocation must allow. P10 with 4-bit B, fp16 operands and BM <= 64: 2
 // (the 64x32 warp tiles would take ~190 registers and so one CTA per SM, where BN = 128 runs two of
 // ~120; shared memory allows two: 82 KB each at BM = 64). Not in bf16 (LILY_GEMM_BF16), whose
-// BM = 64 kernel spills at 128 registers.
+// BM = 64 kernel spills at 128 registers. BN = 512: 1 (64x64 warp tiles: 128 accumulators per thread).
 template <int BM, int BT, int AM, int BN>
 constexpr int min_ctas() {
   return BN == 256 && BT == kQ4 && AM != kAmBf16 && BM <= 64 ? LILY_P10_MINB : 1;
@@ -216,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
   constexpr bool F16 = AM != kAmBf16;
   static_assert(!(F16 && BT == kQ8), "8-bit matrices run in bf16 split precision");
   static_assert(AM != kAmF16Grp || BT == kQ4, "per-group A exponents: 4-bit B only");
-  static_assert(BN == 128 || BN == 256, "CTA width");
+  static_assert(BN == 128 || BN == 256 || BN == 512, "CTA width");
   constexpr int SVLD = sv_ld<BN>();
   static_assert(BM * SVLD * 4 <= kStages * stage_bytes<BM, BT, BN>(), "SwiGLU staging tile");
   extern __shared__ __align__(128) uint8_t smem[];
@@ -294,8 +313,12 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
   // Rows past N read nothing (src-size 0) from a valid address: the chunk-0 row clamped to column 0.
   const uint8_t* b_src0 = static_cast<const uint8_t*>(mat_of(b_mat).data) + goff +
                           int64_t(b_col0 < a.N ? b_col0 : 0) * row_bytes + b_c * 16;
+  // 512 wide: bytes between chunks j and j + 1 (< 2^31 / 3 for the MoE's K: 32-bit offsets).
+  [[maybe_unused]] const int b_jstride = int(b_dcol * row_bytes);
   const int b_dst0 = BT == kBF ? swz(b_r0, b_c) : b_r0 * RB + b_c * 16;
   constexpr bool kBPtrs = BCH <= 4 && BN == kBN;
+  // 512 wide: N is a multiple of the tile (the launcher checks), so no B row is past N (registers).
+  constexpr bool kBFull = BN == kBNMoe;
   const uint8_t* bsrc[kBPtrs ? BCH : 1];
   bool bval[kBPtrs ? BCH : 1];
   if constexpr (kBPtrs) {
@@ -326,14 +349,18 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
       if constexpr (kBPtrs) {
         cp_async16(st + j * RPJ * RB, bsrc[j] + int64_t(kg) * RB, bval[j]);
       } else {
-        const bool v = b_col0 + j * b_dcol < a.N;
-        cp_async16(st + j * RPJ * RB, b_src0 + (v ? int64_t(j * b_dcol) * row_bytes : 0) + int64_t(kg) * RB, v);
+        if constexpr (kBFull) {
+          cp_async16(st + j * RPJ * RB, b_src0 + j * b_jstride + kg * RB, true);
+        } else {
+          const bool v = b_col0 + j * b_dcol < a.N;
+          cp_async16(st + j * RPJ * RB, b_src0 + (v ? int64_t(j * b_dcol) * row_bytes : 0) + int64_t(kg) * RB, v);
+        }
       }
     }
     if (BT != kBF && (kg & 7) == 0) {
 #pragma unroll
       for (int j = 0; j < SBCH; ++j) {
-        const bool v = sb_col0 + j * sb_dcol < a.N;
+        const bool v = kBFull || sb_col0 + j * sb_dcol < a.N;
         cp_async16(sb_dst0 + j * (kThreads / 2) * 16 + ((kg >> 3) & 1) * BN * 16,
                    sb_src0 + (v ? int64_t(j * sb_dcol) * (K / 64) * 2 : 0) + (kg >> 3) * 16, v);
       }
@@ -348,7 +375,7 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
   constexpr int AT = a_tiles<BT>();
   // A chunk j: 16 bytes of CTA row m0 + 32j. P10's down GEMM (AM 2: never gathered, rows pos0 + m
   // contiguous) derives them from one pointer, which keeps BM = 64 at 2 CTAs per SM without spills.
-  constexpr bool kAOne = BN == kBNWide && AM == kAmF16Grp;
+  constexpr bool kAOne = BN >= kBNWide && AM == kAmF16Grp;
   const uint16_t* asrc[kAOne ? 1 : ACH];
   bool aval[kAOne ? 1 : ACH];
   int adst[kAOne ? 1 : ACH];
@@ -453,15 +480,19 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
     const uint32_t a_base = smem_addr(st);
     const uint8_t* bst = st + AT * BM * 128;
     // This group's codes and scales for the warp's NT n8-tiles (row wn0 + 8j + g).
-    uint32_t cw[C::NT][BT == kQ8 ? 4 : 2];
-    uint32_t s2[C::NT], b2[C::NT];
+    // 512 wide: scale and bias packed in s2 (dq4_pair_sb), b2 unused; the codes are read from shared
+    // memory by k16 step (word i / 2, at its first use), not all 16 words per thread at once.
+    constexpr bool kSBPack = BT == kQ4 && BN == kBNMoe;
+    uint32_t cw[kSBPack ? 1 : C::NT][BT == kQ8 ? 4 : 2];
+    uint32_t s2[C::NT], b2[kSBPack ? 1 : C::NT];
     float sf[C::NT], bf[C::NT];
     if constexpr (BT != kBF) {
       const int sbi = ((kg >> 3) & 1) * BN * 8 + (kg & 7);
 #pragma unroll
       for (int j = 0; j < C::NT; ++j) {
         const int r = wn0 + 8 * j + g;
-        if constexpr (BT == kQ4) {
+        if constexpr (kSBPack) {
+        } else if constexpr (BT == kQ4) {
           const uint2 v = *reinterpret_cast<const uint2*>(bst + r * 32 + 8 * t);
           cw[j][0] = v.x;
           cw[j][1] = v.y;
@@ -475,7 +506,12 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
         const uint16_t sv = sbs[sbi + r * 8], bv = sbb[sbi + r * 8];
         sf[j] = __uint_as_float(uint32_t(sv) << 16);
         bf[j] = __uint_as_float(uint32_t(bv) << 16);
-        if constexpr (F16) {
+        if constexpr (kSBPack) {
+          if constexpr (F16)
+            s2[j] = h2_bits(__floats2half2_rn(sf[j] * float(1 << kGemmF16WExp), bf[j] * float(1 << kGemmF16WExp)));
+          else
+            s2[j] = uint32_t(sv) | (uint32_t(bv) << 16);
+        } else if constexpr (F16) {
           s2[j] = h2_bits(__float2half2_rn(sf[j] * float(1 << kGemmF16WExp)));
           b2[j] = h2_bits(__float2half2_rn(bf[j] * float(1 << kGemmF16WExp)));
         } else {
@@ -504,7 +540,16 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
           for (int e = 0; e < 4; ++e) f4[e] = h2_bits(__hmul2(bits_h2(f4[e]), bits_h2(gf[mt][e & 1])));
         }
       };
-      if constexpr (BT == kQ4 && BN == kBNWide) {
+      if constexpr (BT == kQ4 && BN >= kBNWide) {
+        // Weight pair p of n8 tile j's word w; word: this k16 step's code word of n8 tile j.
+        auto dq = [&](uint32_t w, int p, int j) -> uint32_t {
+          if constexpr (kSBPack) return dq4_pair_sb<F16>(w, p, s2[j]);
+          else return dq4_pair<F16>(w, p, s2[j], b2[j]);
+        };
+        auto word = [&](int j) -> uint32_t {
+          if constexpr (kSBPack) return *reinterpret_cast<const uint32_t*>(bst + (wn0 + 8 * j + g) * 32 + 8 * t + 4 * (i >> 1));
+          else return cw[j][i >> 1];
+        };
         // P10, 4-bit: the order of the MMAs (volatile asm, so it fixes the live ranges) keeps the
         // smaller operand set live: NT <= MT (64x32 warp tiles): all NT unpacked fragments, then
         // m16 tile by m16 tile with its A fragment loaded just before; else (64x64) all MT A
@@ -514,9 +559,9 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
           uint32_t bq[C::NT][2];
 #pragma unroll
           for (int j = 0; j < C::NT; ++j) {
-            const uint32_t w = cw[j][i >> 1];
-            bq[j][0] = dq4_pair<F16>(w, 2 * (i & 1), s2[j], b2[j]);
-            bq[j][1] = dq4_pair<F16>(w, 2 * (i & 1) + 1, s2[j], b2[j]);
+            const uint32_t w = word(j);
+            bq[j][0] = dq(w, 2 * (i & 1), j);
+            bq[j][1] = dq(w, 2 * (i & 1) + 1, j);
           }
 #pragma unroll
           for (int mt = 0; mt < C::MT; ++mt) {
@@ -534,9 +579,9 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
           for (int mt = 0; mt < C::MT; ++mt) load_af(mt, af[mt]);
 #pragma unroll
           for (int j = 0; j < C::NT; ++j) {
-            const uint32_t w = cw[j][i >> 1];
-            const uint32_t b0 = dq4_pair<F16>(w, 2 * (i & 1), s2[j], b2[j]);
-            const uint32_t b1 = dq4_pair<F16>(w, 2 * (i & 1) + 1, s2[j], b2[j]);
+            const uint32_t w = word(j);
+            const uint32_t b0 = dq(w, 2 * (i & 1), j);
+            const uint32_t b1 = dq(w, 2 * (i & 1) + 1, j);
 #pragma unroll
             for (int mt = 0; mt < C::MT; ++mt) {
               if constexpr (F16) mma_f16(acc[mt][j], af[mt], b0, b1);
@@ -801,6 +846,16 @@ void launch_bm(int bm, const GemmArgs& a, int grid_m, int grid_n, cudaStream_t s
 }
 template <int BT, int AM>
 void launch_bn(int bm, int bn, const GemmArgs& a, int grid_m, int grid_n, cudaStream_t s) {
+  if constexpr (BT == kQ4 && AM != kAmBf16) {   // 512 wide: BM = 64 / 32 only (moe_bn ensures it)
+    if (bn == kBNMoe) {
+      LILY_CHECK(bm <= 64 && a.N % (a.swiglu ? kBNMoe / 2 : kBNMoe) == 0 && a.K <= (1 << 20),
+                 "gemm: 512-wide tiles need BM <= 64, whole N tiles and K <= 2^20");
+      if (bm == 64) launch_gemm<64, BT, AM, kBNMoe>(a, grid_m, grid_n, s);
+      else launch_gemm<32, BT, AM, kBNMoe>(a, grid_m, grid_n, s);
+      return;
+    }
+  }
+  LILY_CHECK(bn != kBNMoe, "gemm: 512-wide tiles are for 4-bit B with fp16 operands");
   if (bn == kBNWide) launch_bm<BT, AM, kBNWide>(bm, a, grid_m, grid_n, s);
   else launch_bm<BT, AM, kBN>(bm, a, grid_m, grid_n, s);
 }
@@ -812,7 +867,8 @@ bool on_wgmma(int bt, int am) {
   return bt == kQ4 && (am == kAmF16 || (am == kAmF16Grp && env_int("LILY_GEMM_WGMMA_GRP", 0))) && gemm_wgmma();
 }
 
-// bn: the CTA width the caller sized grid_n for (kBNWide only where gemm_bn allows it).
+// bn: the CTA width the caller sized grid_n for (kBNWide only where gemm_bn allows it, kBNMoe only
+// where moe_bn does).
 void launch_any(int bt, int am, int bm, int bn, const GemmArgs& a, int grid_m, int grid_n, cudaStream_t s) {
   if (on_wgmma(bt, am)) {
     LILY_CHECK(bn == kBN, "gemm: the wgmma kernel has 128-wide tiles");
@@ -835,7 +891,12 @@ void launch_any(int bt, int am, int bm, int bn, const GemmArgs& a, int grid_m, i
 // P10: the CTA width of a call on the mma.sync kernel with 4-bit or 16-bit B. LILY_GEMM_BN=128|256
 // (read per call) forces it; otherwise 256 with P10 on. `wide_ok`: the caller's own condition for
 // the unforced choice (dense GEMMs: enough CTAs). 8-bit B and the wgmma kernel: always 128.
+// LILY_GEMM_BN=512 counts as 256 here (dense GEMMs have no 512-wide form).
 int gemm_bn(int bt, int am, bool wide_ok);
+// The width of the MoE's grouped GEMMs (4-bit B) at M-tile bm: LILY_GEMM_BN=128|256|512 forces it,
+// else LILY_MOE_BN=128|256|512 (default 512) with P10 on, 128 with P10 off. 512 wide needs fp16
+// operands and BM <= 64; elsewhere it becomes 256 (BM = 128: 1x8 warps of 128x32).
+int moe_bn(int am, int bm);
 
 int env_int(const char* name, int def) {
   const char* v = std::getenv(name);
@@ -888,7 +949,18 @@ int gemm_bn(int bt, int am, bool wide_ok) {
   if (bt == kQ8 || on_wgmma(bt, am)) return kBN;
   const int forced = env_int("LILY_GEMM_BN", 0);
   if (forced == kBN || forced == kBNWide) return forced;
+  if (forced == kBNMoe) return kBNWide;
   return g_wide && wide_ok ? kBNWide : kBN;
+}
+int moe_bn(int am, int bm) {
+  if (on_wgmma(kQ4, am)) return kBN;
+  int bn = env_int("LILY_GEMM_BN", 0);
+  if (bn != kBN && bn != kBNWide && bn != kBNMoe) {
+    bn = g_wide ? env_int("LILY_MOE_BN", kBNMoe) : kBN;
+    if (bn != kBN && bn != kBNWide && bn != kBNMoe) bn = kBNMoe;
+  }
+  if (bn == kBNMoe && (am == kAmBf16 || bm > 64)) bn = kBNWide;
+  return bn;
 }
 }  // namespace
 void gemm_set_skinny(bool on) { g_skinny = on; }
@@ -939,7 +1011,8 @@ void gemm(const QMat& w, const GemmA& x, int T, float* y, int64_t ldy, bool accu
   // BM >= 64 (halving the N tiles must not leave SMs idle: shorter chunks keep 128).
   int bn = kBN;
   if (gemm_bn(bt, am, true) == kBNWide) {
-    const bool forced = env_int("LILY_GEMM_BN", 0) == kBNWide;
+    const int fbn = env_int("LILY_GEMM_BN", 0);
+    const bool forced = fbn == kBNWide || fbn == kBNMoe;
     const int b = pick_bm((w.rows + kBNWide - 1) / kBNWide);
     if (forced || (T >= env_int("LILY_GEMM_BN_MIN_T", 512) && (bm_forced || b >= 64))) bn = kBNWide;
   }
@@ -1016,8 +1089,11 @@ void gemm_grouped_swiglu(const GroupedB& b, const GemmA& x, const int* a_rows, c
   a.act_exp = act_exp;
   a.ld_exp = ld_act / 64;
   LILY_CHECK(a.N % 64 == 0 && ld_act >= a.N && (!x.f16 || (x.rs && act_exp)), "gemm_grouped_swiglu: arguments");
-  // P10: 256-wide tiles = 128 gate + 128 up rows, 128 activation columns (two exponent groups) per CTA.
-  const int am = x.f16 ? kAmF16 : kAmBf16, bn = gemm_bn(kQ4, am, true);
+  // P10: 256-wide tiles = 128 gate + 128 up rows, 128 activation columns (two exponent groups) per CTA;
+  // 512 wide: 256 + 256 rows, 256 columns (four groups).
+  const int am = x.f16 ? kAmF16 : kAmBf16;
+  int bn = moe_bn(am, bm);
+  if (bn == kBNMoe && a.N % (kBNMoe / 2) != 0) bn = kBNWide;   // 512 wide: whole N tiles only
   launch_any(kQ4, am, bm, bn, a, max_tiles, (a.N + bn / 2 - 1) / (bn / 2), s);
 }
 
@@ -1039,7 +1115,9 @@ void gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* 
   a.y = y;
   a.ldy = ldy;
   LILY_CHECK(!f16 || (act_exp && a.K <= kMaxGrpK), "gemm_grouped_scatter: fp16 needs the exponents, K <= 1024");
-  const int am = f16 ? kAmF16Grp : kAmBf16, bn = gemm_bn(kQ4, am, true);
+  const int am = f16 ? kAmF16Grp : kAmBf16;
+  int bn = moe_bn(am, bm);
+  if (bn == kBNMoe && a.N % kBNMoe != 0) bn = kBNWide;   // 512 wide: whole N tiles only
   launch_any(kQ4, am, bm, bn, a, max_tiles, (a.N + bn - 1) / bn, s);
 }
 
