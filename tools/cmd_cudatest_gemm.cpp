@@ -7,7 +7,8 @@
 // its bound is tight and catches a wrong exponent, scale or rounding that the f32 bound would
 // tolerate. One PASS/FAIL line per case with its errors, the failures repeated at the end; exits
 // non-zero on any failure. P10: the mma.sync cases also run with 128- and 256-wide CTA tiles forced
-// (LILY_GEMM_BN), and each 256 case says whether it equals the 128 case bit for bit ("== BN128").
+// (LILY_GEMM_BN), and each 256 case says whether it equals the 128 case bit for bit ("== BN128");
+// the MoE block also with 512 (the grouped GEMMs' widest tile, same check).
 // `--bench` times the shapes at T=4096 and the MoE block with CUDA events (with both widths).
 #include <algorithm>
 #include <cmath>
@@ -483,6 +484,13 @@ int run(const Options& o) {
             Variant{"64", false, true, true, "128"}, Variant{"64", false, true, true, "256"},
             Variant{"128", false, true, true, "128"}, Variant{"128", false, true, true, "256"},
             Variant{"", true, true, true, "128"}, Variant{"", true, true, true, "256"},
+            // P10 at 512 (the MoE's grouped GEMMs; tile 128 runs 256 wide): compared with the 128 case
+            // just before it.
+            Variant{"", true, true, true, "512"}, Variant{"", false, true, true, "128"},
+            Variant{"", false, true, true, "512"}, Variant{"32", false, true, true, "128"},
+            Variant{"32", false, true, true, "512"}, Variant{"64", false, true, true, "128"},
+            Variant{"64", false, true, true, "512"}, Variant{"128", false, true, true, "128"},
+            Variant{"128", false, true, true, "512"},
             Variant{"", false, false, false, "128"}, Variant{"", false, false, false, "256"},
             Variant{"32", false, false, false, "128"}, Variant{"32", false, false, false, "256"},
             Variant{"128", false, false, false, "128"}, Variant{"128", false, false, false, "256"}}) {
@@ -519,7 +527,7 @@ int run(const Options& o) {
         const std::string bn = v.bn;
         std::string ident;
         if (bn == "128") y128 = y;
-        if (bn == "256") {
+        if (bn == "256" || bn == "512") {
           double md = 0;
           for (size_t i = 0; i < y.size(); ++i) md = std::max(md, double(std::fabs(y[i] - y128[i])));
           ident = md == 0 ? "  == BN128" : "  differs from BN128 by " + std::to_string(md);
@@ -651,7 +659,7 @@ int run(const Options& o) {
     // mma.sync as in the engine (P1w off: this tool opts into wgmma, which would take gate/up).
     for (const char* tile : {"", "32", "64", "128", "P2", "bf16", "P1w", "P1w32", "P1w64", "P1w128", "BN128",
                              "BN256", "BN128 t64", "BN256 t64", "BN256 t32", "BN256 t128", "BN128 bf16",
-                             "BN256 bf16"}) {
+                             "BN256 bf16", "BN512", "BN512 t64", "BN512 t32"}) {
       const std::string ts = tile;
       if (ts.rfind("BN", 0) == 0) {
         const bool bf = ts.find("bf16") != std::string::npos;
@@ -682,7 +690,8 @@ int run(const Options& o) {
                   100 * tf / peak, T / (ms * 1e-3));
     }
     // Per-stage split of the default configuration (profiler events, one call), fp16 then bf16,
-    // then fp16 with 128- and 256-wide tiles forced (P10; mean of 5 calls).
+    // then fp16 with 128-, 256- and 512-wide tiles forced (P10; mean of 5 calls; 512: the MoE's grouped
+    // GEMMs only, tile 128 runs 256 wide).
     unsetenv("LILY_MOE_TILE");
     set_abl({});
     for (int f16 = 1; f16 >= 0; --f16) {
@@ -695,7 +704,7 @@ int run(const Options& o) {
     }
     set_gemm_precision(true);
     set_abl({"P1w"});
-    for (const char* bn : {"128", "256"}) {
+    for (const char* bn : {"128", "256", "512"}) {
       setenv("LILY_GEMM_BN", bn, 1);
       gpu->moe(c, dev.layers[0].mlp, xd, T, yd);   // warm
       cuda_tools::set_profiling(*gpu, true);

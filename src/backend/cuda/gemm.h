@@ -55,6 +55,9 @@ void gemm_set_skinny(bool on);
 // the MoE's grouped GEMMs always. LILY_GEMM_BN=128|256 (read per call) forces the width (not on
 // the wgmma kernel or for 8-bit B, which stay 128); LILY_GEMM_RASTER=R walks dense 256-wide grids in
 // bands of R M tiles. gemm_set_wide is the P10 switch (on by default).
+// P10 at 512 (session 6): the MoE's grouped GEMMs with fp16 operands and M-tiles of 64 / 32 run
+// 512-wide CTAs (1x8 warps of 64x64 / 32x64, one CTA per SM); LILY_MOE_BN=128|256|512 picks their
+// width (default 512, M-tile 128 and bf16: 256), LILY_GEMM_BN=512 forces it (dense GEMMs: 256).
 void gemm_set_wide(bool on);
 bool gemm_wide();
 // P13: dense GEMMs on the 16-bit weight copy (P8, P1 off) with fp16 operands run on a Hopper wgmma
