@@ -416,6 +416,33 @@ void print_profile(Backend& be) {
     std::printf("      %-18s %8.3f ms\n", op.name.c_str(), op.ms / std::max(1, op.calls));
 }
 
+// One GDN layer's weights, carried state and random T-token inputs on the device, for the benches.
+struct GdnBench {
+  Pool pool;
+  GdnWeights w;
+  GdnState st;
+  float *qkv, *z, *a, *b, *y;
+  GdnBench(Backend& gpu, const ModelConfig& c, std::mt19937_64& g, int T, uint64_t seed0) : pool(gpu) {
+    const GdnIO h = make_gdn_io(c, 1, true, g);   // weights and state; activations filled below
+    w.conv1d = {pool.up(h.conv_w), int64_t(h.conv_w.size())};
+    w.A_log = {pool.up(h.A_log), int64_t(h.A_log.size())};
+    w.dt_bias = {pool.up(h.dt_bias), int64_t(h.dt_bias.size())};
+    w.norm = {pool.up(h.norm), int64_t(h.norm.size())};
+    st.conv = pool.up(h.conv0);
+    st.S = pool.up(h.S0);
+    const int64_t CD = c.conv_dim(), VD = c.linear_value_dim(), nv = c.linear_num_value_heads;
+    qkv = pool.alloc(T * CD);
+    z = pool.alloc(T * VD);
+    a = pool.alloc(T * nv);
+    b = pool.alloc(T * nv);
+    y = pool.alloc(T * VD);
+    cuda_tools::fill_uniform(gpu, qkv, T * CD, 1.f, seed0);
+    cuda_tools::fill_uniform(gpu, z, T * VD, 2.f, seed0 + 1);
+    cuda_tools::fill_uniform(gpu, a, T * nv, 3.f, seed0 + 2);
+    cuda_tools::fill_uniform(gpu, b, T * nv, 3.f, seed0 + 3);
+  }
+};
+
 int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed, const std::string& only) {
   std::mt19937_64 g(seed);
   std::printf("cuda-test-attn --bench on %s\n", cuda_tools::device_name().c_str());
@@ -429,27 +456,11 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed, const std::stri
                                    {"chunked P11 off", {"P11"}, "0", "16", 0, "1"}};
   for (int T : {64, 512, 2048, 4096, 8192}) {
     if (only == "p11" || only == "attn") break;
-    const GdnIO io = make_gdn_io(c, 1, true, g);   // weights and state; activations filled below
-    Pool pool(gpu);
-    GdnWeights w;
-    w.conv1d = {pool.up(io.conv_w), int64_t(io.conv_w.size())};
-    w.A_log = {pool.up(io.A_log), int64_t(io.A_log.size())};
-    w.dt_bias = {pool.up(io.dt_bias), int64_t(io.dt_bias.size())};
-    w.norm = {pool.up(io.norm), int64_t(io.norm.size())};
-    GdnState st;
-    st.conv = pool.up(io.conv0);
-    st.S = pool.up(io.S0);
-    const int64_t CD = c.conv_dim(), VD = c.linear_value_dim(), nv = c.linear_num_value_heads;
-    float* qkv = pool.alloc(T * CD);
-    float* z = pool.alloc(T * VD);
-    float* a = pool.alloc(T * nv);
-    float* b = pool.alloc(T * nv);
-    float* y = pool.alloc(T * VD);
-    cuda_tools::fill_uniform(gpu, qkv, T * CD, 1.f, seed + 1);
-    cuda_tools::fill_uniform(gpu, z, T * VD, 2.f, seed + 2);
-    cuda_tools::fill_uniform(gpu, a, T * nv, 3.f, seed + 3);
-    cuda_tools::fill_uniform(gpu, b, T * nv, 3.f, seed + 4);
-    const double flop = 6.0 * T * nv * c.linear_key_head_dim * c.linear_value_head_dim;
+    GdnBench gb(gpu, c, g, T, seed + 1);   // weights, carried state, random activations
+    GdnWeights& w = gb.w;
+    GdnState& st = gb.st;
+    float *qkv = gb.qkv, *z = gb.z, *a = gb.a, *b = gb.b, *y = gb.y;
+    const double flop = 6.0 * T * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim;
     for (const Variant& v : gv) {
       apply(gpu, v);
       auto call = [&] { gpu.gdn(c, w, st, qkv, z, a, b, T, y); };
@@ -469,26 +480,10 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed, const std::stri
   for (int total : {4096, 32768}) {
     if (only == "attn") break;
     const int T = 4096;
-    const GdnIO io = make_gdn_io(c, 1, true, g);
-    Pool pool(gpu);
-    GdnWeights w;
-    w.conv1d = {pool.up(io.conv_w), int64_t(io.conv_w.size())};
-    w.A_log = {pool.up(io.A_log), int64_t(io.A_log.size())};
-    w.dt_bias = {pool.up(io.dt_bias), int64_t(io.dt_bias.size())};
-    w.norm = {pool.up(io.norm), int64_t(io.norm.size())};
-    GdnState st;
-    st.conv = pool.up(io.conv0);
-    st.S = pool.up(io.S0);
-    const int64_t CD = c.conv_dim(), VD = c.linear_value_dim(), nv = c.linear_num_value_heads;
-    float* qkv = pool.alloc(T * CD);
-    float* z = pool.alloc(T * VD);
-    float* a = pool.alloc(T * nv);
-    float* b = pool.alloc(T * nv);
-    float* y = pool.alloc(T * VD);
-    cuda_tools::fill_uniform(gpu, qkv, T * CD, 1.f, seed + 11);
-    cuda_tools::fill_uniform(gpu, z, T * VD, 2.f, seed + 12);
-    cuda_tools::fill_uniform(gpu, a, T * nv, 3.f, seed + 13);
-    cuda_tools::fill_uniform(gpu, b, T * nv, 3.f, seed + 14);
+    GdnBench gb(gpu, c, g, T, seed + 11);   // weights, carried state, random activations
+    GdnWeights& w = gb.w;
+    GdnState& st = gb.st;
+    float *qkv = gb.qkv, *z = gb.z, *a = gb.a, *b = gb.b, *y = gb.y;
     for (const Variant& v : {Variant{"P11 on", {}, "0", "16", 0, "1"}, Variant{"P11 off", {"P11"}, "0", "16", 0, "1"},
                              Variant{"P11 shq", {}, "0", "16", 0, "1", "1", "0", "0", "0", "", false, "7"},
                              Variant{"P11 scan3", {}, "0", "16", 0, "1", "1", "0", "0", "0", "", false, "19"}}) {
