@@ -8,7 +8,7 @@ Inputs (any number, any order; the engine is read from each file):
     n_gen == 0 is prefill at length n_prompt, a test with n_prompt == 0 is decode of n_gen tokens
     at depth n_depth (context length); others (pp at a depth, pg) are ignored.
 Outputs OUT/TAG.json (BENCHMARK.md shape, plus "summary", "ablations", "sources"), OUT/TAG.md and
-OUT/TAG.png (two panels, prefill and decode tok/s vs length, log2 x-axis, one line per engine).
+OUT/TAG.png (a panel per phase with results, prefill and/or decode tok/s vs length, log2 x-axis, one line per engine).
 
 Ratio per length = lily tok/s / baseline tok/s (medians, all optimizations on); headline = the
 arithmetic mean of the per-length ratios over the lengths both engines measured, plus "faster at
@@ -242,10 +242,12 @@ def plot(doc, path):
     except ImportError:
         print("matplotlib not installed: no plot", file=sys.stderr)
         return False
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    styles = ["o-", "s--", "^-.", "d:", "v-"]
     engines = list(doc["engines"])
-    for ax, phase in zip(axes, PHASES):
+    # One panel per phase that has results (a prefill-only report gets no empty decode panel).
+    phases = [ph for ph in PHASES if any(table(doc["results"], e, ph) for e in engines)] or list(PHASES)
+    fig, axes = plt.subplots(1, len(phases), figsize=(6 * len(phases), 4.5), squeeze=False)
+    styles = ["o-", "s--", "^-.", "d:", "v-"]
+    for ax, phase in zip(axes[0], phases):
         for i, e in enumerate(engines):
             rs = sorted(table(doc["results"], e, phase).values(), key=lambda r: r["length"])
             if not rs:
