@@ -405,6 +405,11 @@ void probe_p14(Backend& gpu, Tally& tally) {
   float* dy = gpu.alloc(int64_t(P) * NS);
   std::vector<float> y(size_t(P) * NS), y0(size_t(P) * NS);
   const int bms[3] = {32, 64, 128};
+  {   // kernel 0 = the engine's mma.sync path: P1w (opted into by this tool) off for the gate/up GEMM
+    Ablations ab;
+    ab.off = {"P1w"};
+    cuda_tools::set_ablations(gpu, ab);
+  }
   std::printf("P14 probe: grouped MoE GEMMs on raw buffers (K=%d, N=%d, %d rows in 4 groups)\n", K, NS, P);
   std::fflush(stdout);
 
@@ -659,6 +664,7 @@ void probe_p14(Backend& gpu, Tally& tally) {
         tally.report(what, er, ee, extra);
       }
   }
+  cuda_tools::set_ablations(gpu, Ablations{});
 }
 
 int run(const Options& o) {
