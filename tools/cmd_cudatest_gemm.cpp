@@ -32,6 +32,11 @@
 namespace lily::cuda {   // backend/cuda/gemm.h (a CUDA header): the P13 test entry, synchronous
 void gemm_f16_raw(int kernel, const uint16_t* a, const float* rs, int T, int K, const uint16_t* b, int N, float* y,
                   int64_t ldy, bool accumulate);
+// backend/cuda/gemm.h: the P14 test entry (grouped MoE GEMM on raw buffers), synchronous
+void gemm_moe_raw(int kernel, int bm, bool swiglu, const uint16_t* a, const float* rs, const int8_t* aexp,
+                  const int* a_rows, int K, int N, int E, const void* codes, const void* scales, const void* biases,
+                  const void* codes2, const void* scales2, const void* biases2, const int* tiles, int n_tiles,
+                  const int* dst, const float* scale, float* y, uint16_t* act, int8_t* act_exp);
 }  // namespace lily::cuda
 #endif
 
@@ -300,6 +305,368 @@ void probe_p13(Backend& gpu, Tally& tally) {
     }
 }
 
+
+// The GEMM's k-order inside a 64-column group (gemm.h's gemm_kperm, which is not includable here):
+// staged column L holds input column cuda_kperm(L).
+constexpr int cuda_kperm(int L) {
+  return 16 * ((L >> 1) & 3) + 8 * (L >> 5) + 2 * ((L >> 4) & 1) + ((L >> 3) & 1) + 4 * (L & 1);
+}
+
+// ---- P14 probe: the grouped MoE GEMMs on raw buffers (gemm_moe_raw), kernel 0 = mma.sync (control),
+// 1 = the wgmma kernel of P14 (gemm_moe_wg.cuh), at tile-list M-tiles 32 / 64 / 128 --------------
+// 3 experts with 200 / 37 / 130 rows plus 50 rows of group E (the "shared expert" slot, here expert
+// 0's matrices), K = 1024 (16 steps: the rings wrap, two scale blocks), rows scattered to
+// dst[p] = (7p + 3) mod P. Down (scatter) mode, exact structured cases (aexp 0, scale 1):
+//   kmap1: A[p, staged column km(p)] = 1, W[n, k] = (k mod 16) + 16·(k / 64)  -> y = that of k
+//   kmap2: same A, W[n, k] = ((k mod 64) >> 4) + 4·(k / 64)                      (k = km's input column)
+//          (a wrong value names the k that met A's one: the dequantised tile's k order or swizzle);
+//   nmap:  same A, W[n, k] = (n + 37·e) mod 256 (scale 0)  -> y = that of (n, expert e): else the
+//          weight row / expert that landed in column n (N layout, group offset, epilogue columns);
+//   mmap:  A[p, km(p)] = p + 1, W = 1                      -> y[dst[p]] = p + 1: else the token row
+//          that landed there (activation rows, tile rows, dst scatter);
+//   rand:  random activations with per-(row, group) exponents in [-3, 3] and random weights,
+//          against a double reference (bound 2^-20 of sum |a·w|) and kernel 0.
+// SwiGLU (gate/up) mode, random: rows gathered through a_rows from 300 x rows with power-of-two row
+// scales, 512 gate + 512 up rows; the decoded activations act·2^-e against a double reference
+// (bound: 2^-9 of the row group's max + 2^-18 of the sums' magnitude) and kernel 0 (exponents equal,
+// activations within 1 fp16 ulp).
+void probe_p14(Backend& gpu, Tally& tally) {
+  const int K = 1024, NS = 768, E = 3;
+  const int cnt[4] = {200, 37, 130, 50};   // group E last
+  int P = 0;
+  for (int c : cnt) P += c;
+  const int G = K / 64;
+  auto km = [&](int p) { return (p * 37 + 11) % K; };                                  // staged column
+  auto kin = [&](int L) { return 64 * (L / 64) + cuda_kperm(L % 64); };          // its input column
+  auto bf16 = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return uint16_t(u >> 16);   // exact for the values used (<= 8 significant bits)
+  };
+  std::vector<int> dst(P), arows(P);
+  std::vector<float> scale(P, 1.f);
+  for (int p = 0; p < P; ++p) dst[p] = (7 * p + 3) % P;
+  // Host weights as (code, scale, bias) per expert; 2 matrices for SwiGLU.
+  struct HostW {
+    std::vector<uint32_t> codes;
+    std::vector<uint16_t> sc, bi;
+    std::vector<float> w;   // dequantised value s·q + b
+  };
+  auto make_w = [&](int N, const std::function<void(int e, int n, int k, int& q, float& s, float& b)>& f) {
+    HostW h;
+    h.codes.assign(size_t(E) * N * K / 8, 0);
+    h.sc.assign(size_t(E) * N * G, 0);
+    h.bi.assign(size_t(E) * N * G, 0);
+    h.w.assign(size_t(E) * N * K, 0.f);
+    for (int e = 0; e < E; ++e)
+      for (int n = 0; n < N; ++n)
+        for (int k = 0; k < K; ++k) {
+          int q;
+          float sv, bv;
+          f(e, n, k, q, sv, bv);
+          const size_t row = size_t(e) * N + n;
+          h.codes[row * (K / 8) + k / 8] |= uint32_t(q & 15) << (4 * (k % 8));
+          h.sc[row * G + k / 64] = bf16(sv);
+          h.bi[row * G + k / 64] = bf16(bv);
+          h.w[row * K + k] = sv * float(q) + bv;
+        }
+    return h;
+  };
+  auto dev_copy = [&](const void* src, int64_t bytes) {
+    float* d = gpu.alloc((bytes + 3) / 4);
+    gpu.copy_from_host(d, src, bytes);
+    return d;
+  };
+  auto up = [&](const void* src, int64_t bytes) { return dev_copy(src, bytes); };
+  // Tile list for M-tile bm; group of row p.
+  std::vector<int> grp(P);
+  {
+    int p = 0;
+    for (int e = 0; e < 4; ++e)
+      for (int i = 0; i < cnt[e]; ++i) grp[p++] = e;
+  }
+  auto tiles_for = [&](int bm) {
+    std::vector<int> t;
+    int off = 0;
+    for (int e = 0; e < 4; ++e) {
+      for (int i = 0; i * bm < cnt[e]; ++i) {
+        t.push_back(e);
+        t.push_back(off + i * bm);
+        t.push_back(std::min(bm, cnt[e] - i * bm));
+        t.push_back(0);
+      }
+      off += cnt[e];
+    }
+    return t;
+  };
+  auto wexp = [&](const HostW& h, int e, int N, int n, int k) {   // group E uses expert 0
+    return h.w[(size_t(e == E ? 0 : e) * N + n) * K + k];
+  };
+  float* dy = gpu.alloc(int64_t(P) * NS);
+  std::vector<float> y(size_t(P) * NS), y0(size_t(P) * NS);
+  const int bms[3] = {32, 64, 128};
+  {   // kernel 0 = the engine's mma.sync path: P1w (opted into by this tool) off for the gate/up GEMM
+    Ablations ab;
+    ab.off = {"P1w"};
+    cuda_tools::set_ablations(gpu, ab);
+  }
+  std::printf("P14 probe: grouped MoE GEMMs on raw buffers (K=%d, N=%d, %d rows in 4 groups)\n", K, NS, P);
+  std::fflush(stdout);
+
+  // ---- down (scatter) mode ----
+  std::vector<uint16_t> ha(size_t(P) * K);
+  std::vector<int8_t> hexp(size_t(P) * G, 0);
+  auto run_scatter = [&](const HostW& w, int kern, int bm) {
+    float* da = up(ha.data(), 2LL * ha.size());
+    float* dx = up(hexp.data(), int64_t(hexp.size()));
+    float* dc = up(w.codes.data(), 4LL * w.codes.size());
+    float* ds = up(w.sc.data(), 2LL * w.sc.size());
+    float* db = up(w.bi.data(), 2LL * w.bi.size());
+    float* dd = up(dst.data(), 4LL * P);
+    float* dsc = up(scale.data(), 4LL * P);
+    gpu.fill_zero(dy, 4LL * P * NS);
+    const std::vector<int> t = tiles_for(bm);
+    lily::cuda::gemm_moe_raw(kern, bm, false, reinterpret_cast<const uint16_t*>(da), nullptr,
+                             reinterpret_cast<const int8_t*>(dx), nullptr, K, NS, E, dc, ds, db, nullptr, nullptr,
+                             nullptr, t.data(), int(t.size() / 4), reinterpret_cast<const int*>(dd), dsc, dy, nullptr,
+                             nullptr);
+    gpu.copy_to_host(y.data(), dy, 4LL * P * NS);
+  };
+  auto exact = [&](const char* name, const HostW& w, const std::function<float(int p, int n)>& want) {
+    for (int bm : bms)
+      for (int kern = 0; kern < 2; ++kern) {
+        char what[160];
+        std::snprintf(what, sizeof what, "P14 probe down %-5s %-8s tile %-3d K=%d N=%d", name,
+                      kern ? "wgmma" : "mma.sync", bm, K, NS);
+        std::printf("  running %s\n", what);
+        std::fflush(stdout);
+        run_scatter(w, kern, bm);
+        int64_t bad = 0;
+        std::string first;
+        for (int p = 0; p < P; ++p)
+          for (int n = 0; n < NS; ++n) {
+            const float wv = want(p, n), got = y[size_t(dst[p]) * NS + n];
+            if (got == wv) continue;
+            if (++bad <= 6) {
+              char b[112];
+              std::snprintf(b, sizeof b, " (row %d grp %d, col %d): %g -> %g", p, grp[p], n, double(wv), double(got));
+              first += b;
+            }
+          }
+        Err e{}, ee{};
+        e.finite = ee.finite = bad == 0;
+        tally.report(what, e, ee, "  mismatches " + std::to_string(bad) + first);
+      }
+  };
+  std::fill(ha.begin(), ha.end(), 0);
+  for (int p = 0; p < P; ++p) ha[size_t(p) * K + km(p)] = f16_exact(1.f);
+  {
+    const HostW w1 = make_w(NS, [&](int, int, int k, int& q, float& sv, float& bv) {
+      q = k & 15;
+      sv = 1.f;
+      bv = float(16 * (k / 64));
+    });
+    exact("kmap1", w1, [&](int p, int) { const int k = kin(km(p)); return float((k & 15) + 16 * (k / 64)); });
+    const HostW w2 = make_w(NS, [&](int, int, int k, int& q, float& sv, float& bv) {
+      q = (k & 63) >> 4;
+      sv = 1.f;
+      bv = float(4 * (k / 64));
+    });
+    exact("kmap2", w2, [&](int p, int) { const int k = kin(km(p)); return float(((k & 63) >> 4) + 4 * (k / 64)); });
+    const HostW w3 = make_w(NS, [&](int e, int n, int, int& q, float& sv, float& bv) {
+      q = 5;
+      sv = 0.f;
+      bv = float((n + 37 * e) % 256);
+    });
+    exact("nmap", w3, [&](int p, int n) { const int e = grp[p] == E ? 0 : grp[p]; return float((n + 37 * e) % 256); });
+    for (int p = 0; p < P; ++p) ha[size_t(p) * K + km(p)] = f16_exact(float(p + 1));
+    const HostW w4 = make_w(NS, [&](int, int, int, int& q, float& sv, float& bv) {
+      q = 0;
+      sv = 0.f;
+      bv = 1.f;
+    });
+    exact("mmap", w4, [&](int p, int) { return float(p + 1); });
+  }
+  std::mt19937 rng(4321);
+  std::uniform_int_distribution<int> qd(-256, 256), ex(-3, 3), c16(0, 15), b17(-8, 8);
+  // Random weights, exact in the kernels' fp16 form: s = 1/16, b = j/16 (s·2^8·q + b·2^8 <= 368).
+  auto rand_w = [&](int N) {
+    return make_w(N, [&](int, int, int, int& q, float& sv, float& bv) {
+      q = c16(rng);
+      sv = 1.f / 16;
+      bv = float(b17(rng)) / 16;
+    });
+  };
+  {
+    // Activations q/256 stored as act = v·2^e (per (row, group) exponent e).
+    std::vector<double> v(size_t(P) * K);
+    for (int p = 0; p < P; ++p)
+      for (int g = 0; g < G; ++g) {
+        const int e = ex(rng);
+        hexp[size_t(p) * G + g] = int8_t(e);
+        for (int i = 0; i < 64; ++i) {
+          const int L = 64 * g + i;
+          const float a = float(qd(rng)) / 256.f;
+          ha[size_t(p) * K + L] = f16_exact(a);
+          v[size_t(p) * K + kin(L)] = std::ldexp(double(a), -e);
+        }
+      }
+    for (int p = 0; p < P; ++p) scale[p] = std::ldexp(1.f, ex(rng));
+    const HostW w = rand_w(NS);
+    std::vector<double> ref(size_t(P) * NS), mag(size_t(P) * NS);
+    for (int p = 0; p < P; ++p)
+      for (int n = 0; n < NS; ++n) {
+        double sa = 0, sb = 0;
+        for (int k = 0; k < K; ++k) {
+          const double t = v[size_t(p) * K + k] * wexp(w, grp[p], NS, n, k);
+          sa += t;
+          sb += std::fabs(t);
+        }
+        ref[size_t(p) * NS + n] = scale[p] * sa;
+        mag[size_t(p) * NS + n] = scale[p] * sb;
+      }
+    for (int bm : bms)
+      for (int kern = 0; kern < 2; ++kern) {
+        char what[160];
+        std::snprintf(what, sizeof what, "P14 probe down rand  %-8s tile %-3d K=%d N=%d", kern ? "wgmma" : "mma.sync",
+                      bm, K, NS);
+        std::printf("  running %s\n", what);
+        std::fflush(stdout);
+        run_scatter(w, kern, bm);
+        int64_t bad = 0;
+        double worst = 0, md = 0;
+        std::string first;
+        for (int p = 0; p < P; ++p)
+          for (int n = 0; n < NS; ++n) {
+            const size_t i = size_t(dst[p]) * NS + n;
+            const double want = ref[size_t(p) * NS + n], got = y[i];
+            const double tol = std::ldexp(mag[size_t(p) * NS + n], -20) + 1e-30;
+            worst = std::max(worst, std::fabs(got - want) / tol);
+            if (kern == 0) y0[i] = y[i];
+            else md = std::max(md, double(std::fabs(y[i] - y0[i])));
+            if (std::fabs(got - want) > tol && ++bad <= 4) {
+              char b[112];
+              std::snprintf(b, sizeof b, " (row %d grp %d, col %d): %.6g -> %.6g", p, grp[p], n, want, got);
+              first += b;
+            }
+          }
+        Err e{}, ee{};
+        e.finite = ee.finite = bad == 0;
+        char extra[320];
+        std::snprintf(extra, sizeof extra, "  mismatches %lld, worst %.2f of bound%s%s", (long long)bad, worst,
+                      kern == 0 ? "" : (md == 0 ? ", == mma.sync" : (", max |diff| to mma.sync " + std::to_string(md)).c_str()),
+                      first.c_str());
+        tally.report(what, e, ee, extra);
+      }
+  }
+
+  // ---- gate/up (SwiGLU) mode ----
+  {
+    const int NG = 512, TX = 300;   // gate rows (= output columns), x rows
+    std::vector<uint16_t> hx(size_t(TX) * K);
+    std::vector<double> xv(size_t(TX) * K);
+    std::vector<float> rs(TX);
+    for (int r = 0; r < TX; ++r) {
+      rs[r] = std::ldexp(1.f, ex(rng));   // x = a·rs, the kernel's factor rs·2^-8 on the 2^8 weights
+      for (int L = 0; L < K; ++L) {
+        const float a = float(qd(rng)) / 256.f;
+        hx[size_t(r) * K + L] = f16_exact(a);
+        xv[size_t(r) * K + kin(L)] = double(a) * rs[r];
+      }
+    }
+    for (int p = 0; p < P; ++p) arows[p] = (5 * p + 1) % TX;
+    const HostW wg = rand_w(NG), wu = rand_w(NG);
+    std::vector<double> ref(size_t(P) * NG), mag(size_t(P) * NG);
+    for (int p = 0; p < P; ++p)
+      for (int n = 0; n < NG; ++n) {
+        double gs = 0, us = 0, gm = 0, um = 0;
+        for (int k = 0; k < K; ++k) {
+          const double xk = xv[size_t(arows[p]) * K + k];
+          const double a1 = xk * wexp(wg, grp[p], NG, n, k), a2 = xk * wexp(wu, grp[p], NG, n, k);
+          gs += a1;
+          us += a2;
+          gm += std::fabs(a1);
+          um += std::fabs(a2);
+        }
+        const double sg = gs / (1.0 + std::exp(-gs));
+        ref[size_t(p) * NG + n] = sg * us;
+        mag[size_t(p) * NG + n] = (gm * std::fabs(us) + std::fabs(sg) * um);
+      }
+    float* dx = up(hx.data(), 2LL * hx.size());
+    float* drs = up(rs.data(), 4LL * TX);
+    float* dar = up(arows.data(), 4LL * P);
+    float* gc = up(wg.codes.data(), 4LL * wg.codes.size());
+    float* gsc = up(wg.sc.data(), 2LL * wg.sc.size());
+    float* gbi = up(wg.bi.data(), 2LL * wg.bi.size());
+    float* uc = up(wu.codes.data(), 4LL * wu.codes.size());
+    float* usc = up(wu.sc.data(), 2LL * wu.sc.size());
+    float* ubi = up(wu.bi.data(), 2LL * wu.bi.size());
+    float* dact = gpu.alloc(int64_t(P) * NG / 2);
+    float* dexp = gpu.alloc(int64_t(P) * (NG / 64) / 4 + 1);
+    std::vector<uint16_t> act(size_t(P) * NG), act0(size_t(P) * NG);
+    std::vector<int8_t> aex(size_t(P) * (NG / 64)), aex0(size_t(P) * (NG / 64));
+    auto h2f = [](uint16_t h) {
+      const int e = (h >> 10) & 31, m = h & 1023;
+      const double v = e == 0 ? std::ldexp(double(m), -24) : std::ldexp(double(m | 1024), e - 25);
+      return (h & 0x8000) ? -v : v;
+    };
+    for (int bm : bms)
+      for (int kern = 0; kern < 2; ++kern) {
+        char what[160];
+        std::snprintf(what, sizeof what, "P14 probe gate_up rand %-8s tile %-3d K=%d N=%d", kern ? "wgmma" : "mma.sync",
+                      bm, K, NG);
+        std::printf("  running %s\n", what);
+        std::fflush(stdout);
+        gpu.fill_zero(dact, 2LL * P * NG);
+        gpu.fill_zero(dexp, int64_t(P) * (NG / 64));
+        const std::vector<int> t = tiles_for(bm);
+        lily::cuda::gemm_moe_raw(kern, bm, true, reinterpret_cast<const uint16_t*>(dx), drs, nullptr,
+                                 reinterpret_cast<const int*>(dar), K, NG, E, gc, gsc, gbi, uc, usc, ubi, t.data(),
+                                 int(t.size() / 4), nullptr, nullptr, nullptr, reinterpret_cast<uint16_t*>(dact),
+                                 reinterpret_cast<int8_t*>(dexp));
+        gpu.copy_to_host(act.data(), dact, 2LL * P * NG);
+        gpu.copy_to_host(aex.data(), dexp, int64_t(P) * (NG / 64));
+        if (kern == 0) {
+          act0 = act;
+          aex0 = aex;
+        }
+        int64_t bad = 0, exp_diff = 0, ulp_diff = 0;
+        double worst = 0;
+        std::string first;
+        for (int p = 0; p < P; ++p)
+          for (int g = 0; g < NG / 64; ++g) {
+            double gmax = 0;
+            for (int i = 0; i < 64; ++i) gmax = std::max(gmax, std::fabs(ref[size_t(p) * NG + 64 * g + i]));
+            const int e = aex[size_t(p) * (NG / 64) + g];
+            if (kern == 1 && e != aex0[size_t(p) * (NG / 64) + g]) ++exp_diff;
+            for (int L = 0; L < 64; ++L) {
+              const size_t i = size_t(p) * NG + 64 * g + L;
+              const int n = 64 * g + cuda_kperm(L);
+              const double got = std::ldexp(h2f(act[i]), -e), want = ref[size_t(p) * NG + n];
+              const double tol = std::ldexp(gmax, -9) + std::ldexp(mag[size_t(p) * NG + n], -18) + 1e-30;
+              worst = std::max(worst, std::fabs(got - want) / tol);
+              if (kern == 1 && std::abs(int(act[i]) - int(act0[i])) > 1) ++ulp_diff;
+              if (std::fabs(got - want) > tol && ++bad <= 4) {
+                char b[112];
+                std::snprintf(b, sizeof b, " (row %d grp %d, col %d): %.6g -> %.6g", p, grp[p], n, want, got);
+                first += b;
+              }
+            }
+          }
+        Err er{}, ee{};
+        er.finite = ee.finite = bad == 0 && exp_diff == 0 && ulp_diff == 0;
+        char extra[320];
+        std::snprintf(extra, sizeof extra, "  mismatches %lld, worst %.2f of bound%s%s", (long long)bad, worst,
+                      kern == 0 ? ""
+                                : (", vs mma.sync: " + std::to_string(exp_diff) + " exponents differ, " +
+                                   std::to_string(ulp_diff) + " values > 1 ulp apart").c_str(),
+                      first.c_str());
+        tally.report(what, er, ee, extra);
+      }
+  }
+  cuda_tools::set_ablations(gpu, Ablations{});
+}
+
 int run(const Options& o) {
   // wgmma (P1w) is opt-in in the backend; the tests and benches here run it and its ablation.
   setenv("LILY_GEMM_WGMMA", "1", 1);
@@ -356,9 +723,14 @@ int run(const Options& o) {
     cuda_tools::set_ablations(*gpu, a);
   };
 
+  // --p14: only the P14 cases (check: the raw probe and the MoE block with LILY_MOE_WG=1; bench: the
+  // MoE block with LILY_MOE_WG=0 vs 1).
+  const bool p14 = o.flag("p14");
   if (!bench) {
-    probe_p13(*gpu, tally);
+    probe_p14(*gpu, tally);
+    if (!p14) probe_p13(*gpu, tally);
     // ---- dense GEMMs ----
+    if (!p14)
     for (const Shape& s : shapes) {
       const int N = int(s.host.rows), K = int(s.host.cols);
       for (int T : Ts) {
@@ -494,6 +866,7 @@ int run(const Options& o) {
             Variant{"", false, false, false, "128"}, Variant{"", false, false, false, "256"},
             Variant{"32", false, false, false, "128"}, Variant{"32", false, false, false, "256"},
             Variant{"128", false, false, false, "128"}, Variant{"128", false, false, false, "256"}}) {
+        if (p14) break;
         setenv("LILY_MOE_TILE", v.tile, 1);
         setenv("LILY_GEMM_WGMMA_GRP", "1", 1);   // the grouped GEMMs' wgmma form stays tested (off by default)
         setenv("LILY_GEMM_BN", v.bn, 1);
@@ -540,6 +913,68 @@ int run(const Options& o) {
                       diff > std::max(1, T / 50) ? " (too many)" : "", ident.c_str());
         tally.report(what, e, ee, extra, 0, v.f16 ? kEmuRmsBound : kEmuRmsMoeBf16);
       }
+      // P14: the grouped GEMMs on the wgmma kernel (LILY_MOE_WG=1), fp16, each case against the CPU
+      // references as above and against the engine's mma.sync path (LILY_MOE_WG=0, P1w off) in the
+      // same configuration just before it.
+      unsetenv("LILY_GEMM_WGMMA_GRP");
+      unsetenv("LILY_GEMM_BN");
+      set_gemm_precision(true);
+      std::vector<float> ymma(size_t(T) * H);
+      for (const char* tile : {"", "32", "64", "128", "host", "host64"}) {
+        const std::string ts = tile;
+        const bool host = ts.rfind("host", 0) == 0;
+        const std::string tl = host ? ts.substr(4) : ts;
+        setenv("LILY_MOE_TILE", tl.c_str(), 1);
+        set_abl(host ? std::vector<std::string>{"P1w", "P2"} : std::vector<std::string>{"P1w"});
+        for (int wg = 0; wg < 2; ++wg) {
+          char what[160];
+          std::snprintf(what, sizeof what, "moe T=%-4d tile %-4s fp16 %s P14 %s", T, tl.empty() ? "auto" : tl.c_str(),
+                        host ? "P2 off (host routing)" : "", wg ? "wgmma (LILY_MOE_WG=1)" : "off (mma.sync)");
+          std::printf("  running %s\n", what);
+          std::fflush(stdout);
+          setenv("LILY_MOE_WG", wg ? "1" : "0", 1);
+          gpu->fill_zero(yd, 4LL * T * H);
+          gpu->moe(c, dm, xd, T, yd);
+          gpu->copy_to_host(y.data(), yd, 4LL * T * H);
+          const std::vector<int32_t> ids = cuda_tools::last_moe_ids(*gpu);
+          std::vector<int> same, esame;
+          int diff = 0;
+          for (int t = 0; t < T; ++t) {
+            std::vector<int> a = topk_set(logits.data() + int64_t(t) * E, E, k);
+            std::vector<int> ae = topk_set(elogits.data() + int64_t(t) * E, E, k);
+            std::vector<int> b;
+            if (ids.size() == size_t(T) * k) b.assign(ids.begin() + int64_t(t) * k, ids.begin() + int64_t(t + 1) * k);
+            std::sort(b.begin(), b.end());
+            if (a == b) same.push_back(t);
+            else ++diff;
+            if (ae == b) esame.push_back(t);
+          }
+          Err e = compare(y.data(), H, ref.data(), H, H, same);
+          const Err ee = compare(y.data(), H, eref[1].data(), H, H, esame);
+          if (diff > std::max(1, T / 50)) e.finite = false;
+          std::string ident;
+          if (wg == 0) {
+            ymma = y;
+          } else {
+            double md = 0, mr = 0;
+            for (size_t i = 0; i < y.size(); ++i) {
+              md = std::max(md, double(std::fabs(y[i] - ymma[i])));
+              mr = std::max(mr, double(std::fabs(ymma[i])));
+            }
+            const Err dm2 = compare(y.data(), H, ymma.data(), H, H, all_rows(T));
+            char b[160];
+            std::snprintf(b, sizeof b, "  vs mma.sync: max |diff| %.3g (%.2e of max), rms %.2e%s", md,
+                          md / std::max(mr, 1e-300), dm2.rms, md == 0 ? " (== mma.sync)" : "");
+            ident = b;
+          }
+          char extra[320];
+          std::snprintf(extra, sizeof extra, "  routing differs on %d/%d tokens%s%s", diff, T,
+                        diff > std::max(1, T / 50) ? " (too many)" : "", ident.c_str());
+          tally.report(what, e, ee, extra, 0, kEmuRmsBound);
+        }
+      }
+      unsetenv("LILY_MOE_WG");
+      set_abl({});
     }
     unsetenv("LILY_MOE_TILE");
     unsetenv("LILY_GEMM_WGMMA_GRP");
@@ -559,6 +994,57 @@ int run(const Options& o) {
 
   // ---- bench ----
   const double peak = 790.0;   // H200 nominal dense bf16 tensor-core TFLOP/s
+  {
+    // P14: the MoE block with the grouped GEMMs on mma.sync (LILY_MOE_WG=0, the engine's default) and
+    // on the wgmma kernel (=1), tile auto / 64 / 128, alternating in one process (3 rounds, median of
+    // 20 each); then the per-stage split (profiler events, mean of 5 calls) of each.
+    set_abl({"P1w"});
+    set_gemm_precision(true);
+    const int H = c.hidden_size, I = c.moe_intermediate_size, k = c.num_experts_per_tok;
+    gpu->fill_zero(xd, 4 * max_x);
+    cuda_tools::fill_uniform(*gpu, xd, max_x, 1.7f, 7);
+    std::printf("P14 bench: MoE block, LILY_MOE_WG=0 (mma.sync) vs 1 (wgmma), 3 alternating rounds of median-of-20\n");
+    for (int T : {1024, 2048, 4096}) {
+      const double flop = 2.0 * T * (double(k) * 3 * I * H + 3.0 * I * H + double(c.num_experts) * H);
+      struct BV {
+        const char* name;
+        const char* wg;
+        const char* tile;
+      };
+      const BV vs[6] = {{"mma.sync auto", "0", ""}, {"wgmma auto", "1", ""},     {"mma.sync t64", "0", "64"},
+                        {"wgmma t64", "1", "64"},     {"mma.sync t128", "0", "128"}, {"wgmma t128", "1", "128"}};
+      std::vector<double> best(6, 1e30);
+      for (int round = 0; round < 3; ++round)
+        for (int i = 0; i < 6; ++i) {
+          setenv("LILY_MOE_WG", vs[i].wg, 1);
+          setenv("LILY_MOE_TILE", vs[i].tile, 1);
+          const double ms =
+              median(cuda_tools::time_ops(*gpu, [&] { gpu->moe(c, dev.layers[0].mlp, xd, T, yd); }, 3, 20));
+          best[i] = std::min(best[i], ms);
+          std::printf("  round %d moe T=%-4d %-14s %8.3f ms\n", round, T, vs[i].name, ms);
+          std::fflush(stdout);
+        }
+      for (int i = 0; i < 6; ++i) {
+        const double tf = flop / (best[i] * 1e-3) / 1e12;
+        std::printf("P14 moe T=%-4d %-14s %8.3f ms (best of 3)  %6.1f TFLOP/s  %5.3fx mma.sync\n", T, vs[i].name,
+                    best[i], tf, best[i & ~1] / best[i]);
+      }
+      for (int i = 0; i < 6; ++i) {
+        setenv("LILY_MOE_WG", vs[i].wg, 1);
+        setenv("LILY_MOE_TILE", vs[i].tile, 1);
+        gpu->moe(c, dev.layers[0].mlp, xd, T, yd);   // warm
+        cuda_tools::set_profiling(*gpu, true);
+        for (int r = 0; r < 5; ++r) gpu->moe(c, dev.layers[0].mlp, xd, T, yd);
+        for (const auto& op : cuda_tools::take_profile(*gpu))
+          std::printf("    T=%-4d %-14s %-28s %8.3f ms\n", T, vs[i].name, op.name.c_str(), op.ms / op.calls);
+        cuda_tools::set_profiling(*gpu, false);
+      }
+    }
+    unsetenv("LILY_MOE_WG");
+    unsetenv("LILY_MOE_TILE");
+    set_abl({});
+    if (p14) return 0;
+  }
   std::printf("bench: median of 20 after 3 warm-up calls; whole op = x conversion + GEMM; "
               "nominal bf16 dense peak %.0f TFLOP/s\n", peak);
   gpu->fill_zero(xd, 4 * max_x);
@@ -726,7 +1212,8 @@ int cudatest_gemm_main(int argc, char** argv) {
   Options o("cuda-test-gemm", "Check (or --bench) the cuda prefill GEMM and MoE against the cpu backend.",
             {{"seed", "1", "synthetic weights seed"},
              {"threads", "0", "cpu threads"},
-             {"bench", "false", "time the GEMM shapes and the MoE block instead of checking", "", true}});
+             {"bench", "false", "time the GEMM shapes and the MoE block instead of checking", "", true},
+             {"p14", "false", "only the P14 cases (grouped wgmma MoE GEMMs): probe + MoE block, or its bench", "", true}});
   if (!o.parse(argc, argv)) return 0;
 #ifdef LILY_HAVE_CUDA
   return run(o);

@@ -25,6 +25,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "backend/cuda/gemm.h"
 
@@ -825,6 +826,7 @@ int sm_count() {
 
 int env_int(const char* name, int def);
 #include "backend/cuda/gemm_wg16.cuh"
+#include "backend/cuda/gemm_moe_wg.cuh"
 
 template <int BM, int BT, int AM, int BN>
 void launch_gemm(const GemmArgs& a, int grid_m, int grid_n, cudaStream_t s) {
@@ -930,6 +932,7 @@ bool wg16_tma() {
   return env_int("LILY_GEMM_WG16_TMA", 1) != 0;
 }
 }  // namespace
+bool gemm_moe_wg() { return env_int("LILY_MOE_WG", 0) != 0; }
 void gemm_set_wg16(bool on) { g_wg16 = on; }
 bool gemm_wg16() { return g_wg16; }
 void gemm_set_wgmma(bool on) { g_wgmma = on; }
@@ -1101,6 +1104,10 @@ void gemm_grouped_swiglu(const GroupedB& b, const GemmA& x, const int* a_rows, c
   // P10: 256-wide tiles = 128 gate + 128 up rows, 128 activation columns (two exponent groups) per CTA;
   // 512 wide: 256 + 256 rows, 256 columns (four groups).
   const int am = x.f16 ? kAmF16 : kAmBf16;
+  if (am == kAmF16 && a.N % (kMwBN / 2) == 0 && gemm_moe_wg()) {   // P14
+    launch_moe_wg(am, bm, a, max_tiles, a.N / (kMwBN / 2), s);
+    return;
+  }
   int bn = moe_bn(am, bm);
   if (bn == kBNMoe && a.N % (kBNMoe / 2) != 0) bn = kBNWide;   // 512 wide: whole N tiles only
   launch_any(kQ4, am, bm, bn, a, max_tiles, (a.N + bn / 2 - 1) / (bn / 2), s);
@@ -1125,9 +1132,65 @@ void gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* 
   a.ldy = ldy;
   LILY_CHECK(!f16 || (act_exp && a.K <= kMaxGrpK), "gemm_grouped_scatter: fp16 needs the exponents, K <= 1024");
   const int am = f16 ? kAmF16Grp : kAmBf16;
+  if (am == kAmF16Grp && gemm_moe_wg()) {   // P14
+    launch_moe_wg(am, bm, a, max_tiles, (a.N + kMwBN - 1) / kMwBN, s);
+    return;
+  }
   int bn = moe_bn(am, bm);
   if (bn == kBNMoe && a.N % kBNMoe != 0) bn = kBNWide;   // 512 wide: whole N tiles only
   launch_any(kQ4, am, bm, bn, a, max_tiles, (a.N + bn - 1) / bn, s);
+}
+
+void gemm_moe_raw(int kernel, int bm, bool swiglu, const uint16_t* a16, const float* rs, const int8_t* aexp,
+                  const int* a_rows, int K, int N, int E, const void* codes, const void* scales, const void* biases,
+                  const void* codes2, const void* scales2, const void* biases2, const int* tiles, int n_tiles,
+                  const int* dst, const float* scale, float* y, uint16_t* act, int8_t* act_exp) {
+  static cudaStream_t s = nullptr;
+  if (!s) CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  LILY_CHECK(K % 512 == 0 && N % 128 == 0 && n_tiles > 0 && (bm == 32 || bm == 64 || bm == 128),
+             "gemm_moe_raw: arguments");
+  int4* dt = nullptr;
+  int* dn = nullptr;
+  CUDA_CHECK(cudaMalloc(&dt, size_t(n_tiles) * sizeof(int4)));
+  CUDA_CHECK(cudaMalloc(&dn, sizeof(int)));
+  CUDA_CHECK(cudaMemcpy(dt, tiles, size_t(n_tiles) * sizeof(int4), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(dn, &n_tiles, sizeof(int), cudaMemcpyHostToDevice));
+  auto mat = [&](const void* c, const void* sc, const void* bi) {
+    QMat w;
+    w.type = kQ4;
+    w.rows = N;
+    w.cols = K;
+    w.gs = 64;
+    w.data = c;
+    w.scales = sc;
+    w.biases = bi;
+    return w;
+  };
+  GroupedB b;
+  b.w[0] = b.extra[0] = mat(codes, scales, biases);
+  if (swiglu) b.w[1] = b.extra[1] = mat(codes2, scales2, biases2);
+  b.stride = int64_t(N) * K / 2;
+  b.sb_stride = int64_t(N) * (K / 64) * 2;
+  b.n_groups = E;
+  const char* old = std::getenv("LILY_MOE_WG");
+  const std::string keep = old ? old : "";
+  setenv("LILY_MOE_WG", kernel ? "1" : "0", 1);
+  if (swiglu) {
+    GemmA x;
+    x.a = a16;
+    x.rs = rs;
+    x.f16 = true;
+    gemm_grouped_swiglu(b, x, a_rows, dt, dn, n_tiles, bm, act, act_exp, N, s);
+  } else {
+    gemm_grouped_scatter(b, a16, aexp, true, dt, dn, n_tiles, bm, dst, scale, y, N, s);
+  }
+  if (old) setenv("LILY_MOE_WG", keep.c_str(), 1);
+  else unsetenv("LILY_MOE_WG");
+  const cudaError_t e = cudaStreamSynchronize(s);
+  cudaFree(dt);
+  cudaFree(dn);
+  CUDA_CHECK(e);
 }
 
 }  // namespace lily::cuda

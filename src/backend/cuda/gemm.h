@@ -69,6 +69,11 @@ bool gemm_wide();
 // opt-in: LILY_GEMM_WG16_TMA=1. gemm_set_wg16 is the P13 switch (on by default).
 void gemm_set_wg16(bool on);
 bool gemm_wg16();
+// P14 (opt-in, not yet measured): the MoE's grouped GEMMs with fp16 operands on a Hopper wgmma
+// kernel (gemm_moe_wg.cuh: producer warpgroup dequantising 256 weight rows per tile once into the
+// swizzled fp16 stage, 2 consumer warpgroups on m64nBMk16, BM = 64 / 128 tokens from the tile list)
+// when LILY_MOE_WG=1 (read per call; default 0). Takes precedence over LILY_GEMM_WGMMA_GRP.
+bool gemm_moe_wg();
 int gemm_small_n(int T);
 // gemm_ok(w) and w.rows >= gemm_small_n(T): the prefill matmul path for W at T tokens.
 bool gemm_takes(const QMat& w, int T);
@@ -103,6 +108,19 @@ void gemm(const QMat& w, const GemmA& x, int T, float* y, int64_t ldy, bool accu
 // tool declares it itself (this header is not includable from host-only C++).
 void gemm_f16_raw(int kernel, const uint16_t* a, const float* rs, int T, int K, const uint16_t* b, int N, float* y,
                   int64_t ldy, bool accumulate);
+
+// Test aid (P14): one grouped GEMM on raw device buffers, kernel 0 = the mma.sync kernel (as the
+// engine runs it with LILY_MOE_WG=0, width from moe_bn), 1 = gemm_moe_wg_kernel. swiglu: act/act_exp
+// (row stride N halves, N/64 exponents) = SwiGLU of the gate (codes/scales/biases) and up
+// (codes2/...) matrices, N rows each, on the fp16 rows a[a_rows[p]] with row scales rs; else y[dst[p], 0:N) (row
+// stride N) = scale[p] · (a_p · Wᵀ) with a's per-(row, group) exponents aexp [rows, K/64]. Weights:
+// E experts stacked, each [N, K] MLX 4-bit with bf16 scales/biases. tiles: n_tiles int4 entries
+// {expert, first row, rows, 0} (rows <= bm). Synchronous, own stream; plain C++ signature (the test
+// tool declares it itself).
+void gemm_moe_raw(int kernel, int bm, bool swiglu, const uint16_t* a, const float* rs, const int8_t* aexp,
+                  const int* a_rows, int K, int N, int E, const void* codes, const void* scales, const void* biases,
+                  const void* codes2, const void* scales2, const void* biases2, const int* tiles, int n_tiles,
+                  const int* dst, const float* scale, float* y, uint16_t* act, int8_t* act_exp);
 
 // ---- grouped GEMM (used by moe_prefill.cu) -------------------------------------------------
 // Rows are processed in M-tiles listed by a device tile map {group, first row, rows, 0}; the grid

@@ -1,0 +1,386 @@
+// Hopper (sm_90a) grouped GEMM for the MoE prefill (P14, opt-in: LILY_MOE_WG=1): the two expert
+// GEMMs of moe_prefill (gate/up with the SwiGLU epilogue, down with the scatter epilogue) on
+// wgmma with 256 weight rows per CTA tile, 4-bit weights dequantised ONCE per tile by a producer
+// warpgroup. A CTA of 3 warpgroups computes one tile-list entry (expert, first row, rows <= BM)
+// against 256 weight rows (blockIdx.x): warpgroup 0 (producer) streams each 64-column K step's
+// packed codes and scales/biases with cp.async into a private ring 4 steps ahead, the BM gathered
+// activation rows 1 step ahead into the operand ring, dequantises the codes with gemm_kernel's fp16
+// rounding (dq4_pair: s·2^8, b·2^8, one HFMA2) into the 128-byte-swizzled K-major fp16 tile, and
+// signals the step on its "full" mbarrier; warpgroups 1 and 2 (consumers) each issue two
+// wgmma.mma_async m64nBMk16 per k16 (weight rows 128·wgc + 0..63 and 64..127, tokens as wgmma N, as
+// in P1w) and release a step on its "empty" mbarrier once the wgmma group that read it completed.
+// Codes and scales are only ever read by the thread that copied them (thread r owns weight rows r
+// and r + 128), so their ring needs no barrier: the cp.async group order alone (codes of step kg
+// committed before the activations of step kg) lets one wait_group cover both.
+// Epilogues are gemm_kernel's (same factors, same fp16 rounding of the SwiGLU activations, one
+// exponent per (row, 64-column group)); only the summation order differs.
+// Every mbarrier wait is bounded (mw_wait: a trap after ~2 s or 2^30 polls), so a deadlock becomes
+// a launch error instead of a hang. Non-persistent (grid = 256-row blocks x worst-case tile
+// count; CTAs past *n_tiles exit): ~205-219 KB of shared memory, one CTA per SM.
+// Included by gemm.cu after gemm_wgmma.cuh and gemm_wg16.cuh, inside its anonymous namespace.
+
+constexpr int kMwThreads = 384;   // producer warpgroup + 2 consumer warpgroups
+constexpr int kMwBN = 256;        // weight rows per tile (wgmma M: 2 warpgroups x 2 m64 blocks)
+
+template <int BM>
+struct MwCfg {
+  static constexpr int S = BM == 128 ? 3 : 4;   // operand ring (fp16 weights + activations)
+  static constexpr int SR = 5;                  // codes ring, producer-private
+  static constexpr int DR = SR - 1;             // steps the codes are requested ahead
+  static constexpr int W_BYTES = kMwBN * 128;   // fp16 weights, 256 rows x 64 k
+  static constexpr int X_BYTES = BM * 128;      // fp16 activations, BM rows x 64 k
+  static constexpr int STAGE = W_BYTES + X_BYTES;
+  static constexpr int R_BYTES = kMwBN * 32;    // packed codes, 256 rows x 32 bytes
+  static constexpr int OFF_R = S * STAGE;
+  static constexpr int OFF_SB = OFF_R + SR * R_BYTES;              // [2 slots][2 kinds][256 rows][8] bf16
+  static constexpr int OFF_GF = OFF_SB + 2 * 2 * kMwBN * 16;       // AM 2: [BM][16] fp16 factors
+  static constexpr int OFF_RF = OFF_GF + BM * (kMaxGrpK / 64) * 2;   // AM 2: [BM] f32 epilogue factors
+  static constexpr int OFF_BAR = OFF_RF + BM * 4;                  // full[S], empty[S]
+  static constexpr int BYTES = OFF_BAR + 2 * S * 8;
+  static constexpr int SMEM = BYTES + 1024;                        // slack to align the base to 1024
+  static constexpr int XCH = BM * 8 / 128;                         // 16-byte activation chunks per producer thread
+  static constexpr int SVLD = kMwBN / 2 + 4;                       // SwiGLU staging row stride (floats)
+  static_assert(STAGE % 1024 == 0 && W_BYTES % 1024 == 0 && OFF_BAR % 8 == 0, "swizzle atoms are 1024-aligned");
+  static_assert(BM * SVLD * 4 <= S * STAGE, "SwiGLU staging tile fits in the operand ring");
+  static_assert(DR >= 2 && DR < 8, "codes lead: older than the step's activations, inside one scale block");
+  static_assert(SMEM <= 227 * 1024, "shared memory");
+};
+
+// Bounded mbarrier wait: try_wait in a loop; after 2^30 polls or ~2 s (%globaltimer, read every
+// 1024 polls) the thread traps, so a protocol error shows up as a launch failure, not a hang.
+__device__ __forceinline__ bool mw_try(uint32_t bar, int parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ uint64_t mw_clock() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __noinline__ void mw_wait_slow(uint32_t bar, int parity) {
+  const uint64_t t0 = mw_clock();
+  for (uint32_t n = 1;; ++n) {
+    if (mw_try(bar, parity)) return;
+    if ((n & 1023u) == 0 && (mw_clock() - t0 > 2000000000ull || n >= (1u << 30))) __trap();
+  }
+}
+__device__ __forceinline__ void mw_wait(uint32_t bar, int parity) {
+  if (!mw_try(bar, parity)) mw_wait_slow(bar, parity);
+}
+
+template <int BM, int AM>
+__global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_wg_kernel(const __grid_constant__ GemmArgs a) {
+  using C = MwCfg<BM>;
+  constexpr int S = C::S, SR = C::SR, DR = C::DR;
+  static_assert(AM == kAmF16 || AM == kAmF16Grp, "P14: fp16 operands only");
+  extern __shared__ __align__(1024) uint8_t mw_smem_raw[];
+  const uint32_t raw0 = smem_addr(mw_smem_raw);
+  const uint32_t pad = ((raw0 + 1023u) & ~1023u) - raw0;
+  uint8_t* smem = mw_smem_raw + pad;
+  const uint32_t sm0 = raw0 + pad;
+  uint16_t* sgf = reinterpret_cast<uint16_t*>(smem + C::OFF_GF);
+  float* srf = reinterpret_cast<float*>(smem + C::OFF_RF);
+  const uint32_t bar_full = sm0 + C::OFF_BAR, bar_empty = bar_full + 8 * S;
+
+  const int tid = threadIdx.x;
+  const int by = blockIdx.x;   // 256-row block of the weights (SwiGLU: 128 gate + 128 up rows)
+  pdl_trigger();
+  pdl_wait();   // the tile list, the activations and the outputs all come from the kernels before
+  if (int(blockIdx.y) >= *a.n_tiles) return;
+  const int4 tl = a.tiles[blockIdx.y];
+  const int group = tl.x, pos0 = tl.y, rows = tl.z;
+  const int K = a.K, nk = K / kBK;
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(bar_full + 8 * s, 128);    // every producer thread arrives once per step
+      mbar_init(bar_empty + 8 * s, 256);   // every consumer thread arrives once per step
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  // AM 2: per-row factors 2^(s_row - s_group) (fp16) and the epilogue factor 2^-(s_row + 8), as
+  // gemm_kernel (BM <= 128 producer threads).
+  if constexpr (AM == kAmF16Grp) {
+    if (tid < BM) {
+      const int G = K / 64;
+      const int8_t* e = a.act_exp + int64_t(pos0 + (tid < rows ? tid : 0)) * a.ld_exp;
+      int smin = 127;
+      for (int gi = 0; gi < G; ++gi) smin = min(smin, tid < rows ? int(e[gi]) : 0);
+      for (int gi = 0; gi < G; ++gi) {
+        const int dd = smin - (tid < rows ? int(e[gi]) : 0);
+        sgf[tid * (kMaxGrpK / 64) + gi] = __half_as_ushort(__float2half_rn(dd < -24 ? 0.f : ldexpf(1.f, dd)));
+      }
+      srf[tid] = ldexpf(kInvW, -smin);
+    }
+  }
+  __syncthreads();   // barrier init and AM-2 factors visible to all 384 threads
+
+  if (tid < 128) {
+    // ---- producer warpgroup: thread r owns weight rows r and r + 128 of the tile ----
+    const int r = tid;
+    const uint8_t* bsrc[2];
+    const uint8_t* ssrc[2];
+    const uint8_t* bisrc[2];
+    bool bval[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int R = r + 128 * hh;
+      int mat, col;
+      if (a.swiglu) {   // 8 gate + 8 up rows per 16, as gemm_kernel: columns by·128 + 0..127
+        mat = (R >> 3) & 1;
+        col = by * (kMwBN / 2) + (R >> 4) * 8 + (R & 7);
+      } else {
+        mat = 0;
+        col = by * kMwBN + R;
+      }
+      bval[hh] = col < a.N;
+      const QMat& w = group < a.b.n_groups ? a.b.w[mat] : a.b.extra[mat];
+      const int64_t goff = group < a.b.n_groups ? int64_t(group) * a.b.stride : 0;
+      const int64_t gsoff = group < a.b.n_groups ? int64_t(group) * a.b.sb_stride : 0;
+      const int64_t c = bval[hh] ? col : 0;   // rows past N read nothing from a valid address
+      bsrc[hh] = static_cast<const uint8_t*>(w.data) + goff + c * (K / 2);
+      ssrc[hh] = static_cast<const uint8_t*>(w.scales) + gsoff + c * (K / 64) * 2;
+      bisrc[hh] = static_cast<const uint8_t*>(w.biases) + gsoff + c * (K / 64) * 2;
+    }
+    // Codes of step q: slot q % SR, row R at R·32. Scales/biases of 8 groups per 16-byte copy,
+    // loaded with the codes of every 8th step: [slot][kind][row][8] (the block's slot was last read
+    // at step 8b - 9, before the copy issued at step 8b - DR).
+    auto load_codes = [&](int q) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int R = r + 128 * hh;
+        const uint32_t rd = sm0 + C::OFF_R + (q % SR) * C::R_BYTES + R * 32;
+        cp_async16(rd, bsrc[hh] + int64_t(q) * 32, bval[hh]);
+        cp_async16(rd + 16, bsrc[hh] + int64_t(q) * 32 + 16, bval[hh]);
+        if ((q & 7) == 0) {
+          const uint32_t sd = sm0 + C::OFF_SB + ((q >> 3) & 1) * (2 * kMwBN * 16) + R * 16;
+          cp_async16(sd, ssrc[hh] + (q >> 3) * 16, bval[hh]);
+          cp_async16(sd + kMwBN * 16, bisrc[hh] + (q >> 3) * 16, bval[hh]);
+        }
+      }
+    };
+    // Activation chunks of this thread: row m = idx >> 3, k-order chunk c = idx & 7.
+    const uint16_t* asrc[C::XCH];
+    bool aval[C::XCH];
+#pragma unroll
+    for (int j = 0; j < C::XCH; ++j) {
+      const int idx = tid + j * 128, m = idx >> 3, c = idx & 7;
+      aval[j] = m < rows;
+      int src = pos0;
+      if (aval[j]) src = a.a_rows ? a.a_rows[pos0 + m] : pos0 + m;
+      else if (a.a_rows) src = a.a_rows[pos0];
+      asrc[j] = a.a + int64_t(src) * K + c * 8;
+    }
+    auto xdst = [&](int j) { return swz((tid + j * 128) >> 3, tid & 7); };
+    auto load_x = [&](int q) {
+      const uint32_t xs = sm0 + (q % S) * C::STAGE + C::W_BYTES;
+#pragma unroll
+      for (int j = 0; j < C::XCH; ++j) cp_async16(xs + xdst(j), asrc[j] + q * kBK, aval[j]);
+    };
+    // Commit order: C0 .. C(DR-2), X0, C(DR-1), then per step kg: X(kg+1), C(kg+DR). After step
+    // kg's two commits exactly three groups are newer than X(kg), and C(kg) is older than X(kg),
+    // so wait_group 3 completes both (empty groups complete at once).
+    for (int q = 0; q < DR - 1; ++q) {
+      if (q < nk) load_codes(q);
+      cp_commit();
+    }
+    load_x(0);
+    cp_commit();
+    if (DR - 1 < nk) load_codes(DR - 1);
+    cp_commit();
+    for (int kg = 0; kg < nk; ++kg) {
+      const int q = kg + 1;
+      if (q < nk) {
+        // Slot q % S last held step q - S: wait until both consumer warpgroups released it.
+        if (q >= S) mw_wait(bar_empty + 8 * (q % S), ((q / S) + 1) & 1);
+        load_x(q);
+      }
+      cp_commit();
+      if (kg + DR < nk) load_codes(kg + DR);
+      cp_commit();
+      cp_wait<3>();   // X(kg) and C(kg) of this thread have landed
+      const int s = kg % S;
+      uint8_t* ws = smem + s * C::STAGE;
+      const int slot = (kg >> 3) & 1;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int R = r + 128 * hh;
+        const uint4* rw = reinterpret_cast<const uint4*>(smem + C::OFF_R + (kg % SR) * C::R_BYTES + R * 32);
+        const uint4 w0 = rw[0], w1 = rw[1];
+        const uint32_t wd[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+        const uint16_t* sb = reinterpret_cast<const uint16_t*>(smem + C::OFF_SB + slot * (2 * kMwBN * 16) + R * 16);
+        const uint16_t sv = sb[kg & 7], bv = sb[kMwBN * 8 + (kg & 7)];
+        const uint32_t s2 = h2_bits(__float2half2_rn(__uint_as_float(uint32_t(sv) << 16) * float(1 << kGemmF16WExp)));
+        const uint32_t b2 = h2_bits(__float2half2_rn(__uint_as_float(uint32_t(bv) << 16) * float(1 << kGemmF16WExp)));
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {   // chunk c: staged columns 8c..8c+7 (wg_chunk_map_ok)
+          uint32_t o[4];
+#pragma unroll
+          for (int v = 0; v < 4; ++v) o[v] = dq4_pair<true>(wd[2 * v + (c >> 2)], c & 3, s2, b2);
+          *reinterpret_cast<uint4*>(ws + swz(R, c)) = make_uint4(o[0], o[1], o[2], o[3]);
+        }
+      }
+      if constexpr (AM == kAmF16Grp) {   // this group's factor on the thread's own activation chunks
+        uint8_t* xs = ws + C::W_BYTES;
+#pragma unroll
+        for (int j = 0; j < C::XCH; ++j) {
+          if (!aval[j]) continue;
+          const int m = (tid + j * 128) >> 3;
+          const __half2 f = bits_h2(uint32_t(sgf[m * (kMaxGrpK / 64) + kg]) * 0x10001u);
+          uint4* p = reinterpret_cast<uint4*>(xs + xdst(j));
+          uint4 v = *p;
+          v.x = h2_bits(__hmul2(bits_h2(v.x), f));
+          v.y = h2_bits(__hmul2(bits_h2(v.y), f));
+          v.z = h2_bits(__hmul2(bits_h2(v.z), f));
+          v.w = h2_bits(__hmul2(bits_h2(v.w), f));
+          *p = v;
+        }
+      }
+      fence_proxy_async();   // st.shared / cp.async writes -> wgmma operand reads (async proxy)
+      mbar_arrive(bar_full + 8 * s);
+    }
+    cp_wait<0>();
+    return;
+  }
+
+  // ---- consumer warpgroups: wgc 0/1 computes weight rows 128·wgc .. 128·wgc + 127 of the tile, as
+  // two m64 blocks h = 0, 1 ----
+  const int ct = tid - 128, wgc = ct >> 7, warp = (ct >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  constexpr int R = BM / 2;   // accumulators per thread per m64 block: 64 x BM over 128 threads
+  float acc0[R], acc1[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) acc0[i] = acc1[i] = 0.f;
+  for (int kg = 0; kg < nk; ++kg) {
+    const int s = kg % S;
+    mw_wait(bar_full + 8 * s, (kg / S) & 1);
+    const uint32_t wa = sm0 + s * C::STAGE + wgc * 128 * 128;
+    const uint32_t xa = sm0 + s * C::STAGE + C::W_BYTES;
+    wg_fence_regs<R>(acc0);
+    wg_fence_regs<R>(acc1);
+    wg_fence();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {   // k16 steps: 32 bytes further inside each 128-byte swizzled row
+      wgmma_tile<BM>(acc0, wg_desc(wa + 32 * i), wg_desc(xa + 32 * i));
+      wgmma_tile<BM>(acc1, wg_desc(wa + 64 * 128 + 32 * i), wg_desc(xa + 32 * i));
+    }
+    wg_commit();
+    wg_wait<1>();   // step kg - 1 has finished reading its slot
+    wg_fence_regs<R>(acc0);
+    wg_fence_regs<R>(acc1);
+    if (kg > 0) mbar_arrive(bar_empty + 8 * ((kg - 1) % S));
+  }
+  wg_wait<0>();
+  wg_fence_regs<R>(acc0);
+  wg_fence_regs<R>(acc1);
+
+  // ---- epilogue. Accumulator i of block h (warp w of its warpgroup, lane 4g + t): weight row
+  // 128·wgc + 64·h + 16w + g + 8·((i >> 1) & 1) of the tile's 256, token 8·(i >> 2) + 2t + (i & 1). ----
+  auto row_factor = [&](int m) -> float {
+    if constexpr (AM == kAmF16Grp) return srf[m];
+    return a.a_scale[a.a_rows ? a.a_rows[pos0 + m] : pos0 + m] * kInvW;
+  };
+  if (a.mode == kSwiGLU) {
+    // Row 128·wgc + 64h + 16w + 8hh + g is the gate (hh = 0) or up (hh = 1) row of CTA column
+    // cc = 64·wgc + 32h + 8w + g (gemm_kernel's interleave), so one thread holds both halves of a pair.
+    named_sync(1, 256);   // all consumers done with the operand ring (the producer wrote its last step)
+    float* sv = reinterpret_cast<float*>(smem);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float* acc = h ? acc1 : acc0;
+      const int cc = 64 * wgc + 32 * h + 8 * warp + g;
+#pragma unroll
+      for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int m = 8 * j + 2 * t + e;
+          const float rf = m < rows ? row_factor(m) : 0.f;
+          const float gv = rf * acc[4 * j + e], uv = rf * acc[4 * j + 2 + e];
+          sv[m * C::SVLD + cc] = gv / (1.f + __expf(-gv)) * uv;
+        }
+    }
+    named_sync(1, 256);
+    // Eight threads per (row, 64-column group) write 16 bytes each in the down GEMM's k-order, with
+    // the group's exponent from the max over the 8 (gemm_kernel's step 2; BM·2 is a multiple of 32,
+    // so the loop is uniform across a warp for the shuffles).
+    const int L0 = 8 * (ct & 7);
+    for (int mg = ct >> 3; mg < BM * 2; mg += 256 / 8) {
+      const int m = mg >> 1, gi = mg & 1, G = by * 2 + gi;
+      float v[8], amax = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        v[i] = sv[m * C::SVLD + gi * 64 + gemm_kperm(L0 + i)];
+        amax = fmaxf(amax, fabsf(v[i]));
+      }
+#pragma unroll
+      for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      if (m >= rows || G * 64 >= a.N) continue;
+      const int64_t pos = pos0 + m;
+      const int se = f16_row_exp(amax);
+      const float up = pow2f(se);
+      uint32_t o[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) o[u] = h2_bits(__floats2half2_rn(v[2 * u] * up, v[2 * u + 1] * up));
+      if ((ct & 7) == 0) a.act_exp[pos * a.ld_exp + G] = int8_t(se);
+      *reinterpret_cast<uint4*>(a.act + pos * a.ld_act + G * 64 + L0) = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+    return;
+  }
+  // Scatter (the down GEMM): y[dst[pos], n] = scale[pos] · factor · acc.
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int m = 8 * j + 2 * t + e;
+      if (m >= rows) continue;
+      const int64_t pos = pos0 + m;
+      float sc = row_factor(m);
+      int64_t orow = pos;
+      if (a.mode == kScatter) {
+        orow = a.dst[pos];
+        sc *= a.scale[pos];
+      }
+      float* yrow = a.y + orow * a.ldy;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int n = by * kMwBN + 128 * wgc + 64 * h + 16 * warp + 8 * hh + g;
+          if (n >= a.N) continue;
+          const float v = sc * (h ? acc1 : acc0)[4 * j + 2 * hh + e];
+          yrow[n] = a.mode == kAccum ? yrow[n] + v : v;
+        }
+    }
+}
+
+// Grid (weight-row blocks, worst-case tiles): the 256-row blocks of one tile run next to each
+// other (they share the tile's gathered activation rows in L2).
+template <int BM, int AM>
+void launch_moe_wg_t(const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t s) {
+  static bool attr = false;
+  if (!attr) {
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_moe_wg_kernel<BM, AM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    MwCfg<BM>::SMEM));
+    attr = true;
+  }
+  launch(gemm_moe_wg_kernel<BM, AM>, dim3(grid_n, max_tiles), dim3(kMwThreads), size_t(MwCfg<BM>::SMEM), s, a);
+  CUDA_LAUNCH_CHECK();
+}
+// bm: the tile list's M-tile (32 runs the 64 kernel: rows <= 32 of 64).
+void launch_moe_wg(int am, int bm, const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t s) {
+  LILY_CHECK(a.K % kBK == 0 && a.K / kBK >= 1 && (am != kAmF16Grp || a.K <= kMaxGrpK), "gemm: P14 shape");
+  if (bm == 128) {
+    if (am == kAmF16Grp) launch_moe_wg_t<128, kAmF16Grp>(a, max_tiles, grid_n, s);
+    else launch_moe_wg_t<128, kAmF16>(a, max_tiles, grid_n, s);
+  } else {
+    if (am == kAmF16Grp) launch_moe_wg_t<64, kAmF16Grp>(a, max_tiles, grid_n, s);
+    else launch_moe_wg_t<64, kAmF16>(a, max_tiles, grid_n, s);
+  }
+}
