@@ -555,8 +555,11 @@ __device__ __forceinline__ void split_pack(float a, float b, uint32_t& h, uint32
 // only then split, so its cancellation (q̂'s components along keys written with β ≈ 1) loses nothing
 // beyond fp32 rounding of the larger terms.
 // grid (nch, nv), block 256 (8 warps), 2 CTAs per SM.
-template <bool kScan3>
+// kMode: 0 = U / W / P / diag(γ)Q (scan2), 1 = kScan3 with M on tensor cores, 2 = kScan3 with M in
+// fp32 FMAs (the session-6 form, LILY_GDN_P11 bit 3: a test row that localises an M failure).
+template <int kMode>
 __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_constant__ IntraArgs p) {
+  constexpr bool kScan3 = kMode != 0;
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* qh = reinterpret_cast<bf16*>(smraw);   // [kC][kRS] q̂ hi / lo (v hi / lo after the products), k̂ hi / lo
   bf16* ql = qh + kC * kRS;
@@ -783,7 +786,36 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
     }
   }
 
-  if (kScan3) {
+  if (kMode == 2) {
+    // M = P T (lower triangular) in fp32 FMAs: thread = 4×4 tile, rows 4a.., columns 4bq..; k runs
+    // over 4bq..4a+3 (T_kj = 0 for k < j there: those places are inside diagonal blocks, which the
+    // solve wrote in full); P_ik for k > i is masked (those places of Am hold A).
+    const int a = tid >> 4, bq = tid & 15;
+    float m[4][4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+#pragma unroll
+      for (int f = 0; f < 4; ++f) m[e][f] = 0.f;
+    if (a >= bq) {
+#pragma unroll 4
+      for (int k = 4 * bq; k <= 4 * a + 3; ++k) {
+        const float4 pk = *reinterpret_cast<const float4*>(Am + k * kAS + 4 * a);   // P_{4a+e, k}
+        const float4 tk = *reinterpret_cast<const float4*>(Tm + k * kAS + 4 * bq);  // T_{k, 4bq+f}
+        const float pe[4] = {k <= 4 * a ? pk.x : 0.f, k <= 4 * a + 1 ? pk.y : 0.f, k <= 4 * a + 2 ? pk.z : 0.f, pk.w};
+        const float te[4] = {tk.x, tk.y, tk.z, tk.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+#pragma unroll
+          for (int f = 0; f < 4; ++f) m[e][f] = fmaf(pe[e], te[f], m[e][f]);
+      }
+    }
+    __syncthreads();   // Pᵀ read by everyone: M replaces it, whole 16×16 blocks on and below the diagonal
+    if ((a >> 2) >= (bq >> 2)) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        *reinterpret_cast<float4*>(Am + (4 * a + e) * kAS + 4 * bq) = make_float4(m[e][0], m[e][1], m[e][2], m[e][3]);
+    }
+  } else if (kScan3) {
     // M = P T on tensor cores, split bf16 (P and T are split in registers from the fp32 tiles, three
     // MMAs per k-step, fp32 accumulation: the same precision class as the other products). M is
     // lower triangular; its ten 16×16 blocks (I, J), I ≥ J, cost I − J + 1 k-steps each (K = J..I:
@@ -1427,7 +1459,7 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
 }
 
 // ---- P11 scan3 (LILY_GDN_P11 bit 4): the chunk scan with only the state-dependent work ----------
-// With Q~ and O0 from gdn_chunk_intra2_kernel<true>, a chunk needs
+// With Q~ and O0 from gdn_chunk_intra2_kernel<1>, a chunk needs
 //   Δ = U − W S,   O = Q~ S + O0,   S ← γ_C S + K'ᵀ Δ,
 // so P, P Δ and its operands leave the scan. Per chunk: one barrier, phase 1 = W S and Q~ S in one
 // pass over S's fragments (four accumulators, each split over even / odd k-steps: 12-deep MMA chains,
@@ -1770,16 +1802,19 @@ void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s) {
   static bool attr_set = false;
   if (!attr_set) {
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kIntraSmem)));
-    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra2_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra2_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kIntra2Smem)));
-    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra2_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra2_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(kIntra2Smem)));
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra2_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kIntra2Smem)));
     attr_set = true;
   }
   const int p11 = gdn_chunk_p11();
   IntraArgs a{d, u, beta, g, T, b, p11 == 7 ? 1 : 0};
-  if (p11 & 16) launch(gdn_chunk_intra2_kernel<true>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P11 scan3
-  else if (p11 & 1) launch(gdn_chunk_intra2_kernel<false>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P11
+  if ((p11 & 24) == 24) launch(gdn_chunk_intra2_kernel<2>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // scan3, FMA M
+  else if (p11 & 16) launch(gdn_chunk_intra2_kernel<1>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P11 scan3
+  else if (p11 & 1) launch(gdn_chunk_intra2_kernel<0>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P11
   else launch(gdn_chunk_intra_kernel, dim3(b.nch, d.nv), dim3(256), kIntraSmem, s, a);
   CUDA_LAUNCH_CHECK();
 }
