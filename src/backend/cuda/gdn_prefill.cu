@@ -547,13 +547,14 @@ __device__ __forceinline__ void split_pack(float a, float b, uint32_t& h, uint32
 }
 
 // kScan3 (P11 bit 4, for gdn_chunk_scan3_kernel): everything of the output that does not depend on
-// the carried state moves here. With M = P T (64×64, lower triangular, fp32 FMAs),
+// the carried state moves here. With M = P T (64×64, lower triangular; split-bf16 MMAs over its ten
+// nonzero 16×16 blocks, 5 k-steps per warp),
 //   O = diag(γ)Q S₀ + P (U − W S₀) = Q~ S₀ + O0,  Q~ = diag(γ)Q − M diag(βγ) K,  O0 = M diag(β) V,
 // and the two products are the U / W products with T replaced by M (same tiles, same code). P
 // lives transposed in the upper triangle of A's buffer (A is strictly lower, P_is has s ≤ i), then M
-// overwrites it; Q~ is formed in fp32 (γ_i q̂_i from the fp32 input minus the fp32 accumulator) and
-// only then split, so its cancellation (q̂'s components along keys written with β ≈ 1) loses nothing
-// beyond fp32 rounding of the larger terms.
+// overwrites it; Q~ is formed in fp32 (the K part's accumulator starts at γ_i q̂_i from the fp32
+// input and takes −M diag(βγ) K) and only then split, so its cancellation (q̂'s components along
+// keys written with β ≈ 1) loses nothing beyond fp32 rounding of the larger terms.
 // grid (nch, nv), block 256 (8 warps), 2 CTAs per SM.
 // kMode: 0 = U / W / P / diag(γ)Q (scan2), 1 = kScan3 with M on tensor cores, 2 = kScan3 with M in
 // fp32 FMAs (the session-6 form, LILY_GDN_P11 bit 3: a test row that localises an M failure).
