@@ -115,7 +115,7 @@ struct Variant {
   std::string qreg = "0";        // LILY_ATTN_QREG (P12 experiment: flash Q fragments in registers)
   std::string wg = "";           // LILY_ATTN_WG ("" = the engine's default, 2: S and P·V on wgmma; 1 = S only; 0 = mma.sync)
   bool diag = false;             // diagnostic: reported, never counted as a failure
-  std::string p11 = "3";         // LILY_GDN_P11 (parts of P11: 1 per-chunk pass, 2 chunk scan, 16 scan3)
+  std::string p11 = "3";         // LILY_GDN_P11 (parts of P11: 1 per-chunk pass, 2 chunk scan, 16 scan3, 8 + 16 scan3 with M in FMAs)
 };
 void apply(Backend& gpu, const Variant& v) {
   setenv("LILY_GDN_SCAN_NC", v.scan_nc.c_str(), 1);
@@ -282,7 +282,8 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                    {"P4c P11 per-chunk only", {}, "0", "16", 3, "1", "1", "0", "0", "0", "", false, "1"},
                                    {"P4c P11 scan only", {}, "0", "16", 3, "1", "1", "0", "0", "0", "", false, "2"},
                                    {"P4c P11 shared q/k", {}, "0", "16", 3, "1", "1", "0", "0", "0", "", false, "7"},
-                                   {"P4c P11 scan3", {}, "0", "16", 3, "1", "1", "0", "0", "0", "", false, "19"}};
+                                   {"P4c P11 scan3", {}, "0", "16", 3, "1", "1", "0", "0", "0", "", false, "19"},
+                                   {"P4c scan3 FMA M", {}, "0", "16", 3, "1", "1", "0", "0", "0", "", false, "27"}};
   // fp16 cache (default) first; with it the flash knobs bf16kv / bf16 ops do not apply. Then D18
   // off (f32 cache) with every flash form of before.
   const std::vector<Variant> av = {{"kv16 P6 off (per-tok)", {"P6"}, "0", "16", 1},
@@ -486,7 +487,8 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed, const std::stri
     float *qkv = gb.qkv, *z = gb.z, *a = gb.a, *b = gb.b, *y = gb.y;
     for (const Variant& v : {Variant{"P11 on", {}, "0", "16", 0, "1"}, Variant{"P11 off", {"P11"}, "0", "16", 0, "1"},
                              Variant{"P11 shq", {}, "0", "16", 0, "1", "1", "0", "0", "0", "", false, "7"},
-                             Variant{"P11 scan3", {}, "0", "16", 0, "1", "1", "0", "0", "0", "", false, "19"}}) {
+                             Variant{"P11 scan3", {}, "0", "16", 0, "1", "1", "0", "0", "0", "", false, "19"},
+                             Variant{"s3 FMA M", {}, "0", "16", 0, "1", "1", "0", "0", "0", "", false, "27"}}) {
       apply(gpu, v);
       auto call = [&] {
         for (int done = 0; done < total; done += T) gpu.gdn(c, w, st, qkv, z, a, b, T, y);

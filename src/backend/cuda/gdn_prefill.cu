@@ -547,16 +547,20 @@ __device__ __forceinline__ void split_pack(float a, float b, uint32_t& h, uint32
 }
 
 // kScan3 (P11 bit 4, for gdn_chunk_scan3_kernel): everything of the output that does not depend on
-// the carried state moves here. With M = P T (64×64, lower triangular, fp32 FMAs),
+// the carried state moves here. With M = P T (64×64, lower triangular; split-bf16 MMAs over its ten
+// nonzero 16×16 blocks, 5 k-steps per warp),
 //   O = diag(γ)Q S₀ + P (U − W S₀) = Q~ S₀ + O0,  Q~ = diag(γ)Q − M diag(βγ) K,  O0 = M diag(β) V,
 // and the two products are the U / W products with T replaced by M (same tiles, same code). P
 // lives transposed in the upper triangle of A's buffer (A is strictly lower, P_is has s ≤ i), then M
-// overwrites it; Q~ is formed in fp32 (γ_i q̂_i from the fp32 input minus the fp32 accumulator) and
-// only then split, so its cancellation (q̂'s components along keys written with β ≈ 1) loses nothing
-// beyond fp32 rounding of the larger terms.
+// overwrites it; Q~ is formed in fp32 (the K part's accumulator starts at γ_i q̂_i from the fp32
+// input and takes −M diag(βγ) K) and only then split, so its cancellation (q̂'s components along
+// keys written with β ≈ 1) loses nothing beyond fp32 rounding of the larger terms.
 // grid (nch, nv), block 256 (8 warps), 2 CTAs per SM.
-template <bool kScan3>
+// kMode: 0 = U / W / P / diag(γ)Q (scan2), 1 = kScan3 with M on tensor cores, 2 = kScan3 with M in
+// fp32 FMAs (the session-6 form, LILY_GDN_P11 bit 3: a test row that localises an M failure).
+template <int kMode>
 __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_constant__ IntraArgs p) {
+  constexpr bool kScan3 = kMode != 0;
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* qh = reinterpret_cast<bf16*>(smraw);   // [kC][kRS] q̂ hi / lo (v hi / lo after the products), k̂ hi / lo
   bf16* ql = qh + kC * kRS;
@@ -783,7 +787,7 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
     }
   }
 
-  if (kScan3) {
+  if (kMode == 2) {
     // M = P T (lower triangular) in fp32 FMAs: thread = 4×4 tile, rows 4a.., columns 4bq..; k runs
     // over 4bq..4a+3 (T_kj = 0 for k < j there: those places are inside diagonal blocks, which the
     // solve wrote in full); P_ik for k > i is masked (those places of Am hold A).
@@ -812,27 +816,99 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
       for (int e = 0; e < 4; ++e)
         *reinterpret_cast<float4*>(Am + (4 * a + e) * kAS + 4 * bq) = make_float4(m[e][0], m[e][1], m[e][2], m[e][3]);
     }
+  } else if (kScan3) {
+    // M = P T on tensor cores, split bf16 (P and T are split in registers from the fp32 tiles, three
+    // MMAs per k-step, fp32 accumulation: the same precision class as the other products). M is
+    // lower triangular; its ten 16×16 blocks (I, J), I ≥ J, cost I − J + 1 k-steps each (K = J..I:
+    // T_KJ = 0 for K < J, P_IK = 0 for K > I), 20 in all per 8-column half. Warp (g, h8) takes the
+    // 8-column half h8 of the blocks of list g, 5 k-steps for every warp:
+    //   g0: (3,0) (0,0)   g1: (2,0) (1,0)   g2: (3,1) (2,1)   g3: (3,2) (1,1) (2,2) (3,3)
+    // P_ik is read from its transposed place [k][i]; on a diagonal block the places k > i hold A,
+    // masked to zero. The diagonal blocks of M come out zero above the diagonal (P masked, T zero
+    // there), so whole blocks are written.
+    const int g = warp >> 1, h8 = warp & 1;
+    const int Ipk = g == 0 ? 0x03 : g == 1 ? 0x12 : g == 2 ? 0x23 : 0x3213;   // I of entry bi: nibble bi
+    const int Jpk = g == 0 ? 0x00 : g == 1 ? 0x00 : g == 2 ? 0x11 : 0x3212;
+    const int nb = g == 3 ? 4 : 2;
+    float mc[4][4];
+#pragma unroll
+    for (int bi = 0; bi < 4; ++bi) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mc[bi][e] = 0.f;
+      if (bi < nb) {
+        const int I = (Ipk >> (4 * bi)) & 15, J = (Jpk >> (4 * bi)) & 15;
+        const int nn = 16 * J + 8 * h8 + gq;   // B column (this lane's n)
+#pragma unroll 1
+        for (int K = J; K <= I; ++K) {
+          uint32_t ah[4], al[4], bh[2], bl[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {   // k = 16K + 2tq + 8h (+1)
+            const int k = 16 * K + 2 * tq + 8 * h;
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {   // rows i = 16I + gq + 8rr
+              const int i = 16 * I + gq + 8 * rr;
+              const float p0 = k <= i ? Am[k * kAS + i] : 0.f;
+              const float p1 = k + 1 <= i ? Am[(k + 1) * kAS + i] : 0.f;
+              split_pack(p0, p1, ah[2 * h + rr], al[2 * h + rr]);
+            }
+            split_pack(Tm[k * kAS + nn], Tm[(k + 1) * kAS + nn], bh[h], bl[h]);
+          }
+          mma_bf16x3(mc[bi], ah, al, bh[0], bh[1], bl[0], bl[1]);
+        }
+      }
+    }
+    __syncthreads();   // Pᵀ read by everyone: M replaces it
+#pragma unroll
+    for (int bi = 0; bi < 4; ++bi) {
+      if (bi < nb) {
+        const int I = (Ipk >> (4 * bi)) & 15, J = (Jpk >> (4 * bi)) & 15;
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr)
+          *reinterpret_cast<float2*>(Am + (16 * I + gq + 8 * rr) * kAS + 16 * J + 8 * h8 + 2 * tq) =
+              make_float2(mc[bi][2 * rr], mc[bi][2 * rr + 1]);
+      }
+    }
   }
 
   // L (T, or M for kScan3's second pass) times [diag(β) V | diag(βγ) K]: warps 0-3 the V part,
   // warps 4-7 the K part. L is lower triangular, so row block mt costs mt + 1 k-steps: warp (isw,
   // pr, ch) takes row blocks pr and 3 − pr (5 k-steps together, the same for every warp) × columns
   // 64·ch..64·ch+63. A fragments straight from L in fp32, scaled per column and split in registers.
-  // epi(isw, row, column, x0, x1) gets the results two columns at a time.
-  auto tri_product = [&](const float* L, auto&& epi) {
+  // epi(isw, row, column, x0, x1) gets the results two columns at a time. qt (kScan3's second pass):
+  // the K part's accumulators start at diag(γ) q̂ (fp32, from the input) and its L is negated, so it
+  // comes out as Q~ = diag(γ)Q − M diag(βγ) K, the difference taken in the fp32 accumulator; the 16
+  // loads of q̂ per row block are issued together in front of the MMAs.
+  auto tri_product = [&](const float* L, bool qt, auto&& epi) {
     const int isw = warp >> 2, pr = warp & 1, ch = (warp >> 1) & 1, lr = lane & 7, q = lane >> 3;
     const bf16* Bh = isw ? kh : qh;
     const bf16* Bl = isw ? kl : ql;
     const float* sc = isw ? bgam : bs;
+    const bool neg = qt && isw;   // warp-uniform
     const int boff = (lr + 8 * (q & 1)) * kRS + 64 * ch + 8 * (q >> 1);   // B [token][column] (ldmatrix.trans)
 #pragma unroll 1
     for (int rbk = 0; rbk < 2; ++rbk) {
       const int mt = rbk ? 3 - pr : pr;
       float acc[8][4];
+      if (neg) {
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
+        for (int rr = 0; rr < 2; ++rr) {
+          const int i = 16 * mt + gq + 8 * rr;
+          const float gi = gam[i];
+          const float* qrow = p.u + int64_t(t0 + i) * CD + khd * kHD + 64 * ch + 2 * tq;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+          for (int nt = 0; nt < 8; ++nt) {
+            float2 qq = make_float2(0.f, 0.f);
+            if (i < n) qq = __ldg(reinterpret_cast<const float2*>(qrow + 8 * nt));
+            acc[nt][2 * rr] = gi * qq.x;
+            acc[nt][2 * rr + 1] = gi * qq.y;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+      }
 #pragma unroll
       for (int ks = 0; ks < kC / 16; ++ks) {
         if (ks > mt) break;
@@ -843,7 +919,8 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
           for (int rr = 0; rr < 2; ++rr) {   // rows gq (+8)
             const int s = 16 * ks + 2 * tq + 8 * h;
             const float2 t = *reinterpret_cast<const float2*>(L + (16 * mt + gq + 8 * rr) * kAS + s);
-            split_pack(t.x * sc[s], t.y * sc[s + 1], ah[2 * h + rr], al[2 * h + rr]);
+            const float s0 = neg ? -sc[s] : sc[s], s1 = neg ? -sc[s + 1] : sc[s + 1];
+            split_pack(t.x * s0, t.y * s1, ah[2 * h + rr], al[2 * h + rr]);
           }
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
@@ -865,25 +942,19 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
 
   // U = (T diag β) V and W = (T diag βγ) K. Rows past T come out zero: their rows of A are zero, so
   // their rows of T are unit rows, times β = 0.
-  tri_product(Tm, [&](int isw, int i, int col, float x0, float x1) {
+  tri_product(Tm, false, [&](int isw, int i, int col, float x0, float x1) {
     const int64_t o = (rb + i) * kHD + col;
     if (isw) store_split2(p.b.Wh + o, p.b.Wl + o, x0, x1);
     else *reinterpret_cast<float2*>(p.b.U + o) = make_float2(x0, x1);
   });
   if (kScan3) {
     __syncthreads();   // M complete
-    // O0 = M diag(β) V and Q~ = diag(γ) Q − M diag(βγ) K (fp32 difference, then split). Rows past T:
-    // P, hence M, is zero there and so is q̂.
-    tri_product(Am, [&](int isw, int i, int col, float x0, float x1) {
+    // O0 = M diag(β) V and Q~ = diag(γ) Q − M diag(βγ) K (difference in the fp32 accumulator, then
+    // split). Rows past T: P, hence M, is zero there and so is q̂.
+    tri_product(Am, true, [&](int isw, int i, int col, float x0, float x1) {
       const int64_t o = (rb + i) * kHD + col;
-      if (isw) {
-        float2 qq = make_float2(0.f, 0.f);
-        if (i < n) qq = *reinterpret_cast<const float2*>(p.u + int64_t(t0 + i) * CD + khd * kHD + col);
-        const float gi = gam[i];
-        store_split2(p.b.Qh + o, p.b.Ql + o, fmaf(gi, qq.x, -x0), fmaf(gi, qq.y, -x1));
-      } else {
-        *reinterpret_cast<float2*>(p.b.O0 + o) = make_float2(x0, x1);
-      }
+      if (isw) store_split2(p.b.Qh + o, p.b.Ql + o, x0, x1);
+      else *reinterpret_cast<float2*>(p.b.O0 + o) = make_float2(x0, x1);
     });
   }
 }
@@ -1389,7 +1460,7 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
 }
 
 // ---- P11 scan3 (LILY_GDN_P11 bit 4): the chunk scan with only the state-dependent work ----------
-// With Q~ and O0 from gdn_chunk_intra2_kernel<true>, a chunk needs
+// With Q~ and O0 from gdn_chunk_intra2_kernel<1>, a chunk needs
 //   Δ = U − W S,   O = Q~ S + O0,   S ← γ_C S + K'ᵀ Δ,
 // so P, P Δ and its operands leave the scan. Per chunk: one barrier, phase 1 = W S and Q~ S in one
 // pass over S's fragments (four accumulators, each split over even / odd k-steps: 12-deep MMA chains,
@@ -1732,16 +1803,19 @@ void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s) {
   static bool attr_set = false;
   if (!attr_set) {
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kIntraSmem)));
-    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra2_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra2_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kIntra2Smem)));
-    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra2_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra2_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(kIntra2Smem)));
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra2_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kIntra2Smem)));
     attr_set = true;
   }
   const int p11 = gdn_chunk_p11();
   IntraArgs a{d, u, beta, g, T, b, p11 == 7 ? 1 : 0};
-  if (p11 & 16) launch(gdn_chunk_intra2_kernel<true>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P11 scan3
-  else if (p11 & 1) launch(gdn_chunk_intra2_kernel<false>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P11
+  if ((p11 & 24) == 24) launch(gdn_chunk_intra2_kernel<2>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // scan3, FMA M
+  else if (p11 & 16) launch(gdn_chunk_intra2_kernel<1>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P11 scan3
+  else if (p11 & 1) launch(gdn_chunk_intra2_kernel<0>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P11
   else launch(gdn_chunk_intra_kernel, dim3(b.nch, d.nv), dim3(256), kIntraSmem, s, a);
   CUDA_LAUNCH_CHECK();
 }
