@@ -490,11 +490,15 @@ void probe_p14(Backend& gpu, Tally& tally) {
   std::mt19937 rng(4321);
   std::uniform_int_distribution<int> qd(-256, 256), ex(-3, 3), c16(0, 15), b17(-8, 8);
   // Random weights, exact in the kernels' fp16 form: s = 1/16, b = j/16 (s·2^8·q + b·2^8 <= 368).
+  // The bias is one per (row, 64-column group), as the format stores it: drawn at the group's first
+  // column and kept for the rest (make_w stores the value of the group's last column).
   auto rand_w = [&](int N) {
-    return make_w(N, [&](int, int, int, int& q, float& sv, float& bv) {
+    float bcur = 0.f;
+    return make_w(N, [&, bcur](int, int, int k, int& q, float& sv, float& bv) mutable {
       q = c16(rng);
       sv = 1.f / 16;
-      bv = float(b17(rng)) / 16;
+      if (k % 64 == 0) bcur = float(b17(rng)) / 16;
+      bv = bcur;
     });
   };
   {
