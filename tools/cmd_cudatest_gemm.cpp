@@ -313,7 +313,7 @@ constexpr int cuda_kperm(int L) {
 }
 
 // ---- P14 probe: the grouped MoE GEMMs on raw buffers (gemm_moe_raw), kernel 0 = mma.sync (control),
-// 1 = the wgmma kernel of P14 (gemm_moe_wg.cuh), at tile-list M-tiles 32 / 64 / 128 --------------
+// 1 = the wgmma kernel of P14, 2 = P15 (register-A wgmma; gemm_moe_wg.cuh), at tile-list M-tiles 32 / 64 / 128 ---
 // 3 experts with 200 / 37 / 130 rows plus 50 rows of group E (the "shared expert" slot, here expert
 // 0's matrices), K = 1024 (16 steps: the rings wrap, two scale blocks), rows scattered to
 // dst[p] = (7p + 3) mod P. Down (scatter) mode, exact structured cases (aexp 0, scale 1):
@@ -434,10 +434,10 @@ void probe_p14(Backend& gpu, Tally& tally) {
   };
   auto exact = [&](const char* name, const HostW& w, const std::function<float(int p, int n)>& want) {
     for (int bm : bms)
-      for (int kern = 0; kern < 2; ++kern) {
+      for (int kern = 0; kern < 3; ++kern) {
         char what[160];
-        std::snprintf(what, sizeof what, "P14 probe down %-5s %-8s tile %-3d K=%d N=%d", name,
-                      kern ? "wgmma" : "mma.sync", bm, K, NS);
+        std::snprintf(what, sizeof what, "P14 probe down %-5s %-9s tile %-3d K=%d N=%d", name,
+                      kern == 0 ? "mma.sync" : kern == 1 ? "P14 wgmma" : "P15 rs", bm, K, NS);
         std::printf("  running %s\n", what);
         std::fflush(stdout);
         run_scatter(w, kern, bm);
@@ -530,9 +530,9 @@ void probe_p14(Backend& gpu, Tally& tally) {
         mag[size_t(p) * NS + n] = scale[p] * sb;
       }
     for (int bm : bms)
-      for (int kern = 0; kern < 2; ++kern) {
+      for (int kern = 0; kern < 3; ++kern) {
         char what[160];
-        std::snprintf(what, sizeof what, "P14 probe down rand  %-8s tile %-3d K=%d N=%d", kern ? "wgmma" : "mma.sync",
+        std::snprintf(what, sizeof what, "P14 probe down rand  %-9s tile %-3d K=%d N=%d", kern == 0 ? "mma.sync" : kern == 1 ? "P14 wgmma" : "P15 rs",
                       bm, K, NS);
         std::printf("  running %s\n", what);
         std::fflush(stdout);
@@ -615,9 +615,9 @@ void probe_p14(Backend& gpu, Tally& tally) {
       return (h & 0x8000) ? -v : v;
     };
     for (int bm : bms)
-      for (int kern = 0; kern < 2; ++kern) {
+      for (int kern = 0; kern < 3; ++kern) {
         char what[160];
-        std::snprintf(what, sizeof what, "P14 probe gate_up rand %-8s tile %-3d K=%d N=%d", kern ? "wgmma" : "mma.sync",
+        std::snprintf(what, sizeof what, "P14 probe gate_up rand %-9s tile %-3d K=%d N=%d", kern == 0 ? "mma.sync" : kern == 1 ? "P14 wgmma" : "P15 rs",
                       bm, K, NG);
         std::printf("  running %s\n", what);
         std::fflush(stdout);
@@ -642,14 +642,14 @@ void probe_p14(Backend& gpu, Tally& tally) {
             double gmax = 0;
             for (int i = 0; i < 64; ++i) gmax = std::max(gmax, std::fabs(ref[size_t(p) * NG + 64 * g + i]));
             const int e = aex[size_t(p) * (NG / 64) + g];
-            if (kern == 1 && e != aex0[size_t(p) * (NG / 64) + g]) ++exp_diff;
+            if (kern >= 1 && e != aex0[size_t(p) * (NG / 64) + g]) ++exp_diff;
             for (int L = 0; L < 64; ++L) {
               const size_t i = size_t(p) * NG + 64 * g + L;
               const int n = 64 * g + cuda_kperm(L);
               const double got = std::ldexp(h2f(act[i]), -e), want = ref[size_t(p) * NG + n];
               const double tol = std::ldexp(gmax, -9) + std::ldexp(mag[size_t(p) * NG + n], -18) + 1e-30;
               worst = std::max(worst, std::fabs(got - want) / tol);
-              if (kern == 1 && std::abs(int(act[i]) - int(act0[i])) > 1) ++ulp_diff;
+              if (kern >= 1 && std::abs(int(act[i]) - int(act0[i])) > 1) ++ulp_diff;
               if (std::fabs(got - want) > tol && ++bad <= 4) {
                 char b[112];
                 std::snprintf(b, sizeof b, " (row %d grp %d, col %d): %.6g -> %.6g", p, grp[p], n, want, got);
@@ -930,13 +930,14 @@ int run(const Options& o) {
         const std::string tl = host ? ts.substr(4) : ts;
         setenv("LILY_MOE_TILE", tl.c_str(), 1);
         set_abl(host ? std::vector<std::string>{"P1w", "P2"} : std::vector<std::string>{"P1w"});
-        for (int wg = 0; wg < 2; ++wg) {
+        for (int wg = 0; wg < 3; ++wg) {
           char what[160];
           std::snprintf(what, sizeof what, "moe T=%-4d tile %-4s fp16 %s P14 %s", T, tl.empty() ? "auto" : tl.c_str(),
-                        host ? "P2 off (host routing)" : "", wg ? "wgmma (LILY_MOE_WG=1)" : "off (mma.sync)");
+                        host ? "P2 off (host routing)" : "",
+                        wg == 0 ? "off (mma.sync)" : wg == 1 ? "wgmma (LILY_MOE_WG=1)" : "P15 rs (LILY_MOE_WG=2)");
           std::printf("  running %s\n", what);
           std::fflush(stdout);
-          setenv("LILY_MOE_WG", wg ? "1" : "0", 1);
+          setenv("LILY_MOE_WG", std::to_string(wg).c_str(), 1);
           gpu->fill_zero(yd, 4LL * T * H);
           gpu->moe(c, dm, xd, T, yd);
           gpu->copy_to_host(y.data(), yd, 4LL * T * H);
@@ -1007,7 +1008,7 @@ int run(const Options& o) {
     const int H = c.hidden_size, I = c.moe_intermediate_size, k = c.num_experts_per_tok;
     gpu->fill_zero(xd, 4 * max_x);
     cuda_tools::fill_uniform(*gpu, xd, max_x, 1.7f, 7);
-    std::printf("P14 bench: MoE block, LILY_MOE_WG=0 (mma.sync) vs 1 (wgmma), 3 alternating rounds of median-of-20\n");
+    std::printf("P14 bench: MoE block, LILY_MOE_WG=0 (mma.sync) vs 1 (P14 wgmma) vs 2 (P15 rs), 3 alternating rounds of median-of-20\n");
     for (int T : {1024, 2048, 4096}) {
       const double flop = 2.0 * T * (double(k) * 3 * I * H + 3.0 * I * H + double(c.num_experts) * H);
       struct BV {
@@ -1015,11 +1016,14 @@ int run(const Options& o) {
         const char* wg;
         const char* tile;
       };
-      const BV vs[6] = {{"mma.sync auto", "0", ""}, {"wgmma auto", "1", ""},     {"mma.sync t64", "0", "64"},
-                        {"wgmma t64", "1", "64"},     {"mma.sync t128", "0", "128"}, {"wgmma t128", "1", "128"}};
-      std::vector<double> best(6, 1e30);
+      // Rows of 3: mma.sync, P14, P15 at one tile setting (P15 at 128 runs gemm_kernel).
+      const BV vs[9] = {{"mma.sync auto", "0", ""},    {"wgmma auto", "1", ""},    {"P15 rs auto", "2", ""},
+                        {"mma.sync t64", "0", "64"},   {"wgmma t64", "1", "64"},   {"P15 rs t64", "2", "64"},
+                        {"mma.sync t128", "0", "128"}, {"wgmma t128", "1", "128"}, {"P15 rs t128", "2", "128"}};
+      constexpr int NV = 9;
+      std::vector<double> best(NV, 1e30);
       for (int round = 0; round < 3; ++round)
-        for (int i = 0; i < 6; ++i) {
+        for (int i = 0; i < NV; ++i) {
           setenv("LILY_MOE_WG", vs[i].wg, 1);
           setenv("LILY_MOE_TILE", vs[i].tile, 1);
           const double ms =
@@ -1028,12 +1032,12 @@ int run(const Options& o) {
           std::printf("  round %d moe T=%-4d %-14s %8.3f ms\n", round, T, vs[i].name, ms);
           std::fflush(stdout);
         }
-      for (int i = 0; i < 6; ++i) {
+      for (int i = 0; i < NV; ++i) {
         const double tf = flop / (best[i] * 1e-3) / 1e12;
         std::printf("P14 moe T=%-4d %-14s %8.3f ms (best of 3)  %6.1f TFLOP/s  %5.3fx mma.sync\n", T, vs[i].name,
-                    best[i], tf, best[i & ~1] / best[i]);
+                    best[i], tf, best[i - i % 3] / best[i]);
       }
-      for (int i = 0; i < 6; ++i) {
+      for (int i = 0; i < NV; ++i) {
         setenv("LILY_MOE_WG", vs[i].wg, 1);
         setenv("LILY_MOE_TILE", vs[i].tile, 1);
         gpu->moe(c, dev.layers[0].mlp, xd, T, yd);   // warm

@@ -932,7 +932,7 @@ bool wg16_tma() {
   return env_int("LILY_GEMM_WG16_TMA", 1) != 0;
 }
 }  // namespace
-bool gemm_moe_wg() { return env_int("LILY_MOE_WG", 0) != 0; }
+int gemm_moe_wg() { return env_int("LILY_MOE_WG", 0); }
 void gemm_set_wg16(bool on) { g_wg16 = on; }
 bool gemm_wg16() { return g_wg16; }
 void gemm_set_wgmma(bool on) { g_wgmma = on; }
@@ -1104,10 +1104,9 @@ void gemm_grouped_swiglu(const GroupedB& b, const GemmA& x, const int* a_rows, c
   // P10: 256-wide tiles = 128 gate + 128 up rows, 128 activation columns (two exponent groups) per CTA;
   // 512 wide: 256 + 256 rows, 256 columns (four groups).
   const int am = x.f16 ? kAmF16 : kAmBf16;
-  if (am == kAmF16 && a.N % (kMwBN / 2) == 0 && gemm_moe_wg()) {   // P14
-    launch_moe_wg(am, bm, a, max_tiles, a.N / (kMwBN / 2), s);
+  if (am == kAmF16 && a.N % (kMwBN / 2) == 0 && gemm_moe_wg() &&   // P14 / P15
+      launch_moe_wg(gemm_moe_wg(), am, bm, a, max_tiles, a.N / (kMwBN / 2), s))
     return;
-  }
   int bn = moe_bn(am, bm);
   if (bn == kBNMoe && a.N % (kBNMoe / 2) != 0) bn = kBNWide;   // 512 wide: whole N tiles only
   launch_any(kQ4, am, bm, bn, a, max_tiles, (a.N + bn / 2 - 1) / (bn / 2), s);
@@ -1132,10 +1131,9 @@ void gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* 
   a.ldy = ldy;
   LILY_CHECK(!f16 || (act_exp && a.K <= kMaxGrpK), "gemm_grouped_scatter: fp16 needs the exponents, K <= 1024");
   const int am = f16 ? kAmF16Grp : kAmBf16;
-  if (am == kAmF16Grp && gemm_moe_wg()) {   // P14
-    launch_moe_wg(am, bm, a, max_tiles, (a.N + kMwBN - 1) / kMwBN, s);
+  if (am == kAmF16Grp && gemm_moe_wg() &&   // P14 / P15
+      launch_moe_wg(gemm_moe_wg(), am, bm, a, max_tiles, (a.N + kMwBN - 1) / kMwBN, s))
     return;
-  }
   int bn = moe_bn(am, bm);
   if (bn == kBNMoe && a.N % kBNMoe != 0) bn = kBNWide;   // 512 wide: whole N tiles only
   launch_any(kQ4, am, bm, bn, a, max_tiles, (a.N + bn - 1) / bn, s);
@@ -1175,7 +1173,7 @@ void gemm_moe_raw(int kernel, int bm, bool swiglu, const uint16_t* a16, const fl
   b.n_groups = E;
   const char* old = std::getenv("LILY_MOE_WG");
   const std::string keep = old ? old : "";
-  setenv("LILY_MOE_WG", kernel ? "1" : "0", 1);
+  setenv("LILY_MOE_WG", std::to_string(kernel).c_str(), 1);
   if (swiglu) {
     GemmA x;
     x.a = a16;

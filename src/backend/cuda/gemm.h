@@ -69,11 +69,15 @@ bool gemm_wide();
 // opt-in: LILY_GEMM_WG16_TMA=1. gemm_set_wg16 is the P13 switch (on by default).
 void gemm_set_wg16(bool on);
 bool gemm_wg16();
-// P14 (opt-in, not yet measured): the MoE's grouped GEMMs with fp16 operands on a Hopper wgmma
-// kernel (gemm_moe_wg.cuh: producer warpgroup dequantising 256 weight rows per tile once into the
-// swizzled fp16 stage, 2 consumer warpgroups on m64nBMk16, BM = 64 / 128 tokens from the tile list)
-// when LILY_MOE_WG=1 (read per call; default 0). Takes precedence over LILY_GEMM_WGMMA_GRP.
-bool gemm_moe_wg();
+// P14 / P15 (opt-in): the MoE's grouped GEMMs with fp16 operands on Hopper wgmma kernels
+// (gemm_moe_wg.cuh), LILY_MOE_WG (read per call; default 0 = gemm_kernel on mma.sync):
+//   1 = P14: producer warpgroup dequantising 256 weight rows per tile into the swizzled fp16 stage,
+//       2 consumer warpgroups on m64nBMk16 with both operands from shared memory (BM = 64 / 128);
+//       0.71x mma.sync on the T = 4,096 block (session 7);
+//   2 = P15: the producer only copies; the consumers dequantise their rows straight into wgmma's A
+//       registers (BM = 64; tile lists of 128 run gemm_kernel).
+// Takes precedence over LILY_GEMM_WGMMA_GRP.
+int gemm_moe_wg();
 int gemm_small_n(int T);
 // gemm_ok(w) and w.rows >= gemm_small_n(T): the prefill matmul path for W at T tokens.
 bool gemm_takes(const QMat& w, int T);
@@ -109,8 +113,9 @@ void gemm(const QMat& w, const GemmA& x, int T, float* y, int64_t ldy, bool accu
 void gemm_f16_raw(int kernel, const uint16_t* a, const float* rs, int T, int K, const uint16_t* b, int N, float* y,
                   int64_t ldy, bool accumulate);
 
-// Test aid (P14): one grouped GEMM on raw device buffers, kernel 0 = the mma.sync kernel (as the
-// engine runs it with LILY_MOE_WG=0, width from moe_bn), 1 = gemm_moe_wg_kernel. swiglu: act/act_exp
+// Test aid (P14/P15): one grouped GEMM on raw device buffers, kernel 0 = the mma.sync kernel (as the
+// engine runs it with LILY_MOE_WG=0, width from moe_bn), 1 = gemm_moe_wg_kernel, 2 = gemm_moe_rs_kernel
+// (bm 32 / 64). swiglu: act/act_exp
 // (row stride N halves, N/64 exponents) = SwiGLU of the gate (codes/scales/biases) and up
 // (codes2/...) matrices, N rows each, on the fp16 rows a[a_rows[p]] with row scales rs; else y[dst[p], 0:N) (row
 // stride N) = scale[p] · (a_p · Wᵀ) with a's per-(row, group) exponents aexp [rows, K/64]. Weights:

@@ -75,6 +75,92 @@ __device__ __forceinline__ void mw_wait(uint32_t bar, int parity) {
   if (!mw_try(bar, parity)) mw_wait_slow(bar, parity);
 }
 
+// Epilogue of the P14/P15 kernels (256 consumer threads; the accumulator layout of wgmma's D, the
+// same whether A came from shared memory or registers). Accumulator i of block h (warp w of its
+// warpgroup, lane 4g + t): weight row 128·wgc + 64·h + 16w + g + 8·((i >> 1) & 1) of the tile's 256,
+// token 8·(i >> 2) + 2t + (i & 1). `smem` is the operand ring, free once every consumer is past its
+// mainloop (the SwiGLU staging tile reuses it).
+template <int BM, int AM, int SVLD>
+__device__ __forceinline__ void mw_epilogue(const GemmArgs& a, const float* acc0, const float* acc1, uint8_t* smem,
+                                            const float* srf, int by, int pos0, int rows, int ct, int wgc, int warp,
+                                            int g, int t) {
+  auto row_factor = [&](int m) -> float {
+    if constexpr (AM == kAmF16Grp) return srf[m];
+    return a.a_scale[a.a_rows ? a.a_rows[pos0 + m] : pos0 + m] * kInvW;
+  };
+  if (a.mode == kSwiGLU) {
+    // Row 128·wgc + 64h + 16w + 8hh + g is the gate (hh = 0) or up (hh = 1) row of CTA column
+    // cc = 64·wgc + 32h + 8w + g (gemm_kernel's interleave), so one thread holds both halves of a pair.
+    named_sync(1, 256);   // all consumers done with the operand ring (the producer wrote its last step)
+    float* sv = reinterpret_cast<float*>(smem);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float* acc = h ? acc1 : acc0;
+      const int cc = 64 * wgc + 32 * h + 8 * warp + g;
+#pragma unroll
+      for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int m = 8 * j + 2 * t + e;
+          const float rf = m < rows ? row_factor(m) : 0.f;
+          const float gv = rf * acc[4 * j + e], uv = rf * acc[4 * j + 2 + e];
+          sv[m * SVLD + cc] = gv / (1.f + __expf(-gv)) * uv;
+        }
+    }
+    named_sync(1, 256);
+    // Eight threads per (row, 64-column group) write 16 bytes each in the down GEMM's k-order, with
+    // the group's exponent from the max over the 8 (gemm_kernel's step 2; BM·2 is a multiple of 32,
+    // so the loop is uniform across a warp for the shuffles).
+    const int L0 = 8 * (ct & 7);
+    for (int mg = ct >> 3; mg < BM * 2; mg += 256 / 8) {
+      const int m = mg >> 1, gi = mg & 1, G = by * 2 + gi;
+      float v[8], amax = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        v[i] = sv[m * SVLD + gi * 64 + gemm_kperm(L0 + i)];
+        amax = fmaxf(amax, fabsf(v[i]));
+      }
+#pragma unroll
+      for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      if (m >= rows || G * 64 >= a.N) continue;
+      const int64_t pos = pos0 + m;
+      const int se = f16_row_exp(amax);
+      const float up = pow2f(se);
+      uint32_t o[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) o[u] = h2_bits(__floats2half2_rn(v[2 * u] * up, v[2 * u + 1] * up));
+      if ((ct & 7) == 0) a.act_exp[pos * a.ld_exp + G] = int8_t(se);
+      *reinterpret_cast<uint4*>(a.act + pos * a.ld_act + G * 64 + L0) = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+    return;
+  }
+  // Scatter (the down GEMM): y[dst[pos], n] = scale[pos] · factor · acc.
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int m = 8 * j + 2 * t + e;
+      if (m >= rows) continue;
+      const int64_t pos = pos0 + m;
+      float sc = row_factor(m);
+      int64_t orow = pos;
+      if (a.mode == kScatter) {
+        orow = a.dst[pos];
+        sc *= a.scale[pos];
+      }
+      float* yrow = a.y + orow * a.ldy;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int n = by * kMwBN + 128 * wgc + 64 * h + 16 * warp + 8 * hh + g;
+          if (n >= a.N) continue;
+          const float v = sc * (h ? acc1 : acc0)[4 * j + 2 * hh + e];
+          yrow[n] = a.mode == kAccum ? yrow[n] + v : v;
+        }
+    }
+}
+
 template <int BM, int AM>
 __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_wg_kernel(const __grid_constant__ GemmArgs a) {
   using C = MwCfg<BM>;
@@ -281,83 +367,279 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_wg_kernel(const __grid
   wg_fence_regs<R>(acc0);
   wg_fence_regs<R>(acc1);
 
-  // ---- epilogue. Accumulator i of block h (warp w of its warpgroup, lane 4g + t): weight row
-  // 128·wgc + 64·h + 16w + g + 8·((i >> 1) & 1) of the tile's 256, token 8·(i >> 2) + 2t + (i & 1). ----
-  auto row_factor = [&](int m) -> float {
-    if constexpr (AM == kAmF16Grp) return srf[m];
-    return a.a_scale[a.a_rows ? a.a_rows[pos0 + m] : pos0 + m] * kInvW;
-  };
-  if (a.mode == kSwiGLU) {
-    // Row 128·wgc + 64h + 16w + 8hh + g is the gate (hh = 0) or up (hh = 1) row of CTA column
-    // cc = 64·wgc + 32h + 8w + g (gemm_kernel's interleave), so one thread holds both halves of a pair.
-    named_sync(1, 256);   // all consumers done with the operand ring (the producer wrote its last step)
-    float* sv = reinterpret_cast<float*>(smem);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float* acc = h ? acc1 : acc0;
-      const int cc = 64 * wgc + 32 * h + 8 * warp + g;
-#pragma unroll
-      for (int j = 0; j < BM / 8; ++j)
-#pragma unroll
+  mw_epilogue<BM, AM, C::SVLD>(a, acc0, acc1, smem, srf, by, pos0, rows, ct, wgc, warp, g, t);
+}
+
+// ---- P15: the same grouped MoE GEMMs with the weights dequantised straight into wgmma's A registers ----
+// P14 (above) stages the dequantised fp16 weights in shared memory, so every wgmma reads both
+// operands from it and the producer warpgroup alone unpacks 256 rows x 64 k per step: 0.71x the
+// mma.sync kernel at T = 4,096 (session 7). Here the producer only copies (cp.async) each step's
+// packed codes, the 8-group scale/bias blocks and the gathered activation rows into a 6-stage ring
+// and publishes a step with cp.async.mbarrier.arrive.noinc (the barrier completes when the copies
+// have landed; the producer never waits for its own data, only for free slots). The consumer
+// threads read their rows' codes from shared memory and unpack them with dq4_pair (the same fp16
+// bits as gemm_kernel and P14) into the m16n8k16-layout A fragments of wgmma.mma_async (A from
+// registers, B = activations K-major in the 128-byte-swizzled ring). Thread (warp w, lane 4g + t)
+// of consumer warpgroup c holds rows R = 128c + 64h + 16w + g + 8hh (blocks h, halves hh); with the
+// activations in gemm_kperm order, its k16 step i needs word 2t + (i >> 1) of each row's 8 words:
+// nibbles (2i & 3, +4) for A columns 2t, 2t+1 and ((2i + 1) & 3, +4) for 2t + 8, 2t + 9
+// (mw_rs_map_ok), i.e. one 8-byte load per row and step. A fragments are double-buffered across
+// steps (the wgmma of step kg reads them while step kg + 1 is unpacked). The down GEMM's per-(row,
+// group) activation factors are applied by the consumers (2 chunks each, then a 256-thread barrier).
+// History: the first form (session 7, call 3) had the producer publish a step only after waiting
+// for its copies and scaling them, S - 1 steps behind the issue but also behind its wait for a free
+// slot, which tied publishing step q to the release of step q - 2: 0.72x mma.sync, as slow as P14.
+constexpr bool mw_rs_map_ok() {
+  for (int i = 0; i < 4; ++i)
+    for (int t = 0; t < 4; ++t)
+      for (int f = 0; f < 2; ++f)
         for (int e = 0; e < 2; ++e) {
-          const int m = 8 * j + 2 * t + e;
-          const float rf = m < rows ? row_factor(m) : 0.f;
-          const float gv = rf * acc[4 * j + e], uv = rf * acc[4 * j + 2 + e];
-          sv[m * C::SVLD + cc] = gv / (1.f + __expf(-gv)) * uv;
+          const int L = 16 * i + 8 * f + 2 * t + e;   // A column (wgmma k) inside the 64-column step
+          const int want = 8 * (2 * t + (i >> 1)) + ((2 * i + f) & 3) + 4 * e;
+          if (gemm_kperm(L) != want) return false;
         }
-    }
-    named_sync(1, 256);
-    // Eight threads per (row, 64-column group) write 16 bytes each in the down GEMM's k-order, with
-    // the group's exponent from the max over the 8 (gemm_kernel's step 2; BM·2 is a multiple of 32,
-    // so the loop is uniform across a warp for the shuffles).
-    const int L0 = 8 * (ct & 7);
-    for (int mg = ct >> 3; mg < BM * 2; mg += 256 / 8) {
-      const int m = mg >> 1, gi = mg & 1, G = by * 2 + gi;
-      float v[8], amax = 0.f;
+  return true;
+}
+static_assert(mw_rs_map_ok(), "P15: A fragment nibbles must match the activation k-order");
+
+template <int BM>
+struct MrCfg {
+  static constexpr int S = 6;                    // ring stages
+  static constexpr int X_BYTES = BM * 128;       // fp16 activations, BM rows x 64 k (1024-aligned)
+  static constexpr int C_BYTES = kMwBN * 32;     // packed codes, 256 rows x 32 bytes
+  static constexpr int STAGE = X_BYTES + C_BYTES;
+  static constexpr int OFF_SB = S * STAGE;                         // [2 slots][2 kinds][256 rows][8] bf16
+  static constexpr int OFF_GF = OFF_SB + 2 * 2 * kMwBN * 16;       // AM 2: [BM][16] fp16 factors
+  static constexpr int OFF_RF = OFF_GF + BM * (kMaxGrpK / 64) * 2;   // AM 2: [BM] f32 epilogue factors
+  static constexpr int OFF_BAR = OFF_RF + BM * 4;                  // full[S], empty[S]
+  static constexpr int BYTES = OFF_BAR + 2 * S * 8;
+  static constexpr int SMEM = BYTES + 1024;
+  static constexpr int XCH = BM * 8 / 128;       // 16-byte activation chunks per producer thread
+  static constexpr int SVLD = kMwBN / 2 + 4;
+  static_assert(STAGE % 1024 == 0 && X_BYTES % 1024 == 0 && OFF_BAR % 8 == 0, "swizzle atoms are 1024-aligned");
+  static_assert(BM * SVLD * 4 <= S * STAGE, "SwiGLU staging tile fits in the ring");
+  static_assert(S - 1 <= 8, "scale blocks: slot b & 1 is free once the step 8b - S is released");
+  static_assert(SMEM <= 227 * 1024, "shared memory");
+};
+
+// The consumers' bounded wait, all inline (traps after 2^28 polls). With mw_wait (a call in its slow
+// path) and a conditional second step in the unrolled loop, ptxas serialised the register-A wgmmas
+// (C7513, 96 registers); with both gone it does not (154 registers, no spills).
+__device__ __forceinline__ void mr_wait(uint32_t bar, int parity) {
+  uint32_t n = 0;
+  while (!mw_try(bar, parity))
+    if (++n == (1u << 28)) __trap();
+}
+template <int BM>
+__device__ __forceinline__ void wgmma_rs_tile(float* d, const uint32_t* a, uint64_t db) {
+  if constexpr (BM == 64) wgmma_f16_rs_n64(d, a, db);
+  else wgmma_f16_rs_n128(d, a, db);
+}
+template <int N>
+__device__ __forceinline__ void mr_fence_u32(uint32_t* r) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        v[i] = sv[m * C::SVLD + gi * 64 + gemm_kperm(L0 + i)];
-        amax = fmaxf(amax, fabsf(v[i]));
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+template <int BM, int AM>
+__global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid_constant__ GemmArgs a) {
+  using C = MrCfg<BM>;
+  constexpr int S = C::S;
+  static_assert(AM == kAmF16 || AM == kAmF16Grp, "P15: fp16 operands only");
+  extern __shared__ __align__(1024) uint8_t mr_smem_raw[];
+  const uint32_t raw0 = smem_addr(mr_smem_raw);
+  const uint32_t pad = ((raw0 + 1023u) & ~1023u) - raw0;
+  uint8_t* smem = mr_smem_raw + pad;
+  const uint32_t sm0 = raw0 + pad;
+  uint16_t* sgf = reinterpret_cast<uint16_t*>(smem + C::OFF_GF);
+  float* srf = reinterpret_cast<float*>(smem + C::OFF_RF);
+  const uint32_t bar_full = sm0 + C::OFF_BAR, bar_empty = bar_full + 8 * S;
+
+  const int tid = threadIdx.x;
+  const int by = blockIdx.x;
+  pdl_trigger();
+  pdl_wait();
+  if (int(blockIdx.y) >= *a.n_tiles) return;
+  const int4 tl = a.tiles[blockIdx.y];
+  const int group = tl.x, pos0 = tl.y, rows = tl.z;
+  const int K = a.K, nk = K / kBK;
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(bar_full + 8 * s, 128);
+      mbar_init(bar_empty + 8 * s, 256);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  if constexpr (AM == kAmF16Grp) {   // as P14 / gemm_kernel
+    if (tid < BM) {
+      const int G = K / 64;
+      const int8_t* e = a.act_exp + int64_t(pos0 + (tid < rows ? tid : 0)) * a.ld_exp;
+      int smin = 127;
+      for (int gi = 0; gi < G; ++gi) smin = min(smin, tid < rows ? int(e[gi]) : 0);
+      for (int gi = 0; gi < G; ++gi) {
+        const int dd = smin - (tid < rows ? int(e[gi]) : 0);
+        sgf[tid * (kMaxGrpK / 64) + gi] = __half_as_ushort(__float2half_rn(dd < -24 ? 0.f : ldexpf(1.f, dd)));
       }
-#pragma unroll
-      for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      if (m >= rows || G * 64 >= a.N) continue;
-      const int64_t pos = pos0 + m;
-      const int se = f16_row_exp(amax);
-      const float up = pow2f(se);
-      uint32_t o[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) o[u] = h2_bits(__floats2half2_rn(v[2 * u] * up, v[2 * u + 1] * up));
-      if ((ct & 7) == 0) a.act_exp[pos * a.ld_exp + G] = int8_t(se);
-      *reinterpret_cast<uint4*>(a.act + pos * a.ld_act + G * 64 + L0) = make_uint4(o[0], o[1], o[2], o[3]);
+      srf[tid] = ldexpf(kInvW, -smin);
     }
+  }
+  __syncthreads();
+
+  if (tid < 128) {
+    // ---- producer warpgroup: copies only. Thread r: codes and scale blocks of rows r, r + 128;
+    // activation chunks tid + 128j. ----
+    const int r = tid;
+    const uint8_t* bsrc[2];
+    const uint8_t* ssrc[2];
+    const uint8_t* bisrc[2];
+    bool bval[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int R = r + 128 * hh;
+      int mat, col;
+      if (a.swiglu) {
+        mat = (R >> 3) & 1;
+        col = by * (kMwBN / 2) + (R >> 4) * 8 + (R & 7);
+      } else {
+        mat = 0;
+        col = by * kMwBN + R;
+      }
+      bval[hh] = col < a.N;
+      const QMat& w = group < a.b.n_groups ? a.b.w[mat] : a.b.extra[mat];
+      const int64_t goff = group < a.b.n_groups ? int64_t(group) * a.b.stride : 0;
+      const int64_t gsoff = group < a.b.n_groups ? int64_t(group) * a.b.sb_stride : 0;
+      const int64_t c = bval[hh] ? col : 0;
+      bsrc[hh] = static_cast<const uint8_t*>(w.data) + goff + c * (K / 2);
+      ssrc[hh] = static_cast<const uint8_t*>(w.scales) + gsoff + c * (K / 64) * 2;
+      bisrc[hh] = static_cast<const uint8_t*>(w.biases) + gsoff + c * (K / 64) * 2;
+    }
+    const uint16_t* asrc[C::XCH];
+    bool aval[C::XCH];
+#pragma unroll
+    for (int j = 0; j < C::XCH; ++j) {
+      const int idx = tid + j * 128, m = idx >> 3, c = idx & 7;
+      aval[j] = m < rows;
+      int src = pos0;
+      if (aval[j]) src = a.a_rows ? a.a_rows[pos0 + m] : pos0 + m;
+      else if (a.a_rows) src = a.a_rows[pos0];
+      asrc[j] = a.a + int64_t(src) * K + c * 8;
+    }
+    auto xdst = [&](int j) { return swz((tid + j * 128) >> 3, tid & 7); };
+    auto issue = [&](int q) {
+      const int s = q % S;
+      const uint32_t st = sm0 + s * C::STAGE;
+#pragma unroll
+      for (int j = 0; j < C::XCH; ++j) cp_async16(st + xdst(j), asrc[j] + q * kBK, aval[j]);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int R = r + 128 * hh;
+        const uint32_t rd = st + C::X_BYTES + R * 32;
+        cp_async16(rd, bsrc[hh] + int64_t(q) * 32, bval[hh]);
+        cp_async16(rd + 16, bsrc[hh] + int64_t(q) * 32 + 16, bval[hh]);
+        if ((q & 7) == 0) {
+          const uint32_t sd = sm0 + C::OFF_SB + ((q >> 3) & 1) * (2 * kMwBN * 16) + R * 16;
+          cp_async16(sd, ssrc[hh] + (q >> 3) * 16, bval[hh]);
+          cp_async16(sd + kMwBN * 16, bisrc[hh] + (q >> 3) * 16, bval[hh]);
+        }
+      }
+    };
+    // Step q: wait until the consumers released step q - S, copy, and let the mbarrier count this
+    // thread's arrival when its copies have landed (cp.async.mbarrier.arrive.noinc): publishing a
+    // step never waits for the thread, so the ring runs S steps ahead of the consumers.
+    for (int q = 0; q < nk; ++q) {
+      if (q >= S) mw_wait(bar_empty + 8 * (q % S), ((q / S) + 1) & 1);
+      issue(q);
+      asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar_full + 8 * (q % S)) : "memory");
+    }
+    cp_wait<0>();
     return;
   }
-  // Scatter (the down GEMM): y[dst[pos], n] = scale[pos] · factor · acc.
+
+  // ---- consumer warpgroups ----
+  const int ct = tid - 128, wgc = ct >> 7, warp = (ct >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  constexpr int R = BM / 2;
+  float acc0[R], acc1[R];
 #pragma unroll
-  for (int j = 0; j < BM / 8; ++j)
+  for (int i = 0; i < R; ++i) acc0[i] = acc1[i] = 0.f;
+  uint32_t af[2][2][4][4];   // [buffer][block h][k16 step i][fragment register]
+  const int rowb = 128 * wgc + 16 * warp + g;   // + 64h + 8hh
+  auto step = [&](auto bufc, int kg) {
+    constexpr int buf = decltype(bufc)::value;
+    const int s = kg % S;
+    mr_wait(bar_full + 8 * s, (kg / S) & 1);
+    if constexpr (AM == kAmF16Grp) {
+      // The down GEMM's per-(row, group) factors on the step's activation chunks, 2 per consumer
+      // thread, then a barrier of the 256 consumers before any wgmma reads them.
+      uint8_t* xs = smem + s * C::STAGE;
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int m = 8 * j + 2 * t + e;
-      if (m >= rows) continue;
-      const int64_t pos = pos0 + m;
-      float sc = row_factor(m);
-      int64_t orow = pos;
-      if (a.mode == kScatter) {
-        orow = a.dst[pos];
-        sc *= a.scale[pos];
+      for (int j = 0; j < BM * 8 / 256; ++j) {
+        const int idx = ct + 256 * j, m = idx >> 3;
+        const __half2 f = bits_h2(uint32_t(sgf[m * (kMaxGrpK / 64) + kg]) * 0x10001u);
+        uint4* p = reinterpret_cast<uint4*>(xs + swz(m, idx & 7));
+        uint4 v = *p;
+        v.x = h2_bits(__hmul2(bits_h2(v.x), f));
+        v.y = h2_bits(__hmul2(bits_h2(v.y), f));
+        v.z = h2_bits(__hmul2(bits_h2(v.z), f));
+        v.w = h2_bits(__hmul2(bits_h2(v.w), f));
+        *p = v;
       }
-      float* yrow = a.y + orow * a.ldy;
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int n = by * kMwBN + 128 * wgc + 64 * h + 16 * warp + 8 * hh + g;
-          if (n >= a.N) continue;
-          const float v = sc * (h ? acc1 : acc0)[4 * j + 2 * hh + e];
-          yrow[n] = a.mode == kAccum ? yrow[n] + v : v;
-        }
+      fence_proxy_async();   // cp.async-landed and st.shared data -> wgmma operand reads (async proxy)
+      named_sync(1, 256);
+    } else {
+      fence_proxy_async();   // cp.async-landed data -> wgmma operand reads (async proxy)
     }
+    const uint8_t* cs = smem + s * C::STAGE + C::X_BYTES;
+    const uint16_t* sb = reinterpret_cast<const uint16_t*>(smem + C::OFF_SB + ((kg >> 3) & 1) * (2 * kMwBN * 16));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint2 wv[2];
+      uint32_t s2[2], b2[2];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int Rw = rowb + 64 * h + 8 * hh;
+        wv[hh] = *reinterpret_cast<const uint2*>(cs + Rw * 32 + t * 8);
+        const uint16_t sv = sb[Rw * 8 + (kg & 7)], bv = sb[kMwBN * 8 + Rw * 8 + (kg & 7)];
+        s2[hh] = h2_bits(__float2half2_rn(__uint_as_float(uint32_t(sv) << 16) * float(1 << kGemmF16WExp)));
+        b2[hh] = h2_bits(__float2half2_rn(__uint_as_float(uint32_t(bv) << 16) * float(1 << kGemmF16WExp)));
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t w0 = (i >> 1) ? wv[0].y : wv[0].x, w1 = (i >> 1) ? wv[1].y : wv[1].x;
+        af[buf][h][i][0] = dq4_pair<true>(w0, (2 * i) & 3, s2[0], b2[0]);
+        af[buf][h][i][1] = dq4_pair<true>(w1, (2 * i) & 3, s2[1], b2[1]);
+        af[buf][h][i][2] = dq4_pair<true>(w0, (2 * i + 1) & 3, s2[0], b2[0]);
+        af[buf][h][i][3] = dq4_pair<true>(w1, (2 * i + 1) & 3, s2[1], b2[1]);
+      }
+    }
+    const uint32_t xa = sm0 + s * C::STAGE;
+    wg_fence_regs<R>(acc0);
+    wg_fence_regs<R>(acc1);
+    mr_fence_u32<32>(&af[buf][0][0][0]);
+    wg_fence();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      wgmma_rs_tile<BM>(acc0, af[buf][0][i], wg_desc(xa + 32 * i));
+      wgmma_rs_tile<BM>(acc1, af[buf][1][i], wg_desc(xa + 32 * i));
+    }
+    wg_commit();
+    wg_wait<1>();   // step kg - 1 is done: its ring slot and its A buffer (buf ^ 1) are free
+    wg_fence_regs<R>(acc0);
+    wg_fence_regs<R>(acc1);
+    mr_fence_u32<32>(&af[buf ^ 1][0][0][0]);
+    if (kg > 0) mbar_arrive(bar_empty + 8 * ((kg - 1) % S));
+  };
+  for (int kg = 0; kg < nk; kg += 2) {   // nk even (launch_moe_wg checks K % 128 == 0)
+    step(std::integral_constant<int, 0>{}, kg);
+    step(std::integral_constant<int, 1>{}, kg + 1);
+  }
+  wg_wait<0>();
+  wg_fence_regs<R>(acc0);
+  wg_fence_regs<R>(acc1);
+  mr_fence_u32<32>(&af[0][0][0][0]);
+  mr_fence_u32<32>(&af[1][0][0][0]);
+  mw_epilogue<BM, AM, C::SVLD>(a, acc0, acc1, smem, srf, by, pos0, rows, ct, wgc, warp, g, t);
 }
 
 // Grid (weight-row blocks, worst-case tiles): the 256-row blocks of one tile run next to each
@@ -373,9 +655,27 @@ void launch_moe_wg_t(const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t 
   launch(gemm_moe_wg_kernel<BM, AM>, dim3(grid_n, max_tiles), dim3(kMwThreads), size_t(MwCfg<BM>::SMEM), s, a);
   CUDA_LAUNCH_CHECK();
 }
-// bm: the tile list's M-tile (32 runs the 64 kernel: rows <= 32 of 64).
-void launch_moe_wg(int am, int bm, const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t s) {
-  LILY_CHECK(a.K % kBK == 0 && a.K / kBK >= 1 && (am != kAmF16Grp || a.K <= kMaxGrpK), "gemm: P14 shape");
+template <int AM>
+void launch_moe_rs_t(const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t s) {
+  static bool attr = false;
+  if (!attr) {
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_moe_rs_kernel<64, AM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    MrCfg<64>::SMEM));
+    attr = true;
+  }
+  launch(gemm_moe_rs_kernel<64, AM>, dim3(grid_n, max_tiles), dim3(kMwThreads), size_t(MrCfg<64>::SMEM), s, a);
+  CUDA_LAUNCH_CHECK();
+}
+// mode 1: P14, mode 2: P15. bm: the tile list's M-tile (32 runs the 64 kernel: rows <= 32 of 64).
+// Returns false where the mode has no kernel for bm (P15 at 128: the caller runs gemm_kernel).
+bool launch_moe_wg(int mode, int am, int bm, const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t s) {
+  LILY_CHECK(a.K % kBK == 0 && a.K / kBK >= 1 && (am != kAmF16Grp || a.K <= kMaxGrpK), "gemm: P14/P15 shape");
+  if (mode == 2) {
+    if (bm == 128 || a.K % 128 != 0) return false;
+    if (am == kAmF16Grp) launch_moe_rs_t<kAmF16Grp>(a, max_tiles, grid_n, s);
+    else launch_moe_rs_t<kAmF16>(a, max_tiles, grid_n, s);
+    return true;
+  }
   if (bm == 128) {
     if (am == kAmF16Grp) launch_moe_wg_t<128, kAmF16Grp>(a, max_tiles, grid_n, s);
     else launch_moe_wg_t<128, kAmF16>(a, max_tiles, grid_n, s);
@@ -383,4 +683,5 @@ void launch_moe_wg(int am, int bm, const GemmArgs& a, int max_tiles, int grid_n,
     if (am == kAmF16Grp) launch_moe_wg_t<64, kAmF16Grp>(a, max_tiles, grid_n, s);
     else launch_moe_wg_t<64, kAmF16>(a, max_tiles, grid_n, s);
   }
+  return true;
 }
