@@ -930,11 +930,14 @@ int run(const Options& o) {
         const std::string tl = host ? ts.substr(4) : ts;
         setenv("LILY_MOE_TILE", tl.c_str(), 1);
         set_abl(host ? std::vector<std::string>{"P1w", "P2"} : std::vector<std::string>{"P1w"});
-        for (int wg = 0; wg < 3; ++wg) {
+        for (int wg = 0; wg < 4; ++wg) {
           char what[160];
           std::snprintf(what, sizeof what, "moe T=%-4d tile %-4s fp16 %s P14 %s", T, tl.empty() ? "auto" : tl.c_str(),
                         host ? "P2 off (host routing)" : "",
-                        wg == 0 ? "off (mma.sync)" : wg == 1 ? "wgmma (LILY_MOE_WG=1)" : "P15 rs (LILY_MOE_WG=2)");
+                        wg == 0   ? "off (mma.sync)"
+                        : wg == 1 ? "wgmma (LILY_MOE_WG=1)"
+                        : wg == 2 ? "P15 rs gate/up (LILY_MOE_WG=2)"
+                                  : "P15 rs both (LILY_MOE_WG=3)");
           std::printf("  running %s\n", what);
           std::fflush(stdout);
           setenv("LILY_MOE_WG", std::to_string(wg).c_str(), 1);
@@ -1008,19 +1011,24 @@ int run(const Options& o) {
     const int H = c.hidden_size, I = c.moe_intermediate_size, k = c.num_experts_per_tok;
     gpu->fill_zero(xd, 4 * max_x);
     cuda_tools::fill_uniform(*gpu, xd, max_x, 1.7f, 7);
-    std::printf("P14 bench: MoE block, LILY_MOE_WG=0 (mma.sync) vs 1 (P14 wgmma) vs 2 (P15 rs), 3 alternating rounds of median-of-20\n");
+    std::printf("P14 bench: MoE block, LILY_MOE_WG=0 (mma.sync) vs 1 (P14 wgmma) vs 2 (P15 gate/up) vs 3 (P15 both), 3 alternating rounds of median-of-20\n");
+    const char* only_env = std::getenv("LILY_P14_BENCH_T");   // one T only (device-time budgets)
+    const int only_t = only_env ? std::atoi(only_env) : 0;
     for (int T : {1024, 2048, 4096}) {
+      if (only_t > 0 && T != only_t) continue;
       const double flop = 2.0 * T * (double(k) * 3 * I * H + 3.0 * I * H + double(c.num_experts) * H);
       struct BV {
         const char* name;
         const char* wg;
         const char* tile;
       };
-      // Rows of 3: mma.sync, P14, P15 at one tile setting (P15 at 128 runs gemm_kernel).
-      const BV vs[9] = {{"mma.sync auto", "0", ""},    {"wgmma auto", "1", ""},    {"P15 rs auto", "2", ""},
-                        {"mma.sync t64", "0", "64"},   {"wgmma t64", "1", "64"},   {"P15 rs t64", "2", "64"},
-                        {"mma.sync t128", "0", "128"}, {"wgmma t128", "1", "128"}, {"P15 rs t128", "2", "128"}};
-      constexpr int NV = 9;
+      // Rows of 4: mma.sync, P14, P15 for gate/up only, P15 for both, at one tile setting (P15 at 128
+      // runs gemm_kernel).
+      const BV vs[12] = {{"mma.sync auto", "0", ""},    {"wgmma auto", "1", ""},    {"P15 gu auto", "2", ""},
+                         {"P15 rs auto", "3", ""},       {"mma.sync t64", "0", "64"}, {"wgmma t64", "1", "64"},
+                         {"P15 gu t64", "2", "64"},      {"P15 rs t64", "3", "64"},   {"mma.sync t128", "0", "128"},
+                         {"wgmma t128", "1", "128"},     {"P15 gu t128", "2", "128"}, {"P15 rs t128", "3", "128"}};
+      constexpr int NV = 12;
       std::vector<double> best(NV, 1e30);
       for (int round = 0; round < 3; ++round)
         for (int i = 0; i < NV; ++i) {
@@ -1035,7 +1043,7 @@ int run(const Options& o) {
       for (int i = 0; i < NV; ++i) {
         const double tf = flop / (best[i] * 1e-3) / 1e12;
         std::printf("P14 moe T=%-4d %-14s %8.3f ms (best of 3)  %6.1f TFLOP/s  %5.3fx mma.sync\n", T, vs[i].name,
-                    best[i], tf, best[i - i % 3] / best[i]);
+                    best[i], tf, best[i - i % 4] / best[i]);
       }
       for (int i = 0; i < NV; ++i) {
         setenv("LILY_MOE_WG", vs[i].wg, 1);

@@ -1104,8 +1104,9 @@ void gemm_grouped_swiglu(const GroupedB& b, const GemmA& x, const int* a_rows, c
   // P10: 256-wide tiles = 128 gate + 128 up rows, 128 activation columns (two exponent groups) per CTA;
   // 512 wide: 256 + 256 rows, 256 columns (four groups).
   const int am = x.f16 ? kAmF16 : kAmBf16;
-  if (am == kAmF16 && a.N % (kMwBN / 2) == 0 && gemm_moe_wg() &&   // P14 / P15
-      launch_moe_wg(gemm_moe_wg(), am, bm, a, max_tiles, a.N / (kMwBN / 2), s))
+  const int wg = gemm_moe_wg();   // 1: P14, 2 and 3: P15
+  if (am == kAmF16 && a.N % (kMwBN / 2) == 0 && wg > 0 &&
+      launch_moe_wg(wg >= 2 ? 2 : 1, am, bm, a, max_tiles, a.N / (kMwBN / 2), s))
     return;
   int bn = moe_bn(am, bm);
   if (bn == kBNMoe && a.N % (kBNMoe / 2) != 0) bn = kBNWide;   // 512 wide: whole N tiles only
@@ -1131,8 +1132,9 @@ void gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* 
   a.ldy = ldy;
   LILY_CHECK(!f16 || (act_exp && a.K <= kMaxGrpK), "gemm_grouped_scatter: fp16 needs the exponents, K <= 1024");
   const int am = f16 ? kAmF16Grp : kAmBf16;
-  if (am == kAmF16Grp && gemm_moe_wg() &&   // P14 / P15
-      launch_moe_wg(gemm_moe_wg(), am, bm, a, max_tiles, (a.N + kMwBN - 1) / kMwBN, s))
+  const int wg = gemm_moe_wg();   // 1: P14, 3: P15 (2: P15 for gate/up only, the down GEMM on gemm_kernel)
+  if (am == kAmF16Grp && (wg == 1 || wg == 3) &&
+      launch_moe_wg(wg == 3 ? 2 : 1, am, bm, a, max_tiles, (a.N + kMwBN - 1) / kMwBN, s))
     return;
   int bn = moe_bn(am, bm);
   if (bn == kBNMoe && a.N % kBNMoe != 0) bn = kBNWide;   // 512 wide: whole N tiles only
@@ -1173,7 +1175,7 @@ void gemm_moe_raw(int kernel, int bm, bool swiglu, const uint16_t* a16, const fl
   b.n_groups = E;
   const char* old = std::getenv("LILY_MOE_WG");
   const std::string keep = old ? old : "";
-  setenv("LILY_MOE_WG", std::to_string(kernel).c_str(), 1);
+  setenv("LILY_MOE_WG", kernel == 2 ? "3" : std::to_string(kernel).c_str(), 1);   // 3: P15 for both GEMMs
   if (swiglu) {
     GemmA x;
     x.a = a16;

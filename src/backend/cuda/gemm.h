@@ -74,8 +74,9 @@ bool gemm_wg16();
 //   1 = P14: producer warpgroup dequantising 256 weight rows per tile into the swizzled fp16 stage,
 //       2 consumer warpgroups on m64nBMk16 with both operands from shared memory (BM = 64 / 128);
 //       0.71x mma.sync on the T = 4,096 block (session 7);
-//   2 = P15: the producer only copies; the consumers dequantise their rows straight into wgmma's A
-//       registers (BM = 64; tile lists of 128 run gemm_kernel).
+//   2 = P15 for the gate/up GEMM, the down GEMM on gemm_kernel; 3 = P15 for both. P15: the producer
+//       only copies; the consumers dequantise their rows straight into wgmma's A registers (BM = 64;
+//       tile lists of 128 run gemm_kernel).
 // Takes precedence over LILY_GEMM_WGMMA_GRP.
 int gemm_moe_wg();
 int gemm_small_n(int T);
@@ -115,7 +116,7 @@ void gemm_f16_raw(int kernel, const uint16_t* a, const float* rs, int T, int K, 
 
 // Test aid (P14/P15): one grouped GEMM on raw device buffers, kernel 0 = the mma.sync kernel (as the
 // engine runs it with LILY_MOE_WG=0, width from moe_bn), 1 = gemm_moe_wg_kernel, 2 = gemm_moe_rs_kernel
-// (bm 32 / 64). swiglu: act/act_exp
+// (bm 32 / 64; the raw entry runs it for either GEMM). swiglu: act/act_exp
 // (row stride N halves, N/64 exponents) = SwiGLU of the gate (codes/scales/biases) and up
 // (codes2/...) matrices, N rows each, on the fp16 rows a[a_rows[p]] with row scales rs; else y[dst[p], 0:N) (row
 // stride N) = scale[p] · (a_p · Wᵀ) with a's per-(row, group) exponents aexp [rows, K/64]. Weights:

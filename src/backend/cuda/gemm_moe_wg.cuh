@@ -34,7 +34,7 @@ struct MwCfg {
   static constexpr int OFF_R = S * STAGE;
   static constexpr int OFF_SB = OFF_R + SR * R_BYTES;              // [2 slots][2 kinds][256 rows][8] bf16
   static constexpr int OFF_GF = OFF_SB + 2 * 2 * kMwBN * 16;       // AM 2: [BM][16] fp16 factors
-  static constexpr int OFF_RF = OFF_GF + BM * (kMaxGrpK / 64) * 2;   // AM 2: [BM] f32 epilogue factors
+  static constexpr int OFF_RF = OFF_GF + BM * (kMaxGrpK / 64) * 2;   // [BM] f32 epilogue factors (mw_row_factors)
   static constexpr int OFF_BAR = OFF_RF + BM * 4;                  // full[S], empty[S]
   static constexpr int BYTES = OFF_BAR + 2 * S * 8;
   static constexpr int SMEM = BYTES + 1024;                        // slack to align the base to 1024
@@ -75,6 +75,29 @@ __device__ __forceinline__ void mw_wait(uint32_t bar, int parity) {
   if (!mw_try(bar, parity)) mw_wait_slow(bar, parity);
 }
 
+// Per-row factors of a tile, by threads tid < BM before the kernel's first barrier: srf[m] = the
+// epilogue factor of tile row m (AM 1: the gathered row's scale 2^-s · 2^-8, read once here instead of
+// by every epilogue thread; AM 2: 2^-(s_row + 8)), and for AM 2 the fp16 factors 2^(s_row - s_group)
+// applied to the activations (s_row = min over the row's groups), as gemm_kernel.
+template <int BM, int AM>
+__device__ __forceinline__ void mw_row_factors(const GemmArgs& a, uint16_t* sgf, float* srf, int tid, int pos0,
+                                               int rows, int K) {
+  if (tid >= BM) return;
+  if constexpr (AM == kAmF16Grp) {
+    const int G = K / 64;
+    const int8_t* e = a.act_exp + int64_t(pos0 + (tid < rows ? tid : 0)) * a.ld_exp;
+    int smin = 127;
+    for (int gi = 0; gi < G; ++gi) smin = min(smin, tid < rows ? int(e[gi]) : 0);
+    for (int gi = 0; gi < G; ++gi) {
+      const int dd = smin - (tid < rows ? int(e[gi]) : 0);
+      sgf[tid * (kMaxGrpK / 64) + gi] = __half_as_ushort(__float2half_rn(dd < -24 ? 0.f : ldexpf(1.f, dd)));
+    }
+    srf[tid] = ldexpf(kInvW, -smin);
+  } else {
+    srf[tid] = tid < rows ? a.a_scale[a.a_rows ? a.a_rows[pos0 + tid] : pos0 + tid] * kInvW : 0.f;
+  }
+}
+
 // Epilogue of the P14/P15 kernels (256 consumer threads; the accumulator layout of wgmma's D, the
 // same whether A came from shared memory or registers). Accumulator i of block h (warp w of its
 // warpgroup, lane 4g + t): weight row 128·wgc + 64·h + 16w + g + 8·((i >> 1) & 1) of the tile's 256,
@@ -84,10 +107,7 @@ template <int BM, int AM, int SVLD>
 __device__ __forceinline__ void mw_epilogue(const GemmArgs& a, const float* acc0, const float* acc1, uint8_t* smem,
                                             const float* srf, int by, int pos0, int rows, int ct, int wgc, int warp,
                                             int g, int t) {
-  auto row_factor = [&](int m) -> float {
-    if constexpr (AM == kAmF16Grp) return srf[m];
-    return a.a_scale[a.a_rows ? a.a_rows[pos0 + m] : pos0 + m] * kInvW;
-  };
+  auto row_factor = [&](int m) -> float { return srf[m]; };   // mw_row_factors
   if (a.mode == kSwiGLU) {
     // Row 128·wgc + 64h + 16w + 8hh + g is the gate (hh = 0) or up (hh = 1) row of CTA column
     // cc = 64·wgc + 32h + 8w + g (gemm_kernel's interleave), so one thread holds both halves of a pair.
@@ -191,22 +211,8 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_wg_kernel(const __grid
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  // AM 2: per-row factors 2^(s_row - s_group) (fp16) and the epilogue factor 2^-(s_row + 8), as
-  // gemm_kernel (BM <= 128 producer threads).
-  if constexpr (AM == kAmF16Grp) {
-    if (tid < BM) {
-      const int G = K / 64;
-      const int8_t* e = a.act_exp + int64_t(pos0 + (tid < rows ? tid : 0)) * a.ld_exp;
-      int smin = 127;
-      for (int gi = 0; gi < G; ++gi) smin = min(smin, tid < rows ? int(e[gi]) : 0);
-      for (int gi = 0; gi < G; ++gi) {
-        const int dd = smin - (tid < rows ? int(e[gi]) : 0);
-        sgf[tid * (kMaxGrpK / 64) + gi] = __half_as_ushort(__float2half_rn(dd < -24 ? 0.f : ldexpf(1.f, dd)));
-      }
-      srf[tid] = ldexpf(kInvW, -smin);
-    }
-  }
-  __syncthreads();   // barrier init and AM-2 factors visible to all 384 threads
+  mw_row_factors<BM, AM>(a, sgf, srf, tid, pos0, rows, K);
+  __syncthreads();   // barrier init and the row factors visible to all 384 threads
 
   if (tid < 128) {
     // ---- producer warpgroup: thread r owns weight rows r and r + 128 of the tile ----
@@ -402,15 +408,16 @@ constexpr bool mw_rs_map_ok() {
 }
 static_assert(mw_rs_map_ok(), "P15: A fragment nibbles must match the activation k-order");
 
-template <int BM>
+template <int BM, int NS = 6>
 struct MrCfg {
-  static constexpr int S = 6;                    // ring stages
+  static constexpr int S = NS;                   // ring stages
   static constexpr int X_BYTES = BM * 128;       // fp16 activations, BM rows x 64 k (1024-aligned)
   static constexpr int C_BYTES = kMwBN * 32;     // packed codes, 256 rows x 32 bytes
   static constexpr int STAGE = X_BYTES + C_BYTES;
-  static constexpr int OFF_SB = S * STAGE;                         // [2 slots][2 kinds][256 rows][8] bf16
-  static constexpr int OFF_GF = OFF_SB + 2 * 2 * kMwBN * 16;       // AM 2: [BM][16] fp16 factors
-  static constexpr int OFF_RF = OFF_GF + BM * (kMaxGrpK / 64) * 2;   // AM 2: [BM] f32 epilogue factors
+  static constexpr int SBS = 3;                  // scale-block slots: block b (steps 8b..8b+7) in slot b % 3
+  static constexpr int OFF_SB = S * STAGE;                         // [SBS slots][2 kinds][256 rows][8] bf16
+  static constexpr int OFF_GF = OFF_SB + SBS * 2 * kMwBN * 16;     // AM 2: [BM][16] fp16 factors
+  static constexpr int OFF_RF = OFF_GF + BM * (kMaxGrpK / 64) * 2;   // [BM] f32 epilogue factors (mw_row_factors)
   static constexpr int OFF_BAR = OFF_RF + BM * 4;                  // full[S], empty[S]
   static constexpr int BYTES = OFF_BAR + 2 * S * 8;
   static constexpr int SMEM = BYTES + 1024;
@@ -418,7 +425,9 @@ struct MrCfg {
   static constexpr int SVLD = kMwBN / 2 + 4;
   static_assert(STAGE % 1024 == 0 && X_BYTES % 1024 == 0 && OFF_BAR % 8 == 0, "swizzle atoms are 1024-aligned");
   static_assert(BM * SVLD * 4 <= S * STAGE, "SwiGLU staging tile fits in the ring");
-  static_assert(S - 1 <= 8, "scale blocks: slot b & 1 is free once the step 8b - S is released");
+  // Slot b % SBS was last read by block b - SBS (steps up to 8b - 8·SBS + 7); issuing step 8b waits for
+  // the release of step 8b - S, so S <= 8·SBS - 7.
+  static_assert(S <= 8 * SBS - 7, "scale blocks: a slot is free when its block's first step is issued");
   static_assert(SMEM <= 227 * 1024, "shared memory");
 };
 
@@ -441,9 +450,11 @@ __device__ __forceinline__ void mr_fence_u32(uint32_t* r) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
-template <int BM, int AM>
+// DIAG (timing diagnostics, LILY_P15_DIAG, gate/up only; results are wrong for 2 and 4): 1 = no proxy
+// fence in the consumers, 2 = no unpacking (the raw code words as A), 4 = no wgmma.
+template <int BM, int AM, int DIAG = 0, int NS = 6>
 __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid_constant__ GemmArgs a) {
-  using C = MrCfg<BM>;
+  using C = MrCfg<BM, NS>;
   constexpr int S = C::S;
   static_assert(AM == kAmF16 || AM == kAmF16Grp, "P15: fp16 operands only");
   extern __shared__ __align__(1024) uint8_t mr_smem_raw[];
@@ -471,32 +482,15 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  if constexpr (AM == kAmF16Grp) {   // as P14 / gemm_kernel
-    if (tid < BM) {
-      const int G = K / 64;
-      const int8_t* e = a.act_exp + int64_t(pos0 + (tid < rows ? tid : 0)) * a.ld_exp;
-      int smin = 127;
-      for (int gi = 0; gi < G; ++gi) smin = min(smin, tid < rows ? int(e[gi]) : 0);
-      for (int gi = 0; gi < G; ++gi) {
-        const int dd = smin - (tid < rows ? int(e[gi]) : 0);
-        sgf[tid * (kMaxGrpK / 64) + gi] = __half_as_ushort(__float2half_rn(dd < -24 ? 0.f : ldexpf(1.f, dd)));
-      }
-      srf[tid] = ldexpf(kInvW, -smin);
-    }
-  }
+  mw_row_factors<BM, AM>(a, sgf, srf, tid, pos0, rows, K);
   __syncthreads();
 
   if (tid < 128) {
-    // ---- producer warpgroup: copies only. Thread r: codes and scale blocks of rows r, r + 128;
-    // activation chunks tid + 128j. ----
+    // ---- producer warpgroup: copies only. Codes: thread r copies 16-byte half (r & 1) of rows
+    // (r >> 1) + 64j (two threads per row: a warp's copy is 16 rows x 32 bytes, whole sectors);
+    // scale blocks: rows r and r + 128; activation chunks tid + 128j. ----
     const int r = tid;
-    const uint8_t* bsrc[2];
-    const uint8_t* ssrc[2];
-    const uint8_t* bisrc[2];
-    bool bval[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int R = r + 128 * hh;
+    auto row_src = [&](int R, bool& valid, const uint8_t*& codes, const uint8_t*& sc, const uint8_t*& bi) {
       int mat, col;
       if (a.swiglu) {
         mat = (R >> 3) & 1;
@@ -505,14 +499,30 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
         mat = 0;
         col = by * kMwBN + R;
       }
-      bval[hh] = col < a.N;
+      valid = col < a.N;
       const QMat& w = group < a.b.n_groups ? a.b.w[mat] : a.b.extra[mat];
       const int64_t goff = group < a.b.n_groups ? int64_t(group) * a.b.stride : 0;
       const int64_t gsoff = group < a.b.n_groups ? int64_t(group) * a.b.sb_stride : 0;
-      const int64_t c = bval[hh] ? col : 0;
-      bsrc[hh] = static_cast<const uint8_t*>(w.data) + goff + c * (K / 2);
-      ssrc[hh] = static_cast<const uint8_t*>(w.scales) + gsoff + c * (K / 64) * 2;
-      bisrc[hh] = static_cast<const uint8_t*>(w.biases) + gsoff + c * (K / 64) * 2;
+      const int64_t c = valid ? col : 0;
+      codes = static_cast<const uint8_t*>(w.data) + goff + c * (K / 2);
+      sc = static_cast<const uint8_t*>(w.scales) + gsoff + c * (K / 64) * 2;
+      bi = static_cast<const uint8_t*>(w.biases) + gsoff + c * (K / 64) * 2;
+    };
+    const uint8_t* csrc[4];
+    bool cval[4];
+    const uint8_t* ssrc[2];
+    const uint8_t* bisrc[2];
+    bool bval[2];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint8_t *sc, *bi;
+      row_src((r >> 1) + 64 * j, cval[j], csrc[j], sc, bi);
+      csrc[j] += (r & 1) * 16;
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const uint8_t* cd;
+      row_src(r + 128 * hh, bval[hh], cd, ssrc[hh], bisrc[hh]);
     }
     const uint16_t* asrc[C::XCH];
     bool aval[C::XCH];
@@ -532,13 +542,12 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
 #pragma unroll
       for (int j = 0; j < C::XCH; ++j) cp_async16(st + xdst(j), asrc[j] + q * kBK, aval[j]);
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int R = r + 128 * hh;
-        const uint32_t rd = st + C::X_BYTES + R * 32;
-        cp_async16(rd, bsrc[hh] + int64_t(q) * 32, bval[hh]);
-        cp_async16(rd + 16, bsrc[hh] + int64_t(q) * 32 + 16, bval[hh]);
-        if ((q & 7) == 0) {
-          const uint32_t sd = sm0 + C::OFF_SB + ((q >> 3) & 1) * (2 * kMwBN * 16) + R * 16;
+      for (int j = 0; j < 4; ++j)
+        cp_async16(st + C::X_BYTES + ((r >> 1) + 64 * j) * 32 + (r & 1) * 16, csrc[j] + int64_t(q) * 32, cval[j]);
+      if ((q & 7) == 0) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const uint32_t sd = sm0 + C::OFF_SB + ((q >> 3) % C::SBS) * (2 * kMwBN * 16) + (r + 128 * hh) * 16;
           cp_async16(sd, ssrc[hh] + (q >> 3) * 16, bval[hh]);
           cp_async16(sd + kMwBN * 16, bisrc[hh] + (q >> 3) * 16, bval[hh]);
         }
@@ -588,10 +597,10 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
       fence_proxy_async();   // cp.async-landed and st.shared data -> wgmma operand reads (async proxy)
       named_sync(1, 256);
     } else {
-      fence_proxy_async();   // cp.async-landed data -> wgmma operand reads (async proxy)
+      if constexpr (!(DIAG & 1)) fence_proxy_async();   // cp.async-landed data -> wgmma operand reads (async proxy)
     }
     const uint8_t* cs = smem + s * C::STAGE + C::X_BYTES;
-    const uint16_t* sb = reinterpret_cast<const uint16_t*>(smem + C::OFF_SB + ((kg >> 3) & 1) * (2 * kMwBN * 16));
+    const uint16_t* sb = reinterpret_cast<const uint16_t*>(smem + C::OFF_SB + ((kg >> 3) % C::SBS) * (2 * kMwBN * 16));
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       uint2 wv[2];
@@ -607,6 +616,13 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const uint32_t w0 = (i >> 1) ? wv[0].y : wv[0].x, w1 = (i >> 1) ? wv[1].y : wv[1].x;
+        if constexpr ((DIAG & 2) != 0) {
+          af[buf][h][i][0] = w0 ^ s2[0];
+          af[buf][h][i][1] = w1 ^ s2[1];
+          af[buf][h][i][2] = w0 ^ b2[0];
+          af[buf][h][i][3] = w1 ^ b2[1];
+          continue;
+        }
         af[buf][h][i][0] = dq4_pair<true>(w0, (2 * i) & 3, s2[0], b2[0]);
         af[buf][h][i][1] = dq4_pair<true>(w1, (2 * i) & 3, s2[1], b2[1]);
         af[buf][h][i][2] = dq4_pair<true>(w0, (2 * i + 1) & 3, s2[0], b2[0]);
@@ -620,6 +636,11 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
     wg_fence();
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
+      if constexpr ((DIAG & 4) != 0) {
+        acc0[i] += __uint_as_float(af[buf][0][i][0] ^ af[buf][0][i][3]);
+        acc1[i] += __uint_as_float(af[buf][1][i][1] ^ af[buf][1][i][2]);
+        continue;
+      }
       wgmma_rs_tile<BM>(acc0, af[buf][0][i], wg_desc(xa + 32 * i));
       wgmma_rs_tile<BM>(acc1, af[buf][1][i], wg_desc(xa + 32 * i));
     }
@@ -655,15 +676,16 @@ void launch_moe_wg_t(const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t 
   launch(gemm_moe_wg_kernel<BM, AM>, dim3(grid_n, max_tiles), dim3(kMwThreads), size_t(MwCfg<BM>::SMEM), s, a);
   CUDA_LAUNCH_CHECK();
 }
-template <int AM>
+template <int AM, int DIAG = 0, int NS = 6>
 void launch_moe_rs_t(const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t s) {
   static bool attr = false;
   if (!attr) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_moe_rs_kernel<64, AM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    MrCfg<64>::SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_moe_rs_kernel<64, AM, DIAG, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    MrCfg<64, NS>::SMEM));
     attr = true;
   }
-  launch(gemm_moe_rs_kernel<64, AM>, dim3(grid_n, max_tiles), dim3(kMwThreads), size_t(MrCfg<64>::SMEM), s, a);
+  launch(gemm_moe_rs_kernel<64, AM, DIAG, NS>, dim3(grid_n, max_tiles), dim3(kMwThreads), size_t(MrCfg<64, NS>::SMEM),
+         s, a);
   CUDA_LAUNCH_CHECK();
 }
 // mode 1: P14, mode 2: P15. bm: the tile list's M-tile (32 runs the 64 kernel: rows <= 32 of 64).
@@ -672,8 +694,25 @@ bool launch_moe_wg(int mode, int am, int bm, const GemmArgs& a, int max_tiles, i
   LILY_CHECK(a.K % kBK == 0 && a.K / kBK >= 1 && (am != kAmF16Grp || a.K <= kMaxGrpK), "gemm: P14/P15 shape");
   if (mode == 2) {
     if (bm == 128 || a.K % 128 != 0) return false;
-    if (am == kAmF16Grp) launch_moe_rs_t<kAmF16Grp>(a, max_tiles, grid_n, s);
-    else launch_moe_rs_t<kAmF16>(a, max_tiles, grid_n, s);
+    // LILY_P15_STAGES=12: a 12-stage ring (219 KB of shared memory) instead of 6 (123 KB).
+    const bool deep = env_int("LILY_P15_STAGES", 6) == 12;
+    if (am == kAmF16Grp) {
+      if (deep) launch_moe_rs_t<kAmF16Grp, 0, 12>(a, max_tiles, grid_n, s);
+      else launch_moe_rs_t<kAmF16Grp>(a, max_tiles, grid_n, s);
+      return true;
+    }
+    if (deep) {
+      launch_moe_rs_t<kAmF16, 0, 12>(a, max_tiles, grid_n, s);
+      return true;
+    }
+    switch (env_int("LILY_P15_DIAG", 0)) {   // timing diagnostics (gemm_moe_rs_kernel's DIAG)
+      case 1: launch_moe_rs_t<kAmF16, 1>(a, max_tiles, grid_n, s); break;
+      case 2: launch_moe_rs_t<kAmF16, 2>(a, max_tiles, grid_n, s); break;
+      case 4: launch_moe_rs_t<kAmF16, 4>(a, max_tiles, grid_n, s); break;
+      case 6: launch_moe_rs_t<kAmF16, 6>(a, max_tiles, grid_n, s); break;
+      case 16: launch_moe_rs_t<kAmF16, 6, 12>(a, max_tiles, grid_n, s); break;   // 6 with 12 stages
+      default: launch_moe_rs_t<kAmF16>(a, max_tiles, grid_n, s);
+    }
     return true;
   }
   if (bm == 128) {
