@@ -69,8 +69,9 @@ bool gemm_wide();
 // opt-in: LILY_GEMM_WG16_TMA=1. gemm_set_wg16 is the P13 switch (on by default).
 void gemm_set_wg16(bool on);
 bool gemm_wg16();
-// P14 / P15 (opt-in): the MoE's grouped GEMMs with fp16 operands on Hopper wgmma kernels
-// (gemm_moe_wg.cuh), LILY_MOE_WG (read per call; default 0 = gemm_kernel on mma.sync):
+// P14 / P15: the MoE's grouped GEMMs with fp16 operands on Hopper wgmma kernels (gemm_moe_wg.cuh),
+// LILY_MOE_WG (read per call; unset: 2, or 0 when gemm_set_moe_p15(false), the P15 ablation;
+// 0 = gemm_kernel on mma.sync for both GEMMs):
 //   1 = P14: producer warpgroup dequantising 256 weight rows per tile into the swizzled fp16 stage,
 //       2 consumer warpgroups on m64nBMk16 with both operands from shared memory (BM = 64 / 128);
 //       0.71x mma.sync on the T = 4,096 block (session 7);
@@ -79,6 +80,7 @@ bool gemm_wg16();
 //       tile lists of 128 run gemm_kernel).
 // Takes precedence over LILY_GEMM_WGMMA_GRP.
 int gemm_moe_wg();
+void gemm_set_moe_p15(bool on);
 int gemm_small_n(int T);
 // gemm_ok(w) and w.rows >= gemm_small_n(T): the prefill matmul path for W at T tokens.
 bool gemm_takes(const QMat& w, int T);
