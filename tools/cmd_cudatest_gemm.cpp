@@ -844,6 +844,31 @@ int run(const Options& o) {
       for (int f = 0; f < 2; ++f) emu[f]->moe(c, hm, x.data(), T, eref[f].data());
       emu[0]->matmul(hm.gate, x.data(), T, elogits.data());   // 8-bit: the same split in both modes
       gpu->copy_from_host(xd, x.data(), 4LL * T * H);
+      // One MoE block on the GPU (current switches) into y, compared with the f32 reference and with
+      // `emu` (the CPU emulation of the GPU's operand rounding). Tokens whose top-k set differs from
+      // the reference routing (router near-ties) are excluded from the error and counted in diff;
+      // more than 2% of them is a failure by itself. `esame` uses the emulated router's routing.
+      auto run_moe_case = [&](const std::vector<float>& emu_ref, int& diff, Err& e, Err& ee) {
+        gpu->fill_zero(yd, 4LL * T * H);
+        gpu->moe(c, dm, xd, T, yd);
+        gpu->copy_to_host(y.data(), yd, 4LL * T * H);
+        const std::vector<int32_t> ids = cuda_tools::last_moe_ids(*gpu);
+        std::vector<int> same, esame;
+        diff = 0;
+        for (int t = 0; t < T; ++t) {
+          std::vector<int> a = topk_set(logits.data() + int64_t(t) * E, E, k);
+          std::vector<int> ae = topk_set(elogits.data() + int64_t(t) * E, E, k);
+          std::vector<int> b;
+          if (ids.size() == size_t(T) * k) b.assign(ids.begin() + int64_t(t) * k, ids.begin() + int64_t(t + 1) * k);
+          std::sort(b.begin(), b.end());
+          if (a == b) same.push_back(t);
+          else ++diff;
+          if (ae == b) esame.push_back(t);
+        }
+        e = compare(y.data(), H, ref.data(), H, H, same);
+        ee = compare(y.data(), H, emu_ref.data(), H, H, esame);
+        if (diff > std::max(1, T / 50)) e.finite = false;
+      };
       struct Variant {
         const char* tile;
         bool p2off;
@@ -883,28 +908,9 @@ int run(const Options& o) {
         if (v.p2off) off.push_back("P2");
         if (v.mmasync) off.push_back("P1w");
         set_abl(off);
-        gpu->fill_zero(yd, 4LL * T * H);
-        gpu->moe(c, dm, xd, T, yd);
-        gpu->copy_to_host(y.data(), yd, 4LL * T * H);
-        const std::vector<int32_t> ids = cuda_tools::last_moe_ids(*gpu);
-        // Tokens whose top-k set differs (router near-ties) are excluded from the error and
-        // counted; more than 2% of them is a failure by itself. Against f32 routing (same) and
-        // against the emulated router's routing (esame, for the emulated comparison).
-        std::vector<int> same, esame;
         int diff = 0;
-        for (int t = 0; t < T; ++t) {
-          std::vector<int> a = topk_set(logits.data() + int64_t(t) * E, E, k);
-          std::vector<int> ae = topk_set(elogits.data() + int64_t(t) * E, E, k);
-          std::vector<int> b;
-          if (ids.size() == size_t(T) * k) b.assign(ids.begin() + int64_t(t) * k, ids.begin() + int64_t(t + 1) * k);
-          std::sort(b.begin(), b.end());
-          if (a == b) same.push_back(t);
-          else ++diff;
-          if (ae == b) esame.push_back(t);
-        }
-        Err e = compare(y.data(), H, ref.data(), H, H, same);
-        const Err ee = compare(y.data(), H, eref[v.f16].data(), H, H, esame);
-        if (diff > std::max(1, T / 50)) e.finite = false;
+        Err e, ee;
+        run_moe_case(eref[v.f16], diff, e, ee);
         const std::string bn = v.bn;
         std::string ident;
         if (bn == "128") y128 = y;
@@ -945,25 +951,9 @@ int run(const Options& o) {
           std::printf("  running %s\n", what);
           std::fflush(stdout);
           setenv("LILY_MOE_WG", std::to_string(wg).c_str(), 1);
-          gpu->fill_zero(yd, 4LL * T * H);
-          gpu->moe(c, dm, xd, T, yd);
-          gpu->copy_to_host(y.data(), yd, 4LL * T * H);
-          const std::vector<int32_t> ids = cuda_tools::last_moe_ids(*gpu);
-          std::vector<int> same, esame;
           int diff = 0;
-          for (int t = 0; t < T; ++t) {
-            std::vector<int> a = topk_set(logits.data() + int64_t(t) * E, E, k);
-            std::vector<int> ae = topk_set(elogits.data() + int64_t(t) * E, E, k);
-            std::vector<int> b;
-            if (ids.size() == size_t(T) * k) b.assign(ids.begin() + int64_t(t) * k, ids.begin() + int64_t(t + 1) * k);
-            std::sort(b.begin(), b.end());
-            if (a == b) same.push_back(t);
-            else ++diff;
-            if (ae == b) esame.push_back(t);
-          }
-          Err e = compare(y.data(), H, ref.data(), H, H, same);
-          const Err ee = compare(y.data(), H, eref[1].data(), H, H, esame);
-          if (diff > std::max(1, T / 50)) e.finite = false;
+          Err e, ee;
+          run_moe_case(eref[1], diff, e, ee);
           std::string ident;
           if (wg == 0) {
             ymma = y;
