@@ -302,6 +302,7 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                    // SBO exchanged, so that one run tells which reading holds.
                                    {"diag WG3 (LBO<->SBO)", {}, "0", "16", 1, "", "1", "0", "0", "0", "3", true},
                                    {"kv16 D7 off (1 split)", {"D7"}, "0", "16", 1},
+                                   {"kv16 D28 off (prep kernel)", {"D28"}, "0", "16", 1},
                                    {"kv16 D20 off (FMA)", {"D20"}, "0", "16", 1},
                                    {"kv16 D20 off, P6 off", {"D20", "P6"}, "0", "16", 1},
                                    {"kv16 U4 (4 pos/warp)", {"D20"}, "0", "16", 1, "", "1", "0", "1"},

@@ -84,6 +84,63 @@ struct Combo {
   std::string text;
 };
 
+// The decode MoE top-k (router logits -> k expert ids, largest first, ties to the lower index, as
+// the cpu backend's top-k) on the device, both forms (D27 on and off), against a host reference on
+// rows with exact ties, -0/+0, infinities and E below 256. Returns the number of mismatching rows.
+int check_moe_topk(std::mt19937& rng) {
+#ifdef LILY_HAVE_CUDA
+  int bad = 0, rows_total = 0;
+  for (int E : {256, 255, 128, 64, 9}) {
+    for (int K : {8, 4, 1}) {
+      if (K > E) continue;
+      const int rows = 96;
+      std::vector<float> lg(size_t(rows) * E);
+      std::normal_distribution<float> g(0.0f, 1.5f);
+      for (int r = 0; r < rows; ++r) {
+        float* l = lg.data() + size_t(r) * E;
+        const int kind = r % 6;
+        for (int e = 0; e < E; ++e) {
+          switch (kind) {
+            case 0: l[e] = g(rng); break;                                      // distinct values
+            case 1: l[e] = 0.25f * float(int(rng() % 9) - 4); break;            // many exact ties
+            case 2: l[e] = 1.0f; break;                                        // all equal
+            case 3: l[e] = (rng() % 3 == 0) ? -INFINITY : g(rng); break;       // masked experts
+            case 4: l[e] = (rng() % 2) ? 0.0f : -0.0f; break;                  // signed zeros tie
+            default: l[e] = (rng() % 4 == 0) ? 3.0f : g(rng) - 4.0f; break;    // ties at the top
+          }
+        }
+        if (kind == 3) l[rng() % E] = INFINITY;
+      }
+      std::vector<int> ref(size_t(rows) * K);
+      for (int r = 0; r < rows; ++r) {
+        std::vector<int> idx(E);
+        for (int e = 0; e < E; ++e) idx[e] = e;
+        const float* l = lg.data() + size_t(r) * E;
+        std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return l[a] > l[b]; });
+        for (int k = 0; k < K; ++k) ref[size_t(r) * K + k] = idx[k];
+      }
+      for (bool lanes : {false, true}) {
+        const std::vector<int> got = cuda_tools::moe_topk_ids(lg, rows, E, K, lanes);
+        int rb = 0;
+        for (int r = 0; r < rows; ++r)
+          if (!std::equal(got.begin() + size_t(r) * K, got.begin() + size_t(r + 1) * K, ref.begin() + size_t(r) * K))
+            ++rb;
+        rows_total += rows;
+        bad += rb;
+        if (rb) std::printf("  moe top-k E=%d K=%d %s: %d of %d rows differ from the reference  FAIL\n", E, K,
+                            lanes ? "one warp (D27)" : "two rounds (D27 off)", rb, rows);
+      }
+    }
+  }
+  std::printf("  moe top-k (both forms, %d rows: ties, -0/+0, infinities, E < 256): %s\n", rows_total,
+              bad ? "FAIL" : "ok");
+  return bad;
+#else
+  (void)rng;
+  return 0;
+#endif
+}
+
 int test_sample_main(int argc, char** argv) {
   Options o("cuda-test-sample", "Compare the cuda sample op (and the sampling decode loop) with the cpu one.",
             {{"vocab", "248320", "logits per row"},
@@ -343,7 +400,8 @@ int test_sample_main(int argc, char** argv) {
                   1e3 * (b - a) / (n_long - n_short), 1e3 * b, n_long);
     }
   }
-  const bool ok = mismatches == 0 && e2e_ok;
+  const int topk_bad = check_moe_topk(rng);
+  const bool ok = mismatches == 0 && e2e_ok && topk_bad == 0;
   std::printf("cuda-test-sample: %s\n", ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
 }

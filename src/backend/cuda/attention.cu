@@ -355,14 +355,47 @@ __device__ __forceinline__ uint32_t u4w(const uint4& u, int i) { return i == 0 ?
 // K rows (one DRAM round trip per step instead of two); 2 (default) = as 1, and the next step's K rows
 // issued as soon as the S product has consumed this step's (K one step ahead; 255 registers, no spills).
 // Measured (session 6): mode 1 +0.1 / +0.1 / +0.4 %, mode 2 +0.4 / +0.8 / +1.1 % at 4K / 32K / 128K.
-template <int PM>
+// D28 (T == 1, rot_dim 64): the prep kernel's work done by the split CTAs themselves. Each CTA
+// normalises and rotates the queries of its 8 heads (RMSNorm with q_norm, partial RoPE, 1/sqrt(hd))
+// into shared memory (warp w: heads 2w, 2w+1, lane l: dims l + 32j, so each RoPE pair (l, l + 32)
+// sits in one lane), and the CTA whose slice holds the new position appends its k (normalised,
+// rotated) and v to the cache before any warp reads it. One kernel boundary fewer per attention
+// layer; every CTA repeats the 8 heads' query preparation (8 KB read, a few hundred instructions).
+struct AttnPrepArgs {
+  const float *q, *k, *v, *qn, *kn;   // projections [heads][2hd] (query | gate), [kv][hd], [kv][hd]; norm weights
+  __half *kc, *vc;                    // the cache (written at the new position)
+  L2Prefetch pf;                      // D13: the next launch's weights (o_proj), as the prep kernel did
+};
+// RMSNorm (weight nw) and partial RoPE (64 dims, pairs (l, l + 32)) of one 256-wide head, lane l
+// holding dims l + 32j in y[j].
+__device__ __forceinline__ void prep_head_lanes(const float* src, const float* nw, float eps, float cs, float sn,
+                                                float (&y)[8]) {
+  const int lane = threadIdx.x & 31;
+  float x[8], ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    x[j] = src[lane + 32 * j];
+    ss = fmaf(x[j], x[j], ss);
+  }
+  ss = warp_sum(ss);
+  const float r = rsqrtf(ss / 256.f + eps);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) y[j] = x[j] * r * nw[lane + 32 * j];
+  const float a = y[0], b = y[1];
+  y[0] = a * cs - b * sn;
+  y[1] = b * cs + a * sn;
+}
+
+template <int PM, bool FP>
 __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(AttnDims d, const __half* kc,
                                                                              const __half* vc, int pos0,
                                                                              const int32_t* pos_dev,
-                                                                             const float* qbuf, float* part) {
+                                                                             const float* qbuf, float* part,
+                                                                             const __grid_constant__ AttnPrepArgs pa) {
   constexpr int hd = 256, HPB = 8, NW = kMmaDecWarps;
-  extern __shared__ float sm[];   // [NW][HPB][hd] acc, then [NW][HPB] (m, l)
+  extern __shared__ float sm[];   // [NW][HPB][hd] acc, then [NW][HPB] (m, l); with FP first the queries [HPB][hd]
   pdl_trigger();
+  if constexpr (FP) l2_prefetch(pa.pf);
   pdl_wait();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int tt = blockIdx.z;
@@ -370,11 +403,36 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
   const SplitSlice sl = split_slice<HPB>(d, pos0, pos_dev, tt, h0, hd, part);
   const int lo = sl.lo, hi = sl.hi;
   if (lo >= hi) return;
+  if constexpr (FP) {
+    const int pos = cur_pos(pos0, pos_dev);
+    const float inv = powf(d.theta, -float(2 * lane) / float(d.rot_dim));
+    float sn, cs;
+    sincosf(float(pos) * inv, &sn, &cs);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int hl = 2 * warp + hh;
+      float y[8];
+      prep_head_lanes(pa.q + int64_t(h0 + hl) * 2 * hd, pa.qn, d.eps, cs, sn, y);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sm[hl * hd + lane + 32 * j] = y[j] * rsqrtf(float(hd));
+    }
+    if (warp == 0 && lo <= pos && pos < hi) {
+      float y[8];
+      prep_head_lanes(pa.k + int64_t(kvh) * hd, pa.kn, d.eps, cs, sn, y);
+      const int64_t row = (int64_t(pos) * d.kv_heads + kvh) * hd;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        kv_store(pa.kc + row + lane + 32 * j, y[j]);
+        kv_store(pa.vc + row + lane + 32 * j, pa.v[int64_t(kvh) * hd + lane + 32 * j]);
+      }
+    }
+    __syncthreads();
+  }
   // Q^T fragments: head g, dims 32i + 8t + [0, 8) for i < 8, times log2 e, as fp16 pairs.
   const float kLog2e = 1.4426950408889634f;
   uint32_t qw[8][4];
   {
-    const float* qh = qbuf + (int64_t(tt) * d.heads + h0 + g) * hd + 8 * t;
+    const float* qh = FP ? sm + g * hd + 8 * t : qbuf + (int64_t(tt) * d.heads + h0 + g) * hd + 8 * t;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const float4 a = *reinterpret_cast<const float4*>(qh + 32 * i);
@@ -385,6 +443,7 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
       qw[i][3] = pack_h2(b.z * kLog2e, b.w * kLog2e);
     }
   }
+  if constexpr (FP) __syncthreads();   // every warp holds its fragments before sm is reused
   float acc[16][4];
 #pragma unroll
   for (int mt = 0; mt < 16; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
@@ -673,6 +732,11 @@ bool& attn_mma_decode_enabled() {
   return on;
 }
 
+bool& attn_prep_fused_enabled() {
+  static bool on = true;
+  return on;
+}
+
 int& attn_mma_pipe_mode() {
   static int mode = 2;
   return mode;
@@ -699,20 +763,28 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void
   splits = eff_splits(T, std::min(splits, 256));
   float* qbuf = work;
   float* part = work + int64_t(T) * d.heads * hd;
-  launch_prep(d, q_norm, k_norm, kc, vc, kv16, pos0, pos_dev, q, k, v, T, qbuf, pf ? *pf : L2Prefetch{}, s);
-  if (kv16 && attn_mma_decode_enabled() && hd == 256 && hpb == 8 && G == 8) {   // D20
+  const bool d20 = kv16 && attn_mma_decode_enabled() && hd == 256 && hpb == 8 && G == 8;
+  const bool fused_prep = d20 && T == 1 && d.rot_dim == 64 && attn_prep_fused_enabled();   // D28
+  if (!fused_prep) launch_prep(d, q_norm, k_norm, kc, vc, kv16, pos0, pos_dev, q, k, v, T, qbuf, pf ? *pf : L2Prefetch{}, s);
+  if (d20) {   // D20
     const size_t smem = sizeof(float) * (kMmaDecWarps * 8 * 256 + kMmaDecWarps * 16);
     static bool attr_set = false;
     if (!attr_set) {
-      CUDA_CHECK(cudaFuncSetAttribute(attn_split_mma_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-      CUDA_CHECK(cudaFuncSetAttribute(attn_split_mma_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-      CUDA_CHECK(cudaFuncSetAttribute(attn_split_mma_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      for (auto kern : {attn_split_mma_kernel<0, false>, attn_split_mma_kernel<1, false>, attn_split_mma_kernel<2, false>,
+                        attn_split_mma_kernel<0, true>, attn_split_mma_kernel<1, true>, attn_split_mma_kernel<2, true>})
+        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
       attr_set = true;
     }
     const int pm = attn_mma_pipe_mode();
-    auto kern = pm == 2 ? attn_split_mma_kernel<2> : pm == 1 ? attn_split_mma_kernel<1> : attn_split_mma_kernel<0>;
+    auto kern = fused_prep ? (pm == 2 ? attn_split_mma_kernel<2, true> : pm == 1 ? attn_split_mma_kernel<1, true>
+                                                                                : attn_split_mma_kernel<0, true>)
+                           : (pm == 2 ? attn_split_mma_kernel<2, false> : pm == 1 ? attn_split_mma_kernel<1, false>
+                                                                                  : attn_split_mma_kernel<0, false>);
+    AttnPrepArgs pa{};
+    if (fused_prep) pa = AttnPrepArgs{q, k, v, q_norm, k_norm, static_cast<__half*>(kc), static_cast<__half*>(vc),
+                                      pf ? *pf : L2Prefetch{}};
     launch(kern, dim3(splits, d.kv_heads, T), dim3(32 * kMmaDecWarps), smem, s, d,
-           static_cast<const __half*>(kc), static_cast<const __half*>(vc), pos0, pos_dev, (const float*)qbuf, part);
+           static_cast<const __half*>(kc), static_cast<const __half*>(vc), pos0, pos_dev, (const float*)qbuf, part, pa);
     CUDA_LAUNCH_CHECK();
   } else if (kv16)
     launch_split_all(d, hpb, static_cast<const __half*>(kc), static_cast<const __half*>(vc), pos0, pos_dev, qbuf,

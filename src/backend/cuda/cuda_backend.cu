@@ -511,6 +511,8 @@ class CudaBackend final : public Backend {
     fast_ = !abl_.has("D1");
     mma_q4_enabled() = !abl_.has("D1m");   // D1m: no mma.sync 4-bit kernels (f44444c FFMA ones)
     lmhead_i16_enabled() = !abl_.has("D26");   // D26: lm_head on the int16 GEMV (D24) rather than D1m's mma.sync
+    topk_lanes_enabled() = !abl_.has("D27");     // D27: decode MoE top-k on one warp, lanes' logits sorted in registers
+    attn_prep_fused_enabled() = !abl_.has("D28");   // D28: attention prep inside the D20 split-KV kernel (T == 1)
     batch_ = !abl_.has("D3b");
     pdl_enabled() = !abl_.has("D3");
     fuse_add_ = !abl_.has("D8");
@@ -1088,6 +1090,12 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
   return out;
 }
 int64_t device_bytes(Backend& be) { return as_cuda(be).device_bytes(); }
+std::vector<int> moe_topk_ids(const std::vector<float>& logits, int rows, int E, int K, bool lanes) {
+  LILY_CHECK(int64_t(logits.size()) == int64_t(rows) * E, "moe_topk_ids: logits size");
+  std::vector<int> ids(size_t(rows) * K);
+  cuda::topk_select_test(logits.data(), rows, E, K, lanes, ids.data());
+  return ids;
+}
 int last_sample_path(Backend& be) {
   as_cuda(be).synchronize();
   return as_cuda(be).last_sample_path();

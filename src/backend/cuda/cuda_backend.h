@@ -64,6 +64,9 @@ std::vector<std::vector<int32_t>> take_moe_ids(Backend& be);
 // boundary; the summary gives, per launch name and phase, the time since the launch's first CTA
 // entered (median over the launches of the last step traced).
 void set_kernel_trace(Backend& be, bool on);
+// Test aid: the decode MoE top-k selection on the device (lanes: D27's one-warp form, else the
+// two-round form) for `rows` rows of E logits; returns the ids [rows, K].
+std::vector<int> moe_topk_ids(const std::vector<float>& logits, int rows, int E, int K, bool lanes);
 std::vector<std::string> kernel_trace_summary(Backend& be);
 
 }  // namespace cuda_tools

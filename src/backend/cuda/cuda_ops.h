@@ -92,6 +92,14 @@ bool& gemv_x16_enabled();
 // D26: the lm_head (>= 32,768 rows) runs on the int16 GEMV of D24 instead of the mma.sync GEMV (D1m)
 // when D24 and D21 are on (process-wide switch, ablation D26).
 bool& lmhead_i16_enabled();
+// D27: the decode MoE top-k (router + top-k kernel, D19's per-CTA top-k) on one warp with each lane's
+// 8 logits sorted in registers (off: two rounds of warp selection over 4 warps).
+bool& topk_lanes_enabled();
+// D28: at T == 1 on the D20 path, the attention prep (q/k norms, RoPE, KV append) runs inside the
+// split-KV kernel (off: the separate prep kernel).
+bool& attn_prep_fused_enabled();
+// Test aid: runs select_topk_block (lanes = false) or select_topk_lanes on rows of E logits (host in/out).
+void topk_select_test(const float* host_logits, int rows, int E, int K, bool lanes, int* host_ids);
 // Investigation aid: the trace slot for the next 4-bit decode GEMV launch (consumed by it).
 unsigned long long*& gemv_trace_next();
 // With an fp16 cache, the split-KV kernel keeps 4 positions per warp in flight (raw fp16, converted

@@ -34,6 +34,7 @@ struct MoeArgs {
   int stage_regs;          // D21: x and the down activations staged from registers
   int flags;               // MoeDecode::flags (D19 experiments)
   int xq16;                // D24: int16 x / activations for the D19 4-bit rows (needs D21)
+  int topk_lanes;          // D27: the decode top-k on one warp (select_topk_lanes)
   unsigned long long* trace;   // investigation aid: D19 phase timestamps [CTA][kTracePhases]
 };
 
@@ -580,6 +581,49 @@ __device__ void select_topk_block(const float* lg, int E, int K, uint32_t* ckey,
   __syncthreads();
 }
 
+// D27: the same selection (largest logit first, ties to the lower index) on warp 0 alone, one round.
+// Lane l holds logits [8l, 8l+8) as 35-bit composites (order key << 3 | 7 - j: unique, larger for the
+// lower index among equal keys) and sorts them in registers (19-comparator network); then each of the
+// k picks is one redux.sync max over the lanes' heads and a ballot: the lowest lane holding the best
+// key wins (its indices are below every higher lane's), writes sid/sv and shifts its list. 8 dependent
+// (redux, ballot) steps instead of select_topk_block's 2 rounds of 8 (redux, redux) pairs and its two
+// block barriers. Called by warp 0 only (E <= 256, K <= 8); sid/sv are valid in warp 0 after it.
+__device__ __forceinline__ void cswap_desc(uint64_t& a, uint64_t& b) {
+  const uint64_t hi = a > b ? a : b, lo = a > b ? b : a;
+  a = hi;
+  b = lo;
+}
+__device__ __forceinline__ void select_topk_lanes(const float* lg, int E, int K, int* sid, float* sv) {
+  const int lane = threadIdx.x & 31;
+  uint64_t c[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int e = 8 * lane + j;
+    c[j] = e < E ? (uint64_t(order_key(lg[e])) << 3) | uint64_t(7 - j) : 0ull;
+  }
+  cswap_desc(c[0], c[2]); cswap_desc(c[1], c[3]); cswap_desc(c[4], c[6]); cswap_desc(c[5], c[7]);
+  cswap_desc(c[0], c[4]); cswap_desc(c[1], c[5]); cswap_desc(c[2], c[6]); cswap_desc(c[3], c[7]);
+  cswap_desc(c[0], c[1]); cswap_desc(c[2], c[3]); cswap_desc(c[4], c[5]); cswap_desc(c[6], c[7]);
+  cswap_desc(c[2], c[4]); cswap_desc(c[3], c[5]);
+  cswap_desc(c[1], c[4]); cswap_desc(c[3], c[6]);
+  cswap_desc(c[1], c[2]); cswap_desc(c[3], c[4]); cswap_desc(c[5], c[6]);
+  for (int k = 0; k < K; ++k) {
+    const uint32_t head = uint32_t(c[0] >> 3);
+    const uint32_t best = __reduce_max_sync(0xffffffffu, head);
+    const int w = __ffs(__ballot_sync(0xffffffffu, head == best)) - 1;
+    const bool win = lane == w;
+    if (win) {
+      const int e = min(8 * lane + 7 - int(c[0] & 7u), E - 1);   // in range whatever the logits
+      sid[k] = e;
+      sv[k] = lg[e];
+    }
+#pragma unroll
+    for (int j = 0; j < 7; ++j) c[j] = win ? c[j + 1] : c[j];
+    c[7] = win ? 0ull : c[7];
+  }
+  __syncwarp();
+}
+
 constexpr int kRouterCols = 2048;   // H: 128 16-byte chunks of 16 codes per row, 4 per lane
 
 // Stages x (kRouterCols floats; gain ⊙ x with D9, adding the thread's share of Σx² to *ss) as
@@ -711,7 +755,8 @@ __global__ void __launch_bounds__(32 * kRouterWarps) moe_router_topk_kernel(cons
   __threadfence();
   for (int e = threadIdx.x; e < m.E; e += nt) lg[e] = __ldcg(a.logits + e);
   __syncthreads();
-  select_topk_block(lg, m.E, m.K, ckey, cidx, sid, sv);
+  if (!a.topk_lanes) select_topk_block(lg, m.E, m.K, ckey, cidx, sid, sv);
+  else if (warp == 0) select_topk_lanes(lg, m.E, m.K, sid, sv);
   if (warp == 0) {
     const float p = lane < m.K ? __expf(sv[lane] - sv[0]) : 0.f;   // the full softmax denominator cancels
     const float sum = warp_sum(p);
@@ -945,7 +990,8 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     __syncthreads();
   }
   trace_mark(a, 5);
-  select_topk_block(lg, m.E, m.K, ckey, cidx, sid, sv);
+  if (!a.topk_lanes) select_topk_block(lg, m.E, m.K, ckey, cidx, sid, sv);
+  else if (warp == 0) select_topk_lanes(lg, m.E, m.K, sid, sv);
   if (warp == 0) {
     const float p = lane < m.K ? __expf(sv[lane] - sv[0]) : 0.f;   // the full softmax denominator cancels
     const float sum = warp_sum(p);
@@ -1049,6 +1095,11 @@ bool moe_norm_ok(const MoeDev& m, int T, bool fast) {
          m.shared_gate.cols == m.H;
 }
 
+bool& topk_lanes_enabled() {
+  static bool on = true;
+  return on;
+}
+
 bool moe_router_topk_ok(const MoeDev& m, int T, bool fast) {
   return T == 1 && fast && m.H == kRouterCols && m.E <= 64 * kRouterWarps && m.K <= 8 && m.K <= m.E &&
          q8router_ok(m.router, m.E, m.H) &&
@@ -1110,6 +1161,7 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   a.stage_regs = stage_regs_enabled() ? 1 : 0;
   a.flags = dec ? dec->flags : 0;
   a.xq16 = a.stage_regs && gemv_x16_enabled() && m.H == 2048 ? 1 : 0;   // the D21 staging path of D19
+  a.topk_lanes = topk_lanes_enabled() && m.E <= 256 && m.K <= 8 ? 1 : 0;
   a.early_down = dec && dec->early_down && fused_router && fast_down && !(mma_q4_enabled() && mma_q4_all()) ? 1 : 0;
   // D19: the whole block as one persistent kernel (all three stages in one call).
   if (stages == 7 && dec && dec->persist && fused_router && moe_persist_ok(m, T, fast)) {
@@ -1183,6 +1235,35 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
     launch(moe_down_kernel<false>, dim3(nb_down, T), dim3(256), smem_down, s, a);
   }
   CUDA_LAUNCH_CHECK();
+}
+
+// Test aid: the decode top-k selections on `rows` rows of E logits (one CTA of 256 threads per row):
+// lanes = 0 runs select_topk_block, 1 select_topk_lanes; ids [rows, K] to the host.
+__global__ void topk_test_kernel(const float* logits, int E, int K, int lanes, int* ids) {
+  __shared__ __align__(16) float lg[256];
+  __shared__ int sid[32];
+  __shared__ float sv[32];
+  __shared__ uint32_t ckey[32], cidx[32];
+  const float* row = logits + int64_t(blockIdx.x) * E;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) lg[e] = row[e];
+  __syncthreads();
+  if (!lanes) select_topk_block(lg, E, K, ckey, cidx, sid, sv);
+  else if (threadIdx.x < 32) select_topk_lanes(lg, E, K, sid, sv);
+  __syncthreads();
+  if (int(threadIdx.x) < K) ids[int64_t(blockIdx.x) * K + threadIdx.x] = sid[threadIdx.x];
+}
+void topk_select_test(const float* host_logits, int rows, int E, int K, bool lanes, int* host_ids) {
+  LILY_CHECK(E >= 1 && E <= 256 && K >= 1 && K <= 8 && K <= E, "topk test: E <= 256, K <= 8");
+  float* d = nullptr;
+  int* o = nullptr;
+  CUDA_CHECK(cudaMalloc(&d, sizeof(float) * size_t(rows) * E));
+  CUDA_CHECK(cudaMalloc(&o, sizeof(int) * size_t(rows) * K));
+  CUDA_CHECK(cudaMemcpy(d, host_logits, sizeof(float) * size_t(rows) * E, cudaMemcpyHostToDevice));
+  topk_test_kernel<<<rows, 256>>>(d, E, K, lanes ? 1 : 0, o);
+  CUDA_LAUNCH_CHECK();
+  CUDA_CHECK(cudaMemcpy(host_ids, o, sizeof(int) * size_t(rows) * K, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaFree(d));
+  CUDA_CHECK(cudaFree(o));
 }
 
 }  // namespace lily::cuda
