@@ -19,7 +19,10 @@ __device__ __forceinline__ int cur_pos(int pos0, const int32_t* pos_dev) { retur
 // Positions per split: the grid is fixed (a captured step replays at any length), so the cache
 // [0, len) is cut into at most `splits` slices of at least kMinChunk positions; CTAs past the end
 // exit at once.
-__device__ __forceinline__ int split_chunk(int len, int splits) { return kv_split_chunk(len, splits); }
+constexpr int kMinChunk = 32;
+__device__ __forceinline__ int split_chunk(int len, int splits) {
+  return max(kMinChunk, (len + splits - 1) / splits);
+}
 
 // ---- cache elements: f32 or fp16 ------------------------------------------------------------
 // fp16 stores saturate at ±65504 (a value past the fp16 range becomes the largest finite one
@@ -739,22 +742,6 @@ int& attn_mma_pipe_mode() {
   return mode;
 }
 
-int attn_heads_per_block(const AttnDims& d, bool pack_gqa) {
-  const int G = d.heads / d.kv_heads;
-  if (pack_gqa)
-    for (int c : {8, 4, 2})
-      if (G % c == 0) return c;
-  return 1;
-}
-
-int attention_splits(const AttnDims& d, int T, int splits, bool pack_gqa) {
-  static int sms = 0;
-  if (!sms) CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  // splits <= 0: one CTA per SM and per (kv head or head) group, two CTAs fit on an SM.
-  if (splits <= 0) splits = std::max(1, 2 * sms / (d.heads / attn_heads_per_block(d, pack_gqa)));
-  return eff_splits(T, std::min(splits, 256));
-}
-
 void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void* kc, void* vc, bool kv16,
                int pos0, const int32_t* pos_dev, const float* q, const float* k, const float* v,
                int T, float* o, float* work, int splits, bool pack_gqa, cudaStream_t s, const L2Prefetch* pf) {
@@ -762,8 +749,18 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void
   LILY_CHECK(hd == 64 || hd == 128 || hd == 256, "attention: head_dim must be 64, 128 or 256");
   LILY_CHECK(d.heads % d.kv_heads == 0 && d.rot_dim <= hd && d.rot_dim % 2 == 0,
              "attention: unsupported head configuration");
-  const int hpb = attn_heads_per_block(d, pack_gqa);
-  splits = attention_splits(d, T, splits, pack_gqa);
+  static int sms = 0;
+  if (!sms) CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  int hpb = 1;
+  if (pack_gqa)
+    for (int c : {8, 4, 2})
+      if (G % c == 0) {
+        hpb = c;
+        break;
+      }
+  // splits <= 0: one CTA per SM and per (kv head or head) group, two CTAs fit on an SM.
+  if (splits <= 0) splits = std::max(1, 2 * sms / (d.heads / hpb));
+  splits = eff_splits(T, std::min(splits, 256));
   float* qbuf = work;
   float* part = work + int64_t(T) * d.heads * hd;
   const bool d20 = kv16 && attn_mma_decode_enabled() && hd == 256 && hpb == 8 && G == 8;

@@ -316,12 +316,7 @@ class CudaBackend final : public Backend {
       return;
     }
     float* ws = workspace(attention_workspace_floats(d, T));
-    // D29: the launch before this one asks L2 for the first kv_pf_per_ positions of every split.
-    L2Prefetch mine;
-    if (T == 1 && kv_pf_per_ > 0)
-      mine.kv = KvPrefetch{kv.k, kv.v, pos_dev, pos0, attention_splits(d, T, splits_, pack_gqa_), kv_pf_per_,
-                           int(d.kv_heads * d.head_dim * kv_elem_bytes(kv.type)), kv.capacity};
-    const L2Prefetch pf = unit_prefetch(mine, T);
+    const L2Prefetch pf = unit_prefetch(L2Prefetch{}, T);
     timed("attention", bytes, [&] {
       cuda::attention(d, w.q_norm.data, w.k_norm.data, kv.k, kv.v, kv16, pos0, pos_dev, q, k, v, T, o, ws, splits_,
                       pack_gqa_, s_, &pf);
@@ -512,11 +507,6 @@ class CudaBackend final : public Backend {
       if (id.rfind("skip=", 0) == 0 && id.size() > 5) skip_.push_back(id.substr(5));
       if (id.rfind("moep=", 0) == 0) moep_flags_ = std::atoi(id.c_str() + 5);   // D19 experiments
     }
-    // D29: L2 prefetch of the first positions of every split of the next attention launch's KV cache
-    // (experiment "kvpf=N": N positions per split; off: none).
-    kv_pf_per_ = abl_.has("D29") ? 0 : kKvPfPer;
-    for (const std::string& id : abl_.off)
-      if (id.rfind("kvpf=", 0) == 0) kv_pf_per_ = std::max(0, std::atoi(id.c_str() + 5));
     gemv_x16_enabled() = !abl_.has("D24");      // D24: int16 x, dp2a in the 4-bit decode kernels
     fast_ = !abl_.has("D1");
     mma_q4_enabled() = !abl_.has("D1m");   // D1m: no mma.sync 4-bit kernels (f44444c FFMA ones)
@@ -991,8 +981,6 @@ class CudaBackend final : public Backend {
   cudaGraph_t graph_ = nullptr, graph_next_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
   bool profiling_ = false, hold_ = false;
-  static constexpr int kKvPfPer = 64;   // D29's positions per split (measured: docs/CUDA.md)
-  int kv_pf_per_ = kKvPfPer;
   std::vector<std::string> skip_;   // "skip=" ids (see skipped)
   int moep_flags_ = 0;              // "moep=N": MoeDecode::flags
   static constexpr int kTraceSlots = 160;   // traced launches per step (40 MoE + 81 GEMV batches)

@@ -52,32 +52,15 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
 // with bulk prefetches while it runs, cut into 32 KB pieces spread over the grid's CTAs (lanes of
 // warp 0). A hint only: it changes no data (L2 is the point of coherence), so it may be issued
 // before pdl_wait() and for any memory that stays allocated.
-// D29: the decode split-KV pass's positions per split, [s·chunk, min(len, (s+1)·chunk)) for split s
-// (the attention kernels and the KV prefetch below use the same formula).
-constexpr int kKvMinChunk = 32;
-__host__ __device__ __forceinline__ int kv_split_chunk(int len, int splits) {
-  const int c = (len + splits - 1) / splits;
-  return c > kKvMinChunk ? c : kKvMinChunk;
-}
-// D29: the first `per` positions of every split of the next attention launch's KV cache (K and V
-// rows of all KV heads, `row` bytes per position), computed on the device from the current position
-// (a captured step replays at any length). Cached rows below the current position never change.
-struct KvPrefetch {
-  const void* k = nullptr;
-  const void* v = nullptr;
-  const int32_t* pos_dev = nullptr;   // the current position (captured steps), else pos0
-  int pos0 = 0, splits = 0, per = 0, row = 0, capacity = 0;
-};
 struct L2Prefetch {
   static constexpr int kMax = 6;
   const void* p[kMax] = {};
   uint32_t bytes[kMax] = {};
   int n = 0;
-  KvPrefetch kv;
 };
 
 __device__ __forceinline__ void l2_prefetch(const L2Prefetch& pf) {
-  if ((pf.n == 0 && !pf.kv.k) || threadIdx.x >= 32) return;
+  if (pf.n == 0 || threadIdx.x >= 32) return;
   constexpr uint32_t kPiece = 32768;
   const uint32_t cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   const uint32_t ncta = gridDim.x * gridDim.y * gridDim.z;
@@ -87,17 +70,6 @@ __device__ __forceinline__ void l2_prefetch(const L2Prefetch& pf) {
       const char* a = static_cast<const char*>(pf.p[i]) + size_t(k) * kPiece;
       const uint32_t n = min(kPiece, pf.bytes[i] - k * kPiece);
       asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(n) : "memory");
-    }
-  }
-  if (pf.kv.k) {   // D29: one piece per (split, K or V)
-    const KvPrefetch& q = pf.kv;
-    const int len = min((q.pos_dev ? *q.pos_dev : q.pos0) + 1, q.capacity);
-    const int chunk = kv_split_chunk(len, q.splits);
-    for (uint32_t k = cta + ncta * threadIdx.x; k < uint32_t(2 * q.splits); k += ncta * 32) {
-      const int sp = int(k >> 1), lo = sp * chunk, n = min(q.per, len - lo);
-      if (n <= 0) continue;
-      const char* a = static_cast<const char*>((k & 1) ? q.v : q.k) + int64_t(lo) * q.row;
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(uint32_t(n * q.row)) : "memory");
     }
   }
 }

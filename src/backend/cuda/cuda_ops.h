@@ -118,9 +118,6 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void
                int pos0, const int32_t* pos_dev, const float* q, const float* k, const float* v,
                int T, float* o, float* work, int splits, bool pack_gqa, cudaStream_t s,
                const L2Prefetch* pf = nullptr);
-// Query heads served per KV pass (D6) and the split-KV splits attention() uses for T tokens.
-int attn_heads_per_block(const AttnDims& d, bool pack_gqa);
-int attention_splits(const AttnDims& d, int T, int splits, bool pack_gqa);
 // n cache elements between f32 and fp16 buffers (either direction; a copy when the types match).
 void kv_convert(void* dst, bool dst16, const void* src, bool src16, int64_t n, cudaStream_t s);
 
