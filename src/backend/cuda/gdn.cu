@@ -337,11 +337,8 @@ struct GdnFusedArgs {
   float* norm_out;                             // CTA 0 writes rmsnorm(h) here (later readers), may be null
 };
 
-__global__ void __launch_bounds__(256, 2) gdn_fused_kernel(const __grid_constant__ GdnFusedArgs fa) {
-  // Two CTAs per SM (<= 128 registers): with one, only 15 of the 16 clusters fit on an H200 at once and
-  // the last one ran as a second wave (measured: the step 14 % slower). The 12 rows of a warp go in 4
-  // groups of 3, one group's loads in flight while the previous one is computed.
-  constexpr int H = kFusedH, CPL = H / 1024, R = 3, NG = kFusedRowsPerWarp / R, dk = kGdnDecDk;
+__global__ void __launch_bounds__(256, 1) gdn_fused_kernel(const __grid_constant__ GdnFusedArgs fa) {
+  constexpr int H = kFusedH, CPL = H / 1024, R = kFusedRowsPerWarp / 2, dk = kGdnDecDk;
   __shared__ float4 xs4[H / 4];   // x as int16 per 32 values (first 2H bytes), then the 32-value steps
   __shared__ float xsum[H / 32];
   __shared__ float gout[3 * 32 + 2];   // q|k piece, v slice, z slice, (b, a) of the head (p == 0)
@@ -386,22 +383,24 @@ __global__ void __launch_bounds__(256, 2) gdn_fused_kernel(const __grid_constant
   float cw[2][4];
   gdn_split_prologue(g, j, p, kh, cw);
   const float A = -__expf(g.A_log[j]), dtb = g.dt_bias[j], nw = g.norm_w[col];
-  Q4Rows<CPL, R> cur;
-  load_group(cur, 0);   // weights never change: safe before the wait
-  if (gates && lane < 2) {   // b_j and a_j are loaded after the groups: have them in L2 by then
-    const QMat& m = lane == 0 ? fa.wb : fa.wa;
-    const uint4* rp;
-    const uint16_t *sp, *bp;
-    rows_ptr(m, j, rp, sp, bp);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(rp), "r"(uint32_t(H / 2)) : "memory");
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(sp), "r"(uint32_t(H / 32)) : "memory");
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(bp), "r"(uint32_t(H / 32)) : "memory");
-  }
+  Q4Rows<CPL, R> g0, g1;
+  load_group(g0, 0);   // weights never change: safe before the wait
   XRegs<H / 1024> xr;
   xr.load(fa.norm.w, H / 4);
   const XRegs<H / 1024> gain = xr;
   pdl_wait();
   xr.load(fa.norm.h, H / 4);
+  load_group(g1, 1);
+  Q4Rows<CPL, 2> gba;
+  if (gates) {
+    const uint4* rp[2];
+    const uint16_t *sp[2], *bp[2];
+    rows_ptr(fa.wb, j, rp[0], sp[0], bp[0]);
+    rows_ptr(fa.wa, j, rp[1], sp[1], bp[1]);
+    gba.load(rp, sp, bp);
+  }
+  float sv[kGdnDecRows], rin[2][4];
+  gdn_split_load_state(g, j, p, kh, sv, rin);
   {
     const float ss = warp_sum(xr.apply_gain(gain));
     if (lane == 0) red[warp] = ss;
@@ -412,24 +411,18 @@ __global__ void __launch_bounds__(256, 2) gdn_fused_kernel(const __grid_constant
   if (blockIdx.x == 0 && fa.norm_out) xr.store_scaled(fa.norm_out, H / 4, nscale);
   const uint4* qx = reinterpret_cast<const uint4*>(xs4);
   const float* xd = reinterpret_cast<const float*>(xs4) + H / 2;
-#pragma unroll
-  for (int grp = 0; grp < NG; ++grp) {
-    Q4Rows<CPL, R> nxt;
-    if (grp + 1 < NG) load_group(nxt, grp + 1);
+  {
     float acc[R];
-    cur.dot_i16(qx, xd, xsum, acc);
+    g0.dot_i16(qx, xd, xsum, acc);
     if (lane == 0)
 #pragma unroll
-      for (int r = 0; r < R; ++r) gout[warp * kFusedRowsPerWarp + grp * R + r] = acc[r] * nscale;
-    cur = nxt;
+      for (int r = 0; r < R; ++r) gout[warp * kFusedRowsPerWarp + r] = acc[r] * nscale;
+    g1.dot_i16(qx, xd, xsum, acc);
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < R; ++r) gout[warp * kFusedRowsPerWarp + R + r] = acc[r] * nscale;
   }
   if (gates) {
-    Q4Rows<CPL, 2> gba;
-    const uint4* rp[2];
-    const uint16_t *sp[2], *bp[2];
-    rows_ptr(fa.wb, j, rp[0], sp[0], bp[0]);
-    rows_ptr(fa.wa, j, rp[1], sp[1], bp[1]);
-    gba.load(rp, sp, bp);
     float acc[2];
     gba.dot_i16(qx, xd, xsum, acc);
     if (lane == 0) {
@@ -437,8 +430,6 @@ __global__ void __launch_bounds__(256, 2) gdn_fused_kernel(const __grid_constant
       gout[97] = acc[1] * nscale;
     }
   }
-  float sv[kGdnDecRows], rin[2][4];
-  gdn_split_load_state(g, j, p, kh, sv, rin);
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();   // every CTA's projections visible cluster-wide
   const int head0 = (rank / P) * P;
