@@ -263,10 +263,9 @@ class CudaBackend final : public Backend {
   }
   void gdn(const ModelConfig& c, const GdnWeights& w, GdnState& st, const float* qkv, const float* z,
            const float* a, const float* b, int T, float* y) override {
+    flush();
     GdnDims d{c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
               c.conv_dim(), c.linear_conv_kernel_dim, c.rms_norm_eps};
-    if (T == 1 && gdn_fused(d, w, st, qkv, z, a, b, y)) return;
-    flush();
     const double bytes = 2.0 * d.nv * d.dk * d.dv * 4;
     // Prefill (P4): parallel pre-pass + column-split register scan; T = 1 stays on the decode kernel.
     if (prefill_gdn_ && T >= gdn_min_t_ && gdn_prefill_ok(d)) {
@@ -297,43 +296,6 @@ class CudaBackend final : public Backend {
       cuda::gdn(d, w.conv1d.data, w.A_log.data, w.dt_bias.data, w.norm.data, st.conv, st.S, qkv, z, a, b, T, y, s_,
                 &pf);
     });
-  }
-  // D30: when the pending GEMV batch is exactly this layer's four input projections of rmsnorm(h)
-  // (D9 folded), the projections and the step run as one kernel. False: nothing was launched.
-  bool gdn_fused(const GdnDims& d, const GdnWeights& w, GdnState& st, const float* qkv, const float* z,
-                 const float* a, const float* b, float* y) {
-    if (!gdn_fused_on_ || !fast_ || !stage_regs_enabled() || !gemv_x16_enabled() || pend_moe_.on || pend_add_.h ||
-        pend_norm_.x || !mm_norm_.x || pend_T_ != 1 || pend_.size() != 4)
-      return false;
-    const GemvJob *jq = nullptr, *jz = nullptr, *ja = nullptr, *jb = nullptr;
-    for (const GemvJob& j : pend_) {
-      if (j.res || j.x != mm_norm_.out) return false;
-      if (j.y == qkv) jq = &j;
-      else if (j.y == z) jz = &j;
-      else if (j.y == a) ja = &j;
-      else if (j.y == b) jb = &j;
-    }
-    if (!jq || !jz || !ja || !jb || !cuda::gdn_fused_ok(d, jq->w, jz->w, jb->w, ja->w) || mm_norm_.n != jq->w.cols)
-      return false;
-    const GemvNorm norm{mm_norm_.x, mm_norm_.w, mm_norm_.eps};
-    float* norm_out = mm_norm_.out;
-    double bytes = 2.0 * d.nv * d.dk * d.dv * 4;
-    L2Prefetch mine;   // D13: what this launch reads; the launch before it prefetches that
-    for (const GemvJob* j : {jq, jz, jb, ja}) {
-      pf_add_mat(mine, j->w);
-      bytes += double(j->w.rows) * j->w.cols * 0.5 + double(j->w.rows) * (j->w.cols / 64) * 4;
-    }
-    pf_add(mine, st.S, int64_t(d.nv) * d.dk * d.dv * 4);
-    pf_add(mine, st.conv, int64_t(d.kconv - 1) * d.conv_dim * 4);
-    const QMat wq = jq->w, wz = jz->w, wb = jb->w, wa = ja->w;
-    pend_.clear();
-    mm_norm_ = {};
-    const L2Prefetch pf = unit_prefetch(mine, 1);
-    timed("norm+gemv+gdn (fused)", bytes, [&] {
-      cuda::gdn_fused(d, w.conv1d.data, w.A_log.data, w.dt_bias.data, w.norm.data, st.conv, st.S, wq, wz, wb, wa,
-                      norm, norm_out, y, s_, &pf);
-    });
-    return true;
   }
   void attention(const ModelConfig& c, const AttnWeights& w, KvCache& kv, int pos0, const int32_t* pos_dev,
                  const float* q, const float* k, const float* v, int T, float* o) override {
@@ -551,7 +513,6 @@ class CudaBackend final : public Backend {
     lmhead_i16_enabled() = !abl_.has("D26");   // D26: lm_head on the int16 GEMV (D24) rather than D1m's mma.sync
     topk_lanes_enabled() = !abl_.has("D27");     // D27: decode MoE top-k on one warp, lanes' logits sorted in registers
     attn_prep_fused_enabled() = !abl_.has("D28");   // D28: attention prep inside the D20 split-KV kernel (T == 1)
-    gdn_fused_on_ = !abl_.has("D30");            // D30: GDN input projections fused into the decode step
     batch_ = !abl_.has("D3b");
     pdl_enabled() = !abl_.has("D3");
     fuse_add_ = !abl_.has("D8");
@@ -1011,7 +972,6 @@ class CudaBackend final : public Backend {
   bool prefetch_ = true;              // D13
   bool early_down_ = true;            // D17
   bool persist_ = true;               // D19
-  bool gdn_fused_on_ = true;          // D30
   bool record_ids_ = false;           // test aid: the expert ids of every MoE call
   std::vector<std::vector<int32_t>> recorded_ids_;
   int* persist_ctr_ = nullptr;        // D19: the persistent MoE kernel's handoff counters (self-resetting)

@@ -72,13 +72,6 @@ struct GdnDims {
 };
 // D12: decode (T == 1) over dv/32 CTAs per value head (process-wide switch, ablation D12).
 bool& gdn_split_enabled();
-// D30 (decode, T == 1): the GDN layer's input projections (rmsnorm(norm.h) times W_qkv, W_z, W_b, W_a,
-// 4-bit, hidden 2,048) fused into the D12 step: no qkv / z / a / b in global memory, one launch.
-// norm_out (optional) receives rmsnorm(norm.h). Ablation D30 (the backend's switch).
-bool gdn_fused_ok(const GdnDims& d, const QMat& wqkv, const QMat& wz, const QMat& wb, const QMat& wa);
-void gdn_fused(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias, const float* norm_w,
-               float* conv_state, float* S, const QMat& wqkv, const QMat& wz, const QMat& wb, const QMat& wa,
-               const GemvNorm& norm, float* norm_out, float* y, cudaStream_t s, const L2Prefetch* pf);
 void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
          const float* norm_w, float* conv_state, float* S, const float* qkv, const float* z,
          const float* a, const float* b, int T, float* y, cudaStream_t s, const L2Prefetch* pf = nullptr);

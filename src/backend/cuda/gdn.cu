@@ -4,8 +4,6 @@
 // rewritten only after every CTA of the cluster has read it.
 #include <cooperative_groups.h>
 
-#include <cstdio>
-
 #include "backend/cuda/cuda_ops.h"
 
 namespace cg = cooperative_groups;
@@ -150,13 +148,7 @@ constexpr int kGdnDecDk = 128;                 // key head dim: 8 warps × 16 ro
 constexpr int kGdnDecRows = kGdnDecDk / 8;     // state rows per thread
 constexpr int kGdnDecCh = 2 * kGdnDecDk + 32;  // conv channels per CTA: q | k | v slice
 
-// The part of the D12 step after the loads: rin[u][0..3] are channel tid + 256u's conv taps (3 state rows,
-// then the current input), sv the thread's 16 state values, zv / av / bv its column's gate inputs. Runs
-// the conv + SiLU, the l2 norms, the recurrence, the gated RMSNorm (Σo² across the head's CTAs through
-// distributed shared memory) and the conv-state update; ends with a cluster barrier.
-__device__ __forceinline__ void gdn_split_finish(const GdnArgs& g, int j, int p, int kh, const float (&cw)[2][4],
-                                                 const float (&rin)[2][4], float (&sv)[kGdnDecRows], float zv,
-                                                 float av, float bv, float A, float nw) {
+__global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__ GdnArgs g) {
   __shared__ float raw[4][kGdnDecCh];   // conv taps: state rows 0..2, current input
   __shared__ float act[kGdnDecCh];      // conv + SiLU output
   __shared__ float red[8];
@@ -165,21 +157,52 @@ __device__ __forceinline__ void gdn_split_finish(const GdnArgs& g, int j, int p,
   const GdnDims& d = g.d;
   constexpr int dk = kGdnDecDk;
   const int P = d.dv / 32, ratio = d.nv / d.nk;
+  const int j = blockIdx.x / P, p = blockIdx.x % P, kh = j / ratio;
   const int key_dim = d.nk * dk;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, col = p * 32 + lane;
   auto chan = [&](int i) {
     return i < dk ? kh * dk + i : i < 2 * dk ? key_dim + kh * dk + (i - dk) : 2 * key_dim + j * d.dv + p * 32 + (i - 2 * dk);
   };
   float* S = g.S + int64_t(j) * dk * d.dv;
+  pdl_trigger();
+  l2_prefetch(g.pf);
+  if (lane < kGdnDecRows) {
+    const float* line = S + (warp + 8 * lane) * d.dv + p * 32;   // one 128-byte line per row
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+  }
+  if (tid < kGdnDecCh / 32)
+    for (int st = 0; st < 3; ++st) {
+      const float* line = g.conv_state + int64_t(st) * d.conv_dim + chan(tid * 32);
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+    }
+  float cw[2][4];   // conv weights of channels tid and tid + 256 (immutable: loaded before the wait)
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int i = tid + 256 * u;
+#pragma unroll
+    for (int tap = 0; tap < 4; ++tap) cw[u][tap] = i < kGdnDecCh ? g.conv_w[int64_t(chan(i)) * 4 + tap] : 0.f;
+  }
+  const float A = -__expf(g.A_log[j]), dtb = g.dt_bias[j], nw = g.norm_w[col];
+  pdl_wait();
+  float sv[kGdnDecRows];
+#pragma unroll
+  for (int i = 0; i < kGdnDecRows; ++i) sv[i] = S[(warp + 8 * i) * d.dv + col];
+  const float zv = g.z[j * d.dv + col];
+  const float av = g.a[j] + dtb, bv = g.b[j];
 #pragma unroll
   for (int u = 0; u < 2; ++u) {
     const int i = tid + 256 * u;
     if (i < kGdnDecCh) {
+      const int ch = chan(i);
+      float r[4];
+#pragma unroll
+      for (int st = 0; st < 3; ++st) r[st] = g.conv_state[int64_t(st) * d.conv_dim + ch];
+      r[3] = g.qkv[ch];
       float acc = 0.f;
 #pragma unroll
       for (int tap = 0; tap < 4; ++tap) {
-        acc = fmaf(cw[u][tap], rin[u][tap], acc);
-        raw[tap][i] = rin[u][tap];
+        acc = fmaf(cw[u][tap], r[tap], acc);
+        raw[tap][i] = r[tap];
       }
       act[i] = siluf_(acc);
     }
@@ -243,205 +266,7 @@ __device__ __forceinline__ void gdn_split_finish(const GdnArgs& g, int j, int p,
     if (i < kGdnDecCh && (i >= 2 * dk || (i / 32) % nrank == rank))
       for (int st = 0; st < 3; ++st) g.conv_state[int64_t(st) * d.conv_dim + chan(i)] = raw[st + 1][i];
   }
-  cluster.sync();   // no CTA leaves while a sibling may still read its ssq (or, fused, its projections)
-}
-
-// The loads before the PDL wait shared by both D12 kernels: L2 prefetches of this CTA's state rows and
-// conv-state lines, the conv weights of channels tid and tid + 256 (immutable) into cw.
-__device__ __forceinline__ void gdn_split_prologue(const GdnArgs& g, int j, int p, int kh, float (&cw)[2][4]) {
-  const GdnDims& d = g.d;
-  constexpr int dk = kGdnDecDk;
-  const int key_dim = d.nk * dk;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  auto chan = [&](int i) {
-    return i < dk ? kh * dk + i : i < 2 * dk ? key_dim + kh * dk + (i - dk) : 2 * key_dim + j * d.dv + p * 32 + (i - 2 * dk);
-  };
-  const float* S = g.S + int64_t(j) * dk * d.dv;
-  l2_prefetch(g.pf);
-  if (lane < kGdnDecRows) {
-    const float* line = S + (warp + 8 * lane) * d.dv + p * 32;   // one 128-byte line per row
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
-  }
-  if (tid < kGdnDecCh / 32)
-    for (int st = 0; st < 3; ++st) {
-      const float* line = g.conv_state + int64_t(st) * d.conv_dim + chan(tid * 32);
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
-    }
-#pragma unroll
-  for (int u = 0; u < 2; ++u) {
-    const int i = tid + 256 * u;
-#pragma unroll
-    for (int tap = 0; tap < 4; ++tap) cw[u][tap] = i < kGdnDecCh ? g.conv_w[int64_t(chan(i)) * 4 + tap] : 0.f;
-  }
-}
-
-// After the PDL wait: the thread's 16 state values and its channels' 3 conv-state taps.
-__device__ __forceinline__ void gdn_split_load_state(const GdnArgs& g, int j, int p, int kh, float (&sv)[kGdnDecRows],
-                                                     float (&rin)[2][4]) {
-  const GdnDims& d = g.d;
-  constexpr int dk = kGdnDecDk;
-  const int key_dim = d.nk * dk;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, col = p * 32 + lane;
-  auto chan = [&](int i) {
-    return i < dk ? kh * dk + i : i < 2 * dk ? key_dim + kh * dk + (i - dk) : 2 * key_dim + j * d.dv + p * 32 + (i - 2 * dk);
-  };
-  const float* S = g.S + int64_t(j) * dk * d.dv;
-#pragma unroll
-  for (int i = 0; i < kGdnDecRows; ++i) sv[i] = S[(warp + 8 * i) * d.dv + col];
-#pragma unroll
-  for (int u = 0; u < 2; ++u) {
-    const int i = tid + 256 * u;
-#pragma unroll
-    for (int st = 0; st < 3; ++st) rin[u][st] = i < kGdnDecCh ? g.conv_state[int64_t(st) * d.conv_dim + chan(i)] : 0.f;
-  }
-}
-
-__global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__ GdnArgs g) {
-  const GdnDims& d = g.d;
-  constexpr int dk = kGdnDecDk;
-  const int P = d.dv / 32, ratio = d.nv / d.nk;
-  const int j = blockIdx.x / P, p = blockIdx.x % P, kh = j / ratio;
-  const int key_dim = d.nk * dk;
-  const int tid = threadIdx.x, lane = tid & 31, col = p * 32 + lane;
-  pdl_trigger();
-  float cw[2][4];
-  gdn_split_prologue(g, j, p, kh, cw);
-  const float A = -__expf(g.A_log[j]), dtb = g.dt_bias[j], nw = g.norm_w[col];
-  pdl_wait();
-  float sv[kGdnDecRows], rin[2][4];
-  gdn_split_load_state(g, j, p, kh, sv, rin);
-  const float zv = g.z[j * d.dv + col];
-  const float av = g.a[j] + dtb, bv = g.b[j];
-#pragma unroll
-  for (int u = 0; u < 2; ++u) {
-    const int i = tid + 256 * u;
-    const int ch = i < dk ? kh * dk + i : i < 2 * dk ? key_dim + kh * dk + (i - dk) : 2 * key_dim + j * d.dv + p * 32 + (i - 2 * dk);
-    rin[u][3] = i < kGdnDecCh ? g.qkv[ch] : 0.f;
-  }
-  gdn_split_finish(g, j, p, kh, cw, rin, sv, zv, av, bv, A, nw);
-}
-
-// ---- D30: the GDN layer's input projections fused into the D12 step (decode, T == 1) --------------
-// The in-projection GEMV (rmsnorm(h) · [W_qkv; W_z; W_b; W_a]ᵀ, 4-bit, x as int16 per 32 values as in
-// D24) and the GDN step in one launch: the 8 CTAs of a cluster (one key head, its 2 value heads × 4
-// column slices) compute exactly the 1,028 projection rows the cluster consumes — CTA (j, p) its 32 v
-// and 32 z rows, rank r the r-th 32-row piece of the key head's q|k rows, p == 0 also b_j and a_j —
-// and exchange the q/k pieces and (b, a) through distributed shared memory after a cluster barrier.
-// The projections never go through global memory and one kernel boundary per GDN layer disappears.
-constexpr int kFusedH = 2048;                  // hidden size (16-byte chunks: 2 per lane per row)
-constexpr int kFusedRowsPerWarp = 12;          // 96 projection rows per CTA over 8 warps
-struct GdnFusedArgs {
-  GdnArgs g;                                   // the step (g.qkv / z / a / b unused)
-  QMat wqkv, wz, wb, wa;                       // the in-projections (4-bit, groups of 64, bf16 scales)
-  GemvNorm norm;                               // rmsnorm(norm.h) with gain norm.w: the projections' x
-  float* norm_out;                             // CTA 0 writes rmsnorm(h) here (later readers), may be null
-};
-
-__global__ void __launch_bounds__(256, 1) gdn_fused_kernel(const __grid_constant__ GdnFusedArgs fa) {
-  constexpr int H = kFusedH, CPL = H / 1024, R = kFusedRowsPerWarp / 2, dk = kGdnDecDk;
-  __shared__ float4 xs4[H / 4];   // x as int16 per 32 values (first 2H bytes), then the 32-value steps
-  __shared__ float xsum[H / 32];
-  __shared__ float gout[3 * 32 + 2];   // q|k piece, v slice, z slice, (b, a) of the head (p == 0)
-  __shared__ float red[8];
-  const GdnArgs& g = fa.g;
-  const GdnDims& d = g.d;
-  const int P = d.dv / 32, ratio = d.nv / d.nk, nrank = ratio * P;
-  const int j = blockIdx.x / P, p = blockIdx.x % P, kh = j / ratio, rank = blockIdx.x % nrank;
-  const int key_dim = d.nk * dk;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, col = p * 32 + lane;
-  // Projection row u of this CTA (u < 96): matrix and row.
-  auto row_of = [&](int u, const QMat*& m) {
-    if (u < 32) {
-      m = &fa.wqkv;
-      return rank < nrank / 2 ? kh * dk + rank * 32 + u : key_dim + kh * dk + (rank - nrank / 2) * 32 + u;
-    }
-    if (u < 64) {
-      m = &fa.wqkv;
-      return 2 * key_dim + j * d.dv + p * 32 + (u - 32);
-    }
-    m = &fa.wz;
-    return j * d.dv + p * 32 + (u - 64);
-  };
-  auto rows_ptr = [&](const QMat& m, int row, const uint4*& rp, const uint16_t*& sp, const uint16_t*& bp) {
-    rp = static_cast<const uint4*>(m.data) + int64_t(row) * (H / 32);
-    sp = static_cast<const uint16_t*>(m.scales) + int64_t(row) * (H / 64);
-    bp = static_cast<const uint16_t*>(m.biases) + int64_t(row) * (H / 64);
-  };
-  auto load_group = [&](Q4Rows<CPL, R>& q, int grp) {
-    const uint4* rp[R];
-    const uint16_t *sp[R], *bp[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const QMat* m;
-      const int row = row_of(warp * kFusedRowsPerWarp + grp * R + r, m);
-      rows_ptr(*m, row, rp[r], sp[r], bp[r]);
-    }
-    q.load(rp, sp, bp);
-  };
-  const bool gates = p == 0 && warp == 0;   // b_j and a_j
-  pdl_trigger();
-  float cw[2][4];
-  gdn_split_prologue(g, j, p, kh, cw);
-  const float A = -__expf(g.A_log[j]), dtb = g.dt_bias[j], nw = g.norm_w[col];
-  Q4Rows<CPL, R> g0, g1;
-  load_group(g0, 0);   // weights never change: safe before the wait
-  XRegs<H / 1024> xr;
-  xr.load(fa.norm.w, H / 4);
-  const XRegs<H / 1024> gain = xr;
-  pdl_wait();
-  xr.load(fa.norm.h, H / 4);
-  load_group(g1, 1);
-  Q4Rows<CPL, 2> gba;
-  if (gates) {
-    const uint4* rp[2];
-    const uint16_t *sp[2], *bp[2];
-    rows_ptr(fa.wb, j, rp[0], sp[0], bp[0]);
-    rows_ptr(fa.wa, j, rp[1], sp[1], bp[1]);
-    gba.load(rp, sp, bp);
-  }
-  float sv[kGdnDecRows], rin[2][4];
-  gdn_split_load_state(g, j, p, kh, sv, rin);
-  {
-    const float ss = warp_sum(xr.apply_gain(gain));
-    if (lane == 0) red[warp] = ss;
-  }
-  stage_x_i16_regs(xr, H, reinterpret_cast<uint4*>(xs4), reinterpret_cast<float*>(xs4) + H / 2, xsum);
-  __syncthreads();
-  const float nscale = fold_norm_scale(red, 8, H, fa.norm.eps, fa.norm.h, fa.norm.w, nullptr);
-  if (blockIdx.x == 0 && fa.norm_out) xr.store_scaled(fa.norm_out, H / 4, nscale);
-  const uint4* qx = reinterpret_cast<const uint4*>(xs4);
-  const float* xd = reinterpret_cast<const float*>(xs4) + H / 2;
-  {
-    float acc[R];
-    g0.dot_i16(qx, xd, xsum, acc);
-    if (lane == 0)
-#pragma unroll
-      for (int r = 0; r < R; ++r) gout[warp * kFusedRowsPerWarp + r] = acc[r] * nscale;
-    g1.dot_i16(qx, xd, xsum, acc);
-    if (lane == 0)
-#pragma unroll
-      for (int r = 0; r < R; ++r) gout[warp * kFusedRowsPerWarp + R + r] = acc[r] * nscale;
-  }
-  if (gates) {
-    float acc[2];
-    gba.dot_i16(qx, xd, xsum, acc);
-    if (lane == 0) {
-      gout[96] = acc[0] * nscale;
-      gout[97] = acc[1] * nscale;
-    }
-  }
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();   // every CTA's projections visible cluster-wide
-  const int head0 = (rank / P) * P;
-  const float zv = gout[64 + lane];
-  const float bv = *cluster.map_shared_rank(&gout[96], head0);
-  const float av = *cluster.map_shared_rank(&gout[97], head0) + dtb;
-#pragma unroll
-  for (int u = 0; u < 2; ++u) {
-    const int i = tid + 256 * u;
-    rin[u][3] = i < 2 * dk ? *cluster.map_shared_rank(&gout[i % 32], i / 32) : i < kGdnDecCh ? gout[32 + i - 2 * dk] : 0.f;
-  }
-  gdn_split_finish(g, j, p, kh, cw, rin, sv, zv, av, bv, A, nw);
+  cluster.sync();   // no CTA leaves while a sibling may still read its ssq
 }
 
 }  // namespace
@@ -449,52 +274,6 @@ __global__ void __launch_bounds__(256, 1) gdn_fused_kernel(const __grid_constant
 bool& gdn_split_enabled() {
   static bool on = true;
   return on;
-}
-
-bool gdn_fused_ok(const GdnDims& d, const QMat& wqkv, const QMat& wz, const QMat& wb, const QMat& wa) {
-  auto q4 = [](const QMat& w, int rows) {
-    return w.type == kQ4 && !w.sb_f32 && w.gs == 64 && w.cols == kFusedH && w.rows == rows;
-  };
-  return gdn_split_enabled() && d.dk == kGdnDecDk && d.dv == 128 && d.nv == 2 * d.nk && d.kconv == 4 &&
-         q4(wqkv, 2 * d.nk * d.dk + d.nv * d.dv) && q4(wz, d.nv * d.dv) && q4(wb, d.nv) && q4(wa, d.nv);
-}
-
-void gdn_fused(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias, const float* norm_w,
-               float* conv_state, float* S, const QMat& wqkv, const QMat& wz, const QMat& wb, const QMat& wa,
-               const GemvNorm& norm, float* norm_out, float* y, cudaStream_t s, const L2Prefetch* pf) {
-  LILY_CHECK(gdn_fused_ok(d, wqkv, wz, wb, wa) && norm.h && norm.w, "gdn_fused: unsupported shapes");
-  GdnFusedArgs fa{};
-  fa.g = GdnArgs{d, conv_w, A_log, dt_bias, norm_w, conv_state, S, nullptr, nullptr, nullptr, nullptr, 1, 1, y,
-                 pf ? *pf : L2Prefetch{}};
-  fa.wqkv = wqkv;
-  fa.wz = wz;
-  fa.wb = wb;
-  fa.wa = wa;
-  fa.norm = norm;
-  fa.norm_out = norm_out;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(d.nv * (d.dv / 32));
-  cfg.blockDim = dim3(256);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = (d.nv / d.nk) * (d.dv / 32);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
-  cfg.attrs = attr;
-  cfg.numAttrs = 2;
-  static int resident = -1;   // clusters that fit at once (1 CTA per SM): said once if not all of them
-  if (resident < 0) {
-    CUDA_CHECK(cudaOccupancyMaxActiveClusters(&resident, gdn_fused_kernel, &cfg));
-    const int need = int(cfg.gridDim.x / attr[0].val.clusterDim.x);
-    if (resident < need)
-      std::fprintf(stderr, "lily: gdn_fused: %d of %d clusters fit on the device at once (the rest wait)\n", resident,
-                   need);
-  }
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_fused_kernel, fa));
 }
 
 void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
