@@ -688,6 +688,14 @@ int run(const Options& o) {
   emu[0] = make_backend(cpu_opt);
   setenv("LILY_CPU_EMULATE", "fp16", 1);
   emu[1] = make_backend(cpu_opt);
+  // The same two with the MoE's (token, slot) rows kept in f32 (the GPU's P16 off, or a kernel without it).
+  std::unique_ptr<Backend> emu32[2];
+  setenv("LILY_CPU_EMULATE_SLOT16", "0", 1);
+  setenv("LILY_CPU_EMULATE", "bf16", 1);
+  emu32[0] = make_backend(cpu_opt);
+  setenv("LILY_CPU_EMULATE", "fp16", 1);
+  emu32[1] = make_backend(cpu_opt);
+  unsetenv("LILY_CPU_EMULATE_SLOT16");
   setenv("LILY_CPU_EMULATE", keep.c_str(), 1);
   auto gpu = make_backend(cuda_opt);
   SyntheticOptions so;
@@ -838,20 +846,27 @@ int run(const Options& o) {
       const std::vector<float> x = random_vec(int64_t(T) * H, uint32_t(T * 31 + 5), 1.7f);
       std::vector<float> ref(size_t(T) * H), logits(size_t(T) * E), y(size_t(T) * H);
       std::vector<float> eref[2] = {std::vector<float>(size_t(T) * H), std::vector<float>(size_t(T) * H)};
+      std::vector<float> eref32[2] = {std::vector<float>(size_t(T) * H), std::vector<float>(size_t(T) * H)};
       std::vector<float> elogits(size_t(T) * E);
       cpu->moe(c, hm, x.data(), T, ref.data());
       cpu->matmul(hm.gate, x.data(), T, logits.data());
-      for (int f = 0; f < 2; ++f) emu[f]->moe(c, hm, x.data(), T, eref[f].data());
+      for (int f = 0; f < 2; ++f) {
+        emu[f]->moe(c, hm, x.data(), T, eref[f].data());
+        emu32[f]->moe(c, hm, x.data(), T, eref32[f].data());
+      }
       emu[0]->matmul(hm.gate, x.data(), T, elogits.data());   // 8-bit: the same split in both modes
       gpu->copy_from_host(xd, x.data(), 4LL * T * H);
       // One MoE block on the GPU (current switches) into y, compared with the f32 reference and with
       // `emu` (the CPU emulation of the GPU's operand rounding). Tokens whose top-k set differs from
       // the reference routing (router near-ties) are excluded from the error and counted in diff;
       // more than 2% of them is a failure by itself. `esame` uses the emulated router's routing.
-      auto run_moe_case = [&](const std::vector<float>& emu_ref, int& diff, Err& e, Err& ee) {
+      // emu_ref / emu_ref32: the emulation with the slot rows in fp16 (P16) / f32, whichever the GPU used.
+      auto run_moe_case = [&](const std::vector<float>& emu_ref16, const std::vector<float>& emu_ref32, int& diff,
+                              Err& e, Err& ee) {
         gpu->fill_zero(yd, 4LL * T * H);
         gpu->moe(c, dm, xd, T, yd);
         gpu->copy_to_host(y.data(), yd, 4LL * T * H);
+        const std::vector<float>& emu_ref = cuda_tools::last_moe_slot16(*gpu) ? emu_ref16 : emu_ref32;
         const std::vector<int32_t> ids = cuda_tools::last_moe_ids(*gpu);
         std::vector<int> same, esame;
         diff = 0;
@@ -910,7 +925,7 @@ int run(const Options& o) {
         set_abl(off);
         int diff = 0;
         Err e, ee;
-        run_moe_case(eref[v.f16], diff, e, ee);
+        run_moe_case(eref[v.f16], eref32[v.f16], diff, e, ee);
         const std::string bn = v.bn;
         std::string ident;
         if (bn == "128") y128 = y;
@@ -939,7 +954,9 @@ int run(const Options& o) {
         const bool host = ts.rfind("host", 0) == 0;
         const std::string tl = host ? ts.substr(4) : ts;
         setenv("LILY_MOE_TILE", tl.c_str(), 1);
-        set_abl(host ? std::vector<std::string>{"P1w", "P2"} : std::vector<std::string>{"P1w"});
+        // P16 off here: P14 / P15-both write f32 slot rows, so the mma.sync case they are compared with
+        // bit for bit must too (the default, P16 on, is covered by the variants above).
+        set_abl(host ? std::vector<std::string>{"P1w", "P2", "P16"} : std::vector<std::string>{"P1w", "P16"});
         for (int wg = 0; wg < 4; ++wg) {
           char what[160];
           std::snprintf(what, sizeof what, "moe T=%-4d tile %-4s fp16 %s P14 %s", T, tl.empty() ? "auto" : tl.c_str(),
@@ -953,7 +970,7 @@ int run(const Options& o) {
           setenv("LILY_MOE_WG", std::to_string(wg).c_str(), 1);
           int diff = 0;
           Err e, ee;
-          run_moe_case(eref[1], diff, e, ee);
+          run_moe_case(eref[1], eref32[1], diff, e, ee);
           std::string ident;
           if (wg == 0) {
             ymma = y;

@@ -33,7 +33,7 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const BackendOptions& opt)
       : pool_(opt.threads), emu_(gemm_emu_from_env()), emu_min_t_(gemm_emu_min_t()),
-        emu_skinny_(!with_env(opt.ablations).has("P7")) {}
+        emu_skinny_(!with_env(opt.ablations).has("P7")), emu_slot16_(gemm_emu_slot16_from_env()) {}
   ~CpuBackend() override {
     for (void* p : allocs_) std::free(p);
   }
@@ -121,6 +121,7 @@ class CpuBackend final : public Backend {
   GemmEmu emu_ = GemmEmu::kOff;
   int emu_min_t_ = 16;
   bool emu_skinny_ = true;   // the CUDA ablation P7 (gemm_emulate.h)
+  bool emu_slot16_ = true;   // the CUDA P16: prefill MoE slot rows in fp16 (gemm_emulate.h)
   std::vector<void*> allocs_;
   std::vector<float> conv_out_, gates_, router_, xe_, ge_, ue_, de_, sh_g_, sh_u_, sh_d_, sh_s_;
   std::vector<int32_t> topk_idx_;
@@ -351,9 +352,11 @@ void CpuBackend::moe(const ModelConfig& c, const MoeWeights& w, const float* x, 
   mm(w.shared_down_proj, sg, T, out, T);
   float* gate = scratch(sh_s_, T);
   mm(w.shared_expert_gate, x, T, gate, T);
+  // Emulating the CUDA prefill path with P16: every slot row is rounded to fp16 before the sum.
+  const bool slot16 = emu_ != GemmEmu::kOff && emu_slot16_ && T >= emu_min_t_;
   for (int t = 0; t < T; ++t) {
     const float s = sigmoid(gate[t]);
-    for (int64_t i = 0; i < H; ++i) out[t * H + i] *= s;
+    for (int64_t i = 0; i < H; ++i) out[t * H + i] = slot16 ? round_fp16_sat(out[t * H + i] * s) : out[t * H + i] * s;
   }
 
   // Routed experts, grouped by expert (counting sort of the T*k assignments).
@@ -379,7 +382,10 @@ void CpuBackend::moe(const ModelConfig& c, const MoeWeights& w, const float* x, 
     for (int i = 0; i < n; ++i) {
       float* o = out + (r[i] / k) * H;
       const float wt = topk_w_[size_t(r[i])];
-      for (int64_t d = 0; d < H; ++d) o[d] += wt * de[i * H + d];
+      if (slot16)
+        for (int64_t d = 0; d < H; ++d) o[d] += round_fp16_sat(wt * de[i * H + d]);
+      else
+        for (int64_t d = 0; d < H; ++d) o[d] += wt * de[i * H + d];
     }
   }
 }

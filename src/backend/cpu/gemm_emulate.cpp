@@ -25,6 +25,15 @@ GemmEmu gemm_emu_from_env() {
   throw Error(std::string("LILY_CPU_EMULATE: unknown value '") + v + "' (expected bf16, fp16 or off)");
 }
 
+bool gemm_emu_slot16_from_env() {
+  const char* v = std::getenv("LILY_CPU_EMULATE_SLOT16");
+  return !(v && *v && std::strcmp(v, "0") == 0);
+}
+
+float round_fp16_sat(float v) {
+  return std::fabs(v) > 65504.f ? std::copysign(65504.f, v) : round_fp16(double(v));
+}
+
 int gemm_emu_min_t() {
   const char* v = std::getenv("LILY_GEMM_MIN_T");
   return v && *v ? std::atoi(v) : 16;

@@ -27,6 +27,11 @@ bool gemm_emu_applies(const QMatrix& W, int T, bool skinny = true);
 // Rounding to nearest-even of a double to bf16 / fp16 (subnormals included, fp16 overflow to inf).
 float round_bf16(double v);
 float round_fp16(double v);
+// P16: the CUDA prefill MoE keeps each (token, slot) row (w_k·down_k, shared: σ(gate)·down) in fp16,
+// saturated at ±65504. The emulation rounds those rows the same way unless LILY_CPU_EMULATE_SLOT16=0
+// (for comparisons with the ablation P16 off); it applies where the emulation does (T >= gemm_emu_min_t).
+bool gemm_emu_slot16_from_env();
+float round_fp16_sat(float v);
 // The per-row power-of-two exponent s of the fp16 path: max|x|·2^s in [2^14, 2^15).
 int fp16_row_exp(float amax);
 // Weights are pre-scaled by 2^kFp16WExp in the fp16 path (keeps small scales out of subnormals).

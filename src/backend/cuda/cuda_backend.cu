@@ -555,6 +555,7 @@ class CudaBackend final : public Backend {
     attn_prefill_qreg_enabled() = env_int("LILY_ATTN_QREG", 0) != 0;   // P12 experiment: Q in registers
     // P12's products: 2 (default) = S and P·V on wgmma, 1 = S only, 0 = both on mma.sync (64-key tiles).
     attn_prefill_wg_mode() = env_int("LILY_ATTN_WG", 2);
+    slot16_ = !abl_.has("P16");   // P16: prefill MoE (token, slot) rows in fp16 between the down GEMM and the combine
     p1_off_ = abl_.has("P1");   // P1: separate dequantisation pass into bf16 before the GEMM
     // P8: dense 4-bit GEMMs of T >= LILY_P8_MIN_T tokens (default 512) dequantise first as P1 off
     // does: the fused mainloop's per-warp unpacking costs more than one pass over the weights once
@@ -924,6 +925,7 @@ class CudaBackend final : public Backend {
     last_moe_ = {m, T, ws};
     MoePrefillOpts o;
     o.host_routing = p2_off_;
+    o.slot16 = slot16_;
     if (!profiling_ || capturing_) {
       timed("moe_prefill", 0, [&] { cuda::moe_prefill(m, x, T, out, ws, o, s_); });   // (skip= applies)
       return true;
@@ -972,6 +974,7 @@ class CudaBackend final : public Backend {
   bool prefetch_ = true;              // D13
   bool early_down_ = true;            // D17
   bool persist_ = true;               // D19
+  bool slot16_ = true;                // P16
   bool record_ids_ = false;           // test aid: the expert ids of every MoE call
   std::vector<std::vector<int32_t>> recorded_ids_;
   int* persist_ctr_ = nullptr;        // D19: the persistent MoE kernel's handoff counters (self-resetting)
@@ -1090,6 +1093,10 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
   return out;
 }
 int64_t device_bytes(Backend& be) { return as_cuda(be).device_bytes(); }
+bool last_moe_slot16(Backend& be) {
+  as_cuda(be).synchronize();
+  return cuda::moe_prefill_last_slot16();
+}
 std::vector<int> moe_topk_ids(const std::vector<float>& logits, int rows, int E, int K, bool lanes) {
   LILY_CHECK(int64_t(logits.size()) == int64_t(rows) * E, "moe_topk_ids: logits size");
   std::vector<int> ids(size_t(rows) * K);

@@ -54,6 +54,8 @@ std::vector<std::vector<int64_t>> expert_histogram(Backend& be);
 std::vector<double> time_ops(Backend& be, const std::function<void()>& op, int warmup, int reps);
 // Expert ids [T, top-k] chosen by the last prefill-path MoE call (empty if none).
 std::vector<int32_t> last_moe_ids(Backend& be);
+// Whether the last prefill-path MoE call kept its (token, slot) rows in fp16 (P16 taken).
+bool last_moe_slot16(Backend& be);
 // Test aid: from now on (and not inside a captured step) every MoE call appends its expert ids
 // [T, top-k] (an empty entry for the decode-path kernels, T < the GEMM threshold); each recorded call
 // synchronises. take_moe_ids returns and clears the list (for cpu_tools::set_routing_override).

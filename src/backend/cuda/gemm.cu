@@ -80,7 +80,13 @@ struct GemmArgs {
   int ld_act;
   const int* dst;
   const float* scale;
+  int y16;                      // P16, scatter mode on the mma.sync kernel: y holds fp16 (saturated), ldy in halves
 };
+
+// fp16 with saturation at ±65504 (a finite value never becomes inf; NaN stays NaN), as the fp16 KV cache.
+__device__ __forceinline__ __half sat_half(float x) {
+  return __float2half_rn(fabsf(x) > 65504.f ? copysignf(65504.f, x) : x);
+}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -721,6 +727,17 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
         sc *= a.scale[pos];
       }
       float* yrow = a.y + orow * a.ldy;
+      if (a.mode == kScatter && a.y16) {   // P16: the slot rows as fp16 (ldy even, n even: 4-byte stores)
+        __half* hrow = reinterpret_cast<__half*>(a.y) + orow * a.ldy;
+#pragma unroll
+        for (int j = 0; j < C::NT; ++j) {
+          const int n = by * BN + wn0 + 8 * j + 2 * t;
+          const float v0 = sc * acc[mt][j][2 * hh], v1 = sc * acc[mt][j][2 * hh + 1];
+          if (n + 1 < a.N) *reinterpret_cast<__half2*>(hrow + n) = __halves2half2(sat_half(v0), sat_half(v1));
+          else if (n < a.N) hrow[n] = sat_half(v0);
+        }
+        continue;
+      }
 #pragma unroll
       for (int j = 0; j < C::NT; ++j) {
         const int n = by * BN + wn0 + 8 * j + 2 * t;
@@ -1120,9 +1137,9 @@ void gemm_grouped_swiglu(const GroupedB& b, const GemmA& x, const int* a_rows, c
   launch_any(kQ4, am, bm, bn, a, max_tiles, (a.N + bn / 2 - 1) / (bn / 2), s);
 }
 
-void gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* act_exp, bool f16, const int4* tiles,
+bool gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* act_exp, bool f16, const int4* tiles,
                           const int* n_tiles, int max_tiles, int bm, const int* dst, const float* scale, float* y,
-                          int64_t ldy, cudaStream_t s) {
+                          int64_t ldy, cudaStream_t s, bool y16) {
   GemmArgs a{};
   a.a = act;
   a.act_exp = const_cast<int8_t*>(act_exp);
@@ -1142,10 +1159,12 @@ void gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* 
   const int wg = gemm_moe_wg();   // 1: P14, 3: P15 (2: P15 for gate/up only, the down GEMM on gemm_kernel)
   if (am == kAmF16Grp && (wg == 1 || wg == 3) &&
       launch_moe_wg(wg == 3 ? 2 : 1, am, bm, a, max_tiles, (a.N + kMwBN - 1) / kMwBN, s))
-    return;
+    return false;   // P14 / P15 epilogues write f32
   int bn = moe_bn(am, bm);
   if (bn == kBNMoe && a.N % kBNMoe != 0) bn = kBNWide;   // 512 wide: whole N tiles only
+  a.y16 = y16 && !on_wgmma(kQ4, am) && ldy % 2 == 0 ? 1 : 0;   // P16 on the mma.sync kernel only
   launch_any(kQ4, am, bm, bn, a, max_tiles, (a.N + bn - 1) / bn, s);
+  return a.y16 != 0;
 }
 
 void gemm_moe_raw(int kernel, int bm, bool swiglu, const uint16_t* a16, const float* rs, const int8_t* aexp,

@@ -146,16 +146,19 @@ struct GroupedB {
 // act_exp[r·(ld_act/64) + group]; bf16: act holds bf16(v), act_exp unused.
 void gemm_grouped_swiglu(const GroupedB& b, const GemmA& x, const int* a_rows, const int4* tiles, const int* n_tiles,
                          int max_tiles, int bm, uint16_t* act, int8_t* act_exp, int ld_act, cudaStream_t s);
-// y[dst[r], :] = scale[r] · (act_r · Dᵀ), act_r = row r of act as the SwiGLU GEMM wrote it.
-void gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* act_exp, bool f16, const int4* tiles,
+// y[dst[r], :] = scale[r] · (act_r · Dᵀ), act_r = row r of act as the SwiGLU GEMM wrote it. With y16
+// (P16) y is written as fp16 (saturated at ±65504, ldy in halves) where the kernel taken supports it
+// (the mma.sync kernel); returns whether it did (else y holds f32).
+bool gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* act_exp, bool f16, const int4* tiles,
                           const int* n_tiles, int max_tiles, int bm, const int* dst, const float* scale, float* y,
-                          int64_t ldy, cudaStream_t s);
+                          int64_t ldy, cudaStream_t s, bool y16 = false);
 
 // ---- moe_prefill.cu ------------------------------------------------------------------------
 struct MoePrefillOpts {
   int bm = 0;                   // expert M-tile 32/64/128; 0 = moe_prefill_tile()
   bool host_routing = false;    // ablation P2 off: groups built on the host (synchronises)
   int stages = 31;              // bits: 1 router, 2 routing, 4 gate/up, 8 down, 16 combine
+  bool slot16 = true;           // P16: the down GEMM's (token, slot) rows in fp16 (off: f32)
 };
 // True when moe_prefill handles these weights (4-bit experts, H and I multiples of 512, I == Is).
 bool moe_prefill_ok(const MoeDev& m);
@@ -165,6 +168,8 @@ int64_t moe_prefill_workspace_bytes(const MoeDev& m, int T);
 // out [T, H] = MoE(x) (MODEL.md §2.4). `work` of moe_prefill_workspace_bytes.
 void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work, const MoePrefillOpts& o,
                  cudaStream_t s);
+// Whether the last moe_prefill call's slot rows were fp16 (P16 taken; tests).
+bool moe_prefill_last_slot16();
 // Device pointer to the [T, K] expert ids of the last call that used `work` (tests).
 const int32_t* moe_prefill_ids(const MoeDev& m, int T, const void* work);
 

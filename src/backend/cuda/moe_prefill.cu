@@ -16,6 +16,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include <cuda_fp16.h>
+
 #include "backend/cuda/gemm.h"
 
 namespace lily::cuda {
@@ -180,16 +182,24 @@ __global__ void moe_scatter_kernel(const int32_t* __restrict__ ids, const float*
   }
 }
 
-// out[t] = shared row + Σ_k routed rows, in this fixed order.
-__global__ void moe_combine_kernel(const float4* __restrict__ slot, int T, int K, int H4, float4* __restrict__ out) {
+// out[t] = shared row + Σ_k routed rows, in this fixed order. The slot rows are f32 or (P16) fp16.
+__device__ __forceinline__ float4 slot4(const float4* s, int64_t i) { return s[i]; }
+__device__ __forceinline__ float4 slot4(const uint2* s, int64_t i) {
+  const uint2 u = s[i];
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+template <typename S>
+__global__ void moe_combine_kernel(const S* __restrict__ slot, int T, int K, int H4, float4* __restrict__ out) {
   pdl_trigger();
   pdl_wait();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(T) * H4) return;
   const int64_t t = i / H4, h = i % H4;
-  float4 v = slot[(int64_t(T) * K + t) * H4 + h];
+  float4 v = slot4(slot, (int64_t(T) * K + t) * H4 + h);
   for (int k = 0; k < K; ++k) {
-    const float4 r = slot[(t * K + k) * H4 + h];
+    const float4 r = slot4(slot, (t * K + k) * H4 + h);
     v.x += r.x;
     v.y += r.y;
     v.z += r.z;
@@ -197,6 +207,7 @@ __global__ void moe_combine_kernel(const float4* __restrict__ slot, int T, int K
   }
   out[i] = v;
 }
+bool g_last_slot16 = false;
 
 // Ablation P2 off: the same plan built on the host from the device's top-k.
 void host_plan(const MoeDev& m, int T, int bm, char* w, const Layout& l, cudaStream_t s) {
@@ -265,6 +276,8 @@ int64_t moe_prefill_workspace_bytes(const MoeDev& m, int T) { return layout(m, T
 const int32_t* moe_prefill_ids(const MoeDev& m, int T, const void* work) {
   return reinterpret_cast<const int32_t*>(static_cast<const char*>(work) + layout(m, T).ids);
 }
+
+bool moe_prefill_last_slot16() { return g_last_slot16; }
 
 void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work, const MoePrefillOpts& o,
                  cudaStream_t s) {
@@ -342,12 +355,17 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
     b.stride = m.down_stride;
     b.sb_stride = m.down_sb_stride;
     b.n_groups = m.E;
-    gemm_grouped_scatter(b, act, aexp, f16, tiles, n_tiles, mt, bm, row_dst, row_w, slot, m.H, s);
+    g_last_slot16 = gemm_grouped_scatter(b, act, aexp, f16, tiles, n_tiles, mt, bm, row_dst, row_w, slot, m.H, s,
+                                         o.slot16);
   }
   if (o.stages & 16) {
     const int64_t n = int64_t(T) * (m.H / 4);
-    launch(moe_combine_kernel, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s,
-           reinterpret_cast<const float4*>(slot), T, m.K, m.H / 4, reinterpret_cast<float4*>(out));
+    if (g_last_slot16)
+      launch(moe_combine_kernel<uint2>, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s,
+             reinterpret_cast<const uint2*>(slot), T, m.K, m.H / 4, reinterpret_cast<float4*>(out));
+    else
+      launch(moe_combine_kernel<float4>, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s,
+             reinterpret_cast<const float4*>(slot), T, m.K, m.H / 4, reinterpret_cast<float4*>(out));
     CUDA_LAUNCH_CHECK();
   }
 }
