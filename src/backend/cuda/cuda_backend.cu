@@ -930,10 +930,12 @@ class CudaBackend final : public Backend {
       timed("moe_prefill", 0, [&] { cuda::moe_prefill(m, x, T, out, ws, o, s_); });   // (skip= applies)
       return true;
     }
-    const char* names[5] = {"moe_prefill.router", "moe_prefill.route", "moe_prefill.gate_up", "moe_prefill.down",
-                            "moe_prefill.combine"};
-    for (int i = 0; i < 5; ++i) {
-      o.stages = 1 << i;
+    // The router stage timed in its three parts (same kernels, same order as stage bit 1).
+    const char* names[7] = {"moe_prefill.router.convert", "moe_prefill.router.gemm", "moe_prefill.router.shared_gate",
+                            "moe_prefill.route", "moe_prefill.gate_up", "moe_prefill.down", "moe_prefill.combine"};
+    const int bits[7] = {32, 64, 128, 2, 4, 8, 16};
+    for (int i = 0; i < 7; ++i) {
+      o.stages = bits[i];
       timed(names[i], 0, [&] { cuda::moe_prefill(m, x, T, out, ws, o, s_); });
     }
     return true;

@@ -157,7 +157,9 @@ bool gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* 
 struct MoePrefillOpts {
   int bm = 0;                   // expert M-tile 32/64/128; 0 = moe_prefill_tile()
   bool host_routing = false;    // ablation P2 off: groups built on the host (synchronises)
-  int stages = 31;              // bits: 1 router, 2 routing, 4 gate/up, 8 down, 16 combine
+  int stages = 31;              // bits: 1 router, 2 routing, 4 gate/up, 8 down, 16 combine; the router
+                                // stage's parts alone (profiling): 32 operand conversion, 64 router GEMM,
+                                // 128 shared-expert gate
   bool slot16 = true;           // P16: the down GEMM's (token, slot) rows in fp16 (off: f32)
 };
 // True when moe_prefill handles these weights (4-bit experts, H and I multiples of 512, I == Is).

@@ -310,9 +310,9 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
   const int mt = max_tiles(m, T, bm);
   const int64_t routed = int64_t(T) * m.K;
 
-  if (o.stages & 1) {
-    gemm_convert_a(x, T, m.H, xa, s);
-    gemm(m.router, xa, T, logits, m.E, false, nullptr, 0, s);
+  if (o.stages & (1 | 32)) gemm_convert_a(x, T, m.H, xa, s);
+  if (o.stages & (1 | 64)) gemm(m.router, xa, T, logits, m.E, false, nullptr, 0, s);
+  if (o.stages & (1 | 128)) {
     if (gemm_takes(m.shared_gate, T)) {
       gemm(m.shared_gate, xa, T, sg, 1, false, nullptr, 0, s);
     } else {   // one row: the f32 GEMV kernel (gemm_small_n)
