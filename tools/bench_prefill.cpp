@@ -131,6 +131,7 @@ int bench_prefill_main(int argc, char** argv) {
              {"warmup-max", "8192", "warm-up prefill (discarded) of min(L, this) tokens per length and variant; 0 = L"},
              {"max-seconds", "0", "time budget: skip a length whose predicted time would exceed it (0 = none)"},
              {"balance-tokens", "4096", "expert load balance over one untimed prefill of this many tokens (cuda; 0 = none)"},
+             {"profile-length", "0", "per-op breakdown (eager, CUDA events) of one prefill of this many tokens (cuda; 0 = none)"},
              {"decode-tokens", "0", "after each prefill, time this many greedy tokens (0 = none)"},
              {"ids", "", "raw int32 token-id file to use as the prompt (default: random ids)"},
              {"seed", "1", "seed of the random prompt ids"},
@@ -325,6 +326,32 @@ int bench_prefill_main(int argc, char** argv) {
   }
 #endif
 
+  // Per-op breakdown of one prefill (eager; each op between CUDA events, so the sum exceeds the timed
+  // run by the events' cost): where the prefill time goes, op by op.
+  std::vector<std::string> prof_lines;
+#ifdef LILY_HAVE_CUDA
+  const int Lp = std::min(o.num("profile-length"), max_len);
+  if (cuda && Lp > 0) {
+    Qwen36& m = engine(0);
+    auto st = m.new_state(Lp + 1);
+    m.forward(*st, std::span<const int32_t>(ids.data(), size_t(Lp)), logits.data(), false);   // warm
+    st = m.new_state(Lp + 1);
+    cuda_tools::set_profiling(m.backend(), true);
+    m.forward(*st, std::span<const int32_t>(ids.data(), size_t(Lp)), logits.data(), false);
+    auto prof = cuda_tools::take_profile(m.backend());
+    cuda_tools::set_profiling(m.backend(), false);
+    double total = 0;   // (take_profile sorts by time, largest first)
+    for (const auto& p : prof) total += p.ms;
+    prof_lines.push_back("| op (prefill of " + std::to_string(Lp) + " tokens) | calls | ms | share |");
+    prof_lines.push_back("|---|---:|---:|---:|");
+    for (const auto& p : prof)
+      prof_lines.push_back("| " + p.name + " | " + std::to_string(p.calls) + " | " + fmtd("%.3f", p.ms) + " | " +
+                           fmtd("%.1f%%", 100 * p.ms / std::max(total, 1e-9)) + " |");
+    prof_lines.push_back("| **sum of ops (eager, between events)** | | " + fmtd("%.3f", total) + " | |");
+    for (const auto& l : prof_lines) std::fprintf(stderr, "bench prefill: %s\n", l.c_str());
+  }
+#endif
+
   // ---- results ------------------------------------------------------------------------------
   std::time_t tt = std::time(nullptr);
   char date[32];
@@ -391,6 +418,10 @@ int bench_prefill_main(int argc, char** argv) {
   js << "\n  ]\n}\n";
   std::filesystem::create_directories(o.str("out"));
   const std::string stem = o.str("out") + "/" + o.str("tag");
+  if (!prof_lines.empty()) {
+    md << "\n";
+    for (const auto& l : prof_lines) md << l << "\n";
+  }
   std::ofstream(stem + ".json") << js.str();
   std::ofstream(stem + ".md") << md.str();
   std::fputs(md.str().c_str(), stdout);
