@@ -339,6 +339,13 @@ constexpr int cuda_kperm(int L) {
 // (bound: 2^-9 of the row group's max + 2^-18 of the sums' magnitude) and kernel 0 (exponents equal,
 // activations within 1 fp16 ulp).
 void probe_p14(Backend& gpu, Tally& tally) {
+  // One probe case's name ("P14 probe <what> <kernel> tile <bm> K=<K> N=<N>"), announced before it runs.
+  auto announce = [](char (&out)[160], const std::string& what, int kern, int bm, int K, int N) {
+    std::snprintf(out, sizeof out, "P14 probe %s %-9s tile %-3d K=%d N=%d", what.c_str(),
+                  kern == 0 ? "mma.sync" : kern == 1 ? "P14 wgmma" : "P15 rs", bm, K, N);
+    std::printf("  running %s\n", out);
+    std::fflush(stdout);
+  };
   const int K = 1024, NS = 768, E = 3;
   const int cnt[4] = {200, 37, 130, 50};   // group E last
   int P = 0;
@@ -443,11 +450,9 @@ void probe_p14(Backend& gpu, Tally& tally) {
   auto exact = [&](const char* name, const HostW& w, const std::function<float(int p, int n)>& want) {
     for (int bm : bms)
       for (int kern = 0; kern < 3; ++kern) {
-        char what[160];
-        std::snprintf(what, sizeof what, "P14 probe down %-5s %-9s tile %-3d K=%d N=%d", name,
-                      kern == 0 ? "mma.sync" : kern == 1 ? "P14 wgmma" : "P15 rs", bm, K, NS);
-        std::printf("  running %s\n", what);
-        std::fflush(stdout);
+        char what[160], nm[8];
+        std::snprintf(nm, sizeof nm, "%-5s", name);
+        announce(what, std::string("down ") + nm, kern, bm, K, NS);
         run_scatter(w, kern, bm);
         int64_t bad = 0;
         std::string first;
@@ -540,10 +545,7 @@ void probe_p14(Backend& gpu, Tally& tally) {
     for (int bm : bms)
       for (int kern = 0; kern < 3; ++kern) {
         char what[160];
-        std::snprintf(what, sizeof what, "P14 probe down rand  %-9s tile %-3d K=%d N=%d", kern == 0 ? "mma.sync" : kern == 1 ? "P14 wgmma" : "P15 rs",
-                      bm, K, NS);
-        std::printf("  running %s\n", what);
-        std::fflush(stdout);
+        announce(what, "down rand ", kern, bm, K, NS);
         run_scatter(w, kern, bm);
         int64_t bad = 0;
         double worst = 0, md = 0;
@@ -625,10 +627,7 @@ void probe_p14(Backend& gpu, Tally& tally) {
     for (int bm : bms)
       for (int kern = 0; kern < 3; ++kern) {
         char what[160];
-        std::snprintf(what, sizeof what, "P14 probe gate_up rand %-9s tile %-3d K=%d N=%d", kern == 0 ? "mma.sync" : kern == 1 ? "P14 wgmma" : "P15 rs",
-                      bm, K, NG);
-        std::printf("  running %s\n", what);
-        std::fflush(stdout);
+        announce(what, "gate_up rand", kern, bm, K, NG);
         gpu.fill_zero(dact, 2LL * P * NG);
         gpu.fill_zero(dexp, int64_t(P) * (NG / 64));
         const std::vector<int> t = tiles_for(bm);
