@@ -95,6 +95,9 @@ bool& lmhead_i16_enabled();
 // D27: the decode MoE top-k (router + top-k kernel, D19's per-CTA top-k) on one warp with each lane's
 // 8 logits sorted in registers (off: two rounds of warp selection over 4 warps).
 bool& topk_lanes_enabled();
+// D31: the persistent MoE kernel (D19) in its default configuration runs as its own template instance
+// with every other path compiled out (code size; off: the generic instance).
+bool& moe_persist_special_enabled();
 // D28: at T == 1 on the D20 path, the attention prep (q/k norms, RoPE, KV append) runs inside the
 // split-KV kernel (off: the separate prep kernel).
 bool& attn_prep_fused_enabled();

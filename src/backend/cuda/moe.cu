@@ -852,6 +852,12 @@ size_t persist_smem(const MoeDev& m) {
   return size_t(m.H + m.H / 32 + std::max(m.H + m.H / 16, S * 512 + S * 16)) * 4;
 }
 
+// F (D31): the instance for the default configuration only — x staged from registers at H = 2,048 (D21),
+// int16 x and activations (D24), ticket handoffs with tagged logits, the one-warp top-k (D27), one down row
+// per warp, no moep experiment bits. Every runtime alternative folds to a constant, so the compiler drops
+// the other paths: the generic instance is ~196 KB of SASS, more than the SM's instruction caches hold,
+// and Nsight (session 4) counted 24 % of this kernel's stalls as "no instruction".
+template <bool F>
 __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const __grid_constant__ MoeArgs a,
                                                                          const __grid_constant__ GemvNorm nrm,
                                                                          int* ctr) {
@@ -889,9 +895,9 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   trace_mark(a, 0);
   // Ticket handoffs (default): counters at ctr + 8 (tickets, router arrivals, gate/up arrivals).
   unsigned long long* tk = reinterpret_cast<unsigned long long*>(ctr + 8);
-  const bool tickets = !(a.flags & 64);
+  const bool tickets = F || !(a.flags & 64);
   // Tagged logits (default with tickets; flag 128 off): 8-byte {tag, logit} slots at ctr + 16.
-  const bool tags = tickets && !(a.flags & 128);
+  const bool tags = F || (tickets && !(a.flags & 128));
   unsigned long long* tg = reinterpret_cast<unsigned long long*>(ctr + 16);
   __shared__ unsigned long long s_gen;
   if (tickets && threadIdx.x == 0) s_gen = atomicAdd(&tk[0], 1ull) / unsigned(G);
@@ -900,7 +906,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   l2_prefetch(a.pf);   // D13: the next launch's weights
   const float* xin = nrm.w ? nrm.h : a.x;
   float ns = 1.f;
-  if (a.stage_regs && m.H == 2 * 4 * kPersistThreads) {
+  if (F || (a.stage_regs && m.H == 2 * 4 * kPersistThreads)) {
     // D21: x once into registers (the norm gain, a weight, before the wait), both layouts from there.
     XRegs<2> xr;
     if (nrm.w) xr.load(nrm.w, m.H / 4);
@@ -913,7 +919,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
       if (lane == 0) red[warp] = ss;
     }
     // D24: the gate/up rows read x as int16 per 32 values (qx in the xq4 region).
-    if (a.xq16) stage_x_i16_regs(xr, m.H, reinterpret_cast<uint4*>(xq4), reinterpret_cast<float*>(xq4) + m.H / 2, xs4);
+    if (F || a.xq16) stage_x_i16_regs(xr, m.H, reinterpret_cast<uint4*>(xq4), reinterpret_cast<float*>(xq4) + m.H / 2, xs4);
     else stage_x_q4_regs(xr, m.H, xq4, xs4);
     stage_x_q8_regs(xr, xq8, xs8);
     __syncthreads();
@@ -963,7 +969,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     if (p <= m.E) continue;
     if (p != gw) load_q4(cur, m.sh_gate, m.sh_up, p - m.E - 1);
     float r[2];
-    if (a.xq16) cur.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + m.H / 2, xs4, r);
+    if (F || a.xq16) cur.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + m.H / 2, xs4, r);
     else cur.dot(xq4, xs4, r);
     if (lane == 0) act[m.K * a.imax + (p - m.E - 1)] = siluf_(r[0] * ns) * (r[1] * ns);
   }
@@ -990,7 +996,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     __syncthreads();
   }
   trace_mark(a, 5);
-  if (!a.topk_lanes) select_topk_block(lg, m.E, m.K, ckey, cidx, sid, sv);
+  if (!F && !a.topk_lanes) select_topk_block(lg, m.E, m.K, ckey, cidx, sid, sv);
   else if (warp == 0) select_topk_lanes(lg, m.E, m.K, sid, sv);
   if (warp == 0) {
     const float p = lane < m.K ? __expf(sv[lane] - sv[0]) : 0.f;   // the full softmax denominator cancels
@@ -1023,7 +1029,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     Q4Rows<2, 2> nxt;
     if (it + nw < items) load_routed(nxt, it + nw);
     float r[2];
-    if (a.xq16) cur.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + m.H / 2, xs4, r);
+    if (F || a.xq16) cur.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + m.H / 2, xs4, r);
     else cur.dot(xq4, xs4, r);
     cur = nxt;
     if (lane == 0) act[(it / m.I) * a.imax + it % m.I] = sw[it / m.I] * siluf_(r[0] * ns) * (r[1] * ns);
@@ -1050,15 +1056,15 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     if (tickets) grid_wait64(&tk[2], (s_gen + 1) * unsigned(G));
     else grid_wait(&ctr[1], G);
     trace_mark(a, 8);
-    if (!(a.flags & 1)) pdl_trigger();   // every CTA of the grid is resident now (see above)
+    if (F || !(a.flags & 1)) pdl_trigger();   // every CTA of the grid is resident now (see above)
     if (!tickets && threadIdx.x == 0 && atomicAdd(&ctr[2], 1) == G - 1) {   // last CTA past the handoffs
       ctr[0] = 0;
       ctr[1] = 0;
       ctr[2] = 0;
     }
     if (blockIdx.x >= nbd) return;
-    const bool x16 = a.xq16 && !(a.flags & 256);   // D24 (moep bit 256: float down stage)
-    stage_down_act(act, S, a.imax, dq, dsum, slot_scale, a.stage_regs, x16);
+    const bool x16 = F || (a.xq16 && !(a.flags & 256));   // D24 (moep bit 256: float down stage)
+    stage_down_act(act, S, a.imax, dq, dsum, slot_scale, F || a.stage_regs, x16);
     __syncthreads();
     trace_mark(a, 9);
     float acc[R];
@@ -1076,7 +1082,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     }
   };
   static_assert(kPersistThreads == 256, "down: 8 warps per CTA");
-  if (a.flags & 16) down(std::integral_constant<int, 2>{});
+  if (!F && (a.flags & 16)) down(std::integral_constant<int, 2>{});
   else down(std::integral_constant<int, 1>{});
   trace_mark(a, 10);
   __syncthreads();
@@ -1093,6 +1099,11 @@ bool q8router_ok(const QMat& w, int rows, int H) {
 bool moe_norm_ok(const MoeDev& m, int T, bool fast) {
   return gemv_norm_ok(m.router, T, fast) && gemv_norm_ok(m.shared_gate, T, fast) && m.router.cols == m.H &&
          m.shared_gate.cols == m.H;
+}
+
+bool& moe_persist_special_enabled() {
+  static bool on = true;
+  return on;
 }
 
 bool& topk_lanes_enabled() {
@@ -1170,17 +1181,22 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
     const size_t smem = persist_smem(m);
     if (grid < 0 || grid_smem != smem) {
       // All CTAs must be co-resident (they spin on each other): at most the occupancy per SM
-      // (capped at 2, LILY_MOEP_CTAS_PER_SM overrides the cap) times the SM count.
-      int sms = 0, per_sm = 0, cap = 2;
+      // (capped at 2, LILY_MOEP_CTAS_PER_SM overrides the cap) times the SM count. Both instances get
+      // the same grid: the ticket handoffs number launches by tickets / grid, and launches may mix them.
+      int sms = 0, per_sm = 0, per_sm_f = 0, cap = 2;
       if (const char* v = std::getenv("LILY_MOEP_CTAS_PER_SM"); v && *v) cap = std::max(1, std::atoi(v));
       CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_persist_kernel, kPersistThreads, smem));
-      grid = std::min(per_sm, cap) * sms;
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_persist_kernel<false>, kPersistThreads, smem));
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_f, moe_persist_kernel<true>, kPersistThreads, smem));
+      grid = std::min({per_sm, per_sm_f, cap}) * sms;
       grid_smem = smem;
     }
+    // D31: the default configuration's own instance (moe_persist_kernel<true>).
+    const bool special = moe_persist_special_enabled() && a.stage_regs && a.xq16 && m.H == 2 * 4 * kPersistThreads &&
+                         a.topk_lanes && (a.flags & (1 | 16 | 64 | 128 | 256)) == 0;
     if (grid > 0) {
-      launch(moe_persist_kernel, dim3(grid), dim3(kPersistThreads), smem, s, a, norm ? *norm : GemvNorm{},
-             dec->persist);
+      launch(special ? moe_persist_kernel<true> : moe_persist_kernel<false>, dim3(grid), dim3(kPersistThreads), smem,
+             s, a, norm ? *norm : GemvNorm{}, dec->persist);
       CUDA_LAUNCH_CHECK();
       return;
     }
