@@ -607,6 +607,7 @@ __device__ __forceinline__ void select_topk_lanes(const float* lg, int E, int K,
   cswap_desc(c[2], c[4]); cswap_desc(c[3], c[5]);
   cswap_desc(c[1], c[4]); cswap_desc(c[3], c[6]);
   cswap_desc(c[1], c[2]); cswap_desc(c[3], c[4]); cswap_desc(c[5], c[6]);
+#pragma unroll 1
   for (int k = 0; k < K; ++k) {
     const uint32_t head = uint32_t(c[0] >> 3);
     const uint32_t best = __reduce_max_sync(0xffffffffu, head);
