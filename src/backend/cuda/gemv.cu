@@ -75,7 +75,9 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
   // x staged from registers, every load in flight at once; the norm gain (a weight) before the wait.
   XRegs<CPL> xr;
   float resv[R];
-  if (L.stage_regs) {
+  // X16 is launched only with L.stage_regs (launch_fast): the other staging compiled out of it.
+  const bool regs = X16 || L.stage_regs;
+  if (regs) {
     if (L.norm.w) xr.load(L.norm.w, cols / 4);
     XRegs<CPL> g = xr;
     pdl_wait();
@@ -112,7 +114,6 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
   __syncthreads();
   float nscale = 1.f;
   if (L.norm.w) {
-    const bool regs = L.stage_regs;
     nscale = fold_norm_scale(red, 8, cols, L.norm.eps, L.norm.h, L.norm.w,
                              blockIdx.x == 0 && !regs ? L.norm_out : nullptr);
     if (blockIdx.x == 0 && regs && L.norm_out) xr.store_scaled(L.norm_out, cols / 4, nscale);
@@ -134,7 +135,7 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
 #pragma unroll
       for (int r = 0; r < R; ++r)
         if (r0 + r < rows) {
-          if (L.stage_regs && g == bj) {
+          if (regs && g == bj) {
             const float v = acc[r] * nscale;
             jb.y[r0 + r] = v;
             if (jb.res) jb.res[r0 + r] = resv[r] + v;

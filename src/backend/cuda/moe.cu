@@ -607,7 +607,6 @@ __device__ __forceinline__ void select_topk_lanes(const float* lg, int E, int K,
   cswap_desc(c[2], c[4]); cswap_desc(c[3], c[5]);
   cswap_desc(c[1], c[4]); cswap_desc(c[3], c[6]);
   cswap_desc(c[1], c[2]); cswap_desc(c[3], c[4]); cswap_desc(c[5], c[6]);
-#pragma unroll 1
   for (int k = 0; k < K; ++k) {
     const uint32_t head = uint32_t(c[0] >> 3);
     const uint32_t best = __reduce_max_sync(0xffffffffu, head);
@@ -853,12 +852,16 @@ size_t persist_smem(const MoeDev& m) {
   return size_t(m.H + m.H / 32 + std::max(m.H + m.H / 16, S * 512 + S * 16)) * 4;
 }
 
-// F (D31): the instance for the default configuration only — x staged from registers at H = 2,048 (D21),
+// F & 1 (D31): the instance for the default configuration only — x staged from registers at H = 2,048 (D21),
 // int16 x and activations (D24), ticket handoffs with tagged logits, the one-warp top-k (D27), one down row
 // per warp, no moep experiment bits. Every runtime alternative folds to a constant, so the compiler drops
 // the other paths: the generic instance is ~196 KB of SASS, more than the SM's instruction caches hold,
 // and Nsight (session 4) counted 24 % of this kernel's stalls as "no instruction".
-template <bool F>
+// Bits of F: 1 = that instance (the model's shapes as constants: E 256, K 8, H 2,048, I = Is = 512, the
+// norm and the residual folded); 2 = warp 0 also runs the top-k once before the logits' poll, on stale
+// logits, so that its instructions are in the instruction caches when the real pass runs; 4 = the same for
+// the down stage (activation staging and dot) before the activations' handoff (both experiments, "moep=").
+template <int F>
 __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const __grid_constant__ MoeArgs a,
                                                                          const __grid_constant__ GemvNorm nrm,
                                                                          int* ctr) {
@@ -869,25 +872,30 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   __shared__ uint32_t ckey[32], cidx[32];
   __shared__ float red[kPersistThreads / 32];
   const MoeDev& m = a.m;
+  // D31 (F & 1): the model's shapes, the folded norm and the residual as constants.
+  constexpr bool SP = (F & 1) != 0;
+  const int E = SP ? 256 : m.E, K = SP ? 8 : m.K, H = SP ? 2048 : m.H, I = SP ? 512 : m.I, Is = SP ? 512 : m.Is;
+  const int imax = SP ? 512 : a.imax;
+  const bool NW = SP || nrm.w != nullptr, RS = SP || a.res != nullptr;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwc = kPersistThreads / 32;
-  const int G = gridDim.x, gw = blockIdx.x * nwc + warp, nw = G * nwc, S = m.K + 1;
+  const int G = gridDim.x, gw = blockIdx.x * nwc + warp, nw = G * nwc, S = K + 1;
   float4* xq4 = smp;
-  float* xs4 = reinterpret_cast<float*>(xq4 + m.H / 4);
-  float4* xq8 = reinterpret_cast<float4*>(xs4 + m.H / 32);   // H/32 floats: 16-byte multiple
-  float* xs8 = reinterpret_cast<float*>(xq8 + m.H / 4);
+  float* xs4 = reinterpret_cast<float*>(xq4 + H / 4);
+  float4* xq8 = reinterpret_cast<float4*>(xs4 + H / 32);   // H/32 floats: 16-byte multiple
+  float* xs8 = reinterpret_cast<float*>(xq8 + H / 4);
   float4* dq = xq8;                                           // down stage (after the router rows)
   float* dsum = reinterpret_cast<float*>(dq + S * 128);
-  const int nR = min(G, (m.E + 1 + nwc - 1) / nwc);           // CTAs that own router rows
-  const int pre = m.E + 1 + m.Is;                             // router rows, then shared rows
+  const int nR = min(G, (E + 1 + nwc - 1) / nwc);           // CTAs that own router rows
+  const int pre = E + 1 + Is;                             // router rows, then shared rows
   float* act = a.act;                                         // [K+1, imax]
 
   auto load_q4 = [&](Q4Rows<2, 2>& q, const QMat& g, const QMat& u, int row) {
-    const uint4* rp[2] = {static_cast<const uint4*>(g.data) + int64_t(row) * (m.H / 32),
-                          static_cast<const uint4*>(u.data) + int64_t(row) * (m.H / 32)};
-    const uint16_t* sp[2] = {static_cast<const uint16_t*>(g.scales) + int64_t(row) * (m.H / 64),
-                             static_cast<const uint16_t*>(u.scales) + int64_t(row) * (m.H / 64)};
-    const uint16_t* bp[2] = {static_cast<const uint16_t*>(g.biases) + int64_t(row) * (m.H / 64),
-                             static_cast<const uint16_t*>(u.biases) + int64_t(row) * (m.H / 64)};
+    const uint4* rp[2] = {static_cast<const uint4*>(g.data) + int64_t(row) * (H / 32),
+                          static_cast<const uint4*>(u.data) + int64_t(row) * (H / 32)};
+    const uint16_t* sp[2] = {static_cast<const uint16_t*>(g.scales) + int64_t(row) * (H / 64),
+                             static_cast<const uint16_t*>(u.scales) + int64_t(row) * (H / 64)};
+    const uint16_t* bp[2] = {static_cast<const uint16_t*>(g.biases) + int64_t(row) * (H / 64),
+                             static_cast<const uint16_t*>(u.biases) + int64_t(row) * (H / 64)};
     q.load(rp, sp, bp);
   };
   // Weights never change: this warp's first router or shared-expert row is loaded before the wait.
@@ -896,61 +904,61 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   trace_mark(a, 0);
   // Ticket handoffs (default): counters at ctr + 8 (tickets, router arrivals, gate/up arrivals).
   unsigned long long* tk = reinterpret_cast<unsigned long long*>(ctr + 8);
-  const bool tickets = F || !(a.flags & 64);
+  const bool tickets = SP || !(a.flags & 64);
   // Tagged logits (default with tickets; flag 128 off): 8-byte {tag, logit} slots at ctr + 16.
-  const bool tags = F || (tickets && !(a.flags & 128));
+  const bool tags = SP || (tickets && !(a.flags & 128));
   unsigned long long* tg = reinterpret_cast<unsigned long long*>(ctr + 16);
   __shared__ unsigned long long s_gen;
   if (tickets && threadIdx.x == 0) s_gen = atomicAdd(&tk[0], 1ull) / unsigned(G);
-  if (gw <= m.E) rr.load(gw == m.E ? m.shared_gate : m.router, gw < m.E ? gw : 0);
-  else if (gw < pre) load_q4(cur, m.sh_gate, m.sh_up, gw - m.E - 1);
+  if (gw <= E) rr.load(gw == E ? m.shared_gate : m.router, gw < E ? gw : 0);
+  else if (gw < pre) load_q4(cur, m.sh_gate, m.sh_up, gw - E - 1);
   l2_prefetch(a.pf);   // D13: the next launch's weights
-  const float* xin = nrm.w ? nrm.h : a.x;
+  const float* xin = NW ? nrm.h : a.x;
   float ns = 1.f;
-  if (F || (a.stage_regs && m.H == 2 * 4 * kPersistThreads)) {
+  if (SP || (a.stage_regs && H == 2 * 4 * kPersistThreads)) {
     // D21: x once into registers (the norm gain, a weight, before the wait), both layouts from there.
     XRegs<2> xr;
-    if (nrm.w) xr.load(nrm.w, m.H / 4);
+    if (NW) xr.load(nrm.w, H / 4);
     const XRegs<2> g = xr;
     pdl_wait();
     trace_mark(a, 1);
-    xr.load(xin, m.H / 4);
-    if (nrm.w) {
+    xr.load(xin, H / 4);
+    if (NW) {
       const float ss = warp_sum(xr.apply_gain(g));
       if (lane == 0) red[warp] = ss;
     }
     // D24: the gate/up rows read x as int16 per 32 values (qx in the xq4 region).
-    if (F || a.xq16) stage_x_i16_regs(xr, m.H, reinterpret_cast<uint4*>(xq4), reinterpret_cast<float*>(xq4) + m.H / 2, xs4);
-    else stage_x_q4_regs(xr, m.H, xq4, xs4);
+    if (SP || a.xq16) stage_x_i16_regs(xr, H, reinterpret_cast<uint4*>(xq4), reinterpret_cast<float*>(xq4) + H / 2, xs4);
+    else stage_x_q4_regs(xr, H, xq4, xs4);
     stage_x_q8_regs(xr, xq8, xs8);
     __syncthreads();
-    if (nrm.w) {
-      ns = fold_norm_scale(red, nwc, m.H, nrm.eps, nrm.h, nrm.w, nullptr);
-      if (blockIdx.x == 0) xr.store_scaled(const_cast<float*>(a.x), m.H / 4, ns);
+    if (NW) {
+      ns = fold_norm_scale(red, nwc, H, nrm.eps, nrm.h, nrm.w, nullptr);
+      if (blockIdx.x == 0) xr.store_scaled(const_cast<float*>(a.x), H / 4, ns);
     }
   } else {
     pdl_wait();
     trace_mark(a, 1);
     float ss = 0.f;
-    stage_x_q4(xin, m.H, xq4, xs4, nrm.w, &ss);
+    stage_x_q4(xin, H, xq4, xs4, nrm.w, &ss);
     stage_x_q8(xin, nrm.w, xq8, xs8, nullptr);
-    if (nrm.w) {
+    if (NW) {
       ss = warp_sum(ss);
       if (lane == 0) red[warp] = ss;
     }
     __syncthreads();
     // D9: the staged x is gain ⊙ h; the rmsnorm scale multiplies the dot products instead.
-    if (nrm.w)
-      ns = fold_norm_scale(red, nwc, m.H, nrm.eps, nrm.h, nrm.w, blockIdx.x == 0 ? const_cast<float*>(a.x) : nullptr);
+    if (NW)
+      ns = fold_norm_scale(red, nwc, H, nrm.eps, nrm.h, nrm.w, blockIdx.x == 0 ? const_cast<float*>(a.x) : nullptr);
   }
   trace_mark(a, 2);
   // 1. router rows
-  for (int p = gw; p <= m.E; p += nw) {
-    if (p != gw) rr.load(p == m.E ? m.shared_gate : m.router, p < m.E ? p : 0);
+  for (int p = gw; p <= E; p += nw) {
+    if (p != gw) rr.load(p == E ? m.shared_gate : m.router, p < E ? p : 0);
     const float v = rr.dot(xq8, xs8) * ns;
     if (lane == 0) {
       if (tags) st_relaxed_gpu64(tg + p, (uint64_t(uint32_t(s_gen + 1)) << 32) | __float_as_uint(v));
-      if (p == m.E) const_cast<float*>(a.sg)[0] = v;
+      if (p == E) const_cast<float*>(a.sg)[0] = v;
       else const_cast<float*>(a.logits)[p] = v;
     }
   }
@@ -967,61 +975,70 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   }
   // 2. shared expert gate/up rows (unweighted SwiGLU)
   for (int p = gw; p < pre; p += nw) {
-    if (p <= m.E) continue;
-    if (p != gw) load_q4(cur, m.sh_gate, m.sh_up, p - m.E - 1);
+    if (p <= E) continue;
+    if (p != gw) load_q4(cur, m.sh_gate, m.sh_up, p - E - 1);
     float r[2];
-    if (F || a.xq16) cur.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + m.H / 2, xs4, r);
+    if (SP || a.xq16) cur.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r);
     else cur.dot(xq4, xs4, r);
-    if (lane == 0) act[m.K * a.imax + (p - m.E - 1)] = siluf_(r[0] * ns) * (r[1] * ns);
+    if (lane == 0) act[K * imax + (p - E - 1)] = siluf_(r[0] * ns) * (r[1] * ns);
   }
   // 3. routing, then the routed experts' gate/up rows
   trace_mark(a, 4);
   __shared__ float s_sg;
-  if (tags) {
-    // Tagged logits: each thread polls its slots until they carry this launch's tag (value and tag
-    // are one 8-byte word), so the logits arrive with the handoff in one round trip.
-    const uint32_t want = uint32_t(s_gen + 1);
-    for (int e = threadIdx.x; e <= m.E; e += kPersistThreads) {
-      uint64_t w;
-      while (uint32_t((w = ld_relaxed_gpu64(tg + e)) >> 32) != want) __nanosleep(32);
-      const float v = __uint_as_float(uint32_t(w));
-      if (e < m.E) lg[e] = v;
-      else s_sg = v;
+  // F & 2: warp 0 runs the top-k a first time on stale logits before the poll (results overwritten by
+  // the second pass), so that the second pass finds its instructions in the instruction caches. One copy
+  // of the code: the loop is not unrolled.
+  constexpr bool WT = (F & 2) != 0;
+#pragma unroll 1
+  for (int pass = WT ? 0 : 1; pass < 2; ++pass) {
+    if (pass == 1) {
+      if (tags) {
+        // Tagged logits: each thread polls its slots until they carry this launch's tag (value and tag
+        // are one 8-byte word), so the logits arrive with the handoff in one round trip.
+        const uint32_t want = uint32_t(s_gen + 1);
+        for (int e = threadIdx.x; e <= E; e += kPersistThreads) {
+          uint64_t w;
+          while (uint32_t((w = ld_relaxed_gpu64(tg + e)) >> 32) != want) __nanosleep(32);
+          const float v = __uint_as_float(uint32_t(w));
+          if (e < E) lg[e] = v;
+          else s_sg = v;
+        }
+        __syncthreads();
+      } else {
+        if (tickets) grid_wait64(&tk[1], (s_gen + 1) * unsigned(nR));
+        else grid_wait(&ctr[0], nR);
+        for (int e = threadIdx.x; e < E; e += kPersistThreads) lg[e] = __ldcg(a.logits + e);
+        if (threadIdx.x == 0) s_sg = __ldcg(a.sg);
+        __syncthreads();
+      }
+      trace_mark(a, 5);
     }
-    __syncthreads();
-  } else {
-    if (tickets) grid_wait64(&tk[1], (s_gen + 1) * unsigned(nR));
-    else grid_wait(&ctr[0], nR);
-    for (int e = threadIdx.x; e < m.E; e += kPersistThreads) lg[e] = __ldcg(a.logits + e);
-    if (threadIdx.x == 0) s_sg = __ldcg(a.sg);
-    __syncthreads();
+    if (!SP && !a.topk_lanes) select_topk_block(lg, E, K, ckey, cidx, sid, sv);
+    else if (warp == 0) select_topk_lanes(lg, E, K, sid, sv);
   }
-  trace_mark(a, 5);
-  if (!F && !a.topk_lanes) select_topk_block(lg, m.E, m.K, ckey, cidx, sid, sv);
-  else if (warp == 0) select_topk_lanes(lg, m.E, m.K, sid, sv);
   if (warp == 0) {
-    const float p = lane < m.K ? __expf(sv[lane] - sv[0]) : 0.f;   // the full softmax denominator cancels
+    const float p = lane < K ? __expf(sv[lane] - sv[0]) : 0.f;   // the full softmax denominator cancels
     const float sum = warp_sum(p);
-    if (lane < m.K) {
+    if (lane < K) {
       sw[lane] = p / sum;
       slot_scale[lane] = 1.f;   // routed slots carry their weight already
     }
     if (lane == 0) {
-      sw[m.K] = sigmoidf_(s_sg);
-      slot_scale[m.K] = sw[m.K];   // the shared slot was written before σ(shared gate) was known
+      sw[K] = sigmoidf_(s_sg);
+      slot_scale[K] = sw[K];   // the shared slot was written before σ(shared gate) was known
     }
-    if (blockIdx.x == 0 && lane < m.K) {
+    if (blockIdx.x == 0 && lane < K) {
       a.ids[lane] = sid[lane];
       a.wts[lane] = p / sum;
       if (m.hist) atomicAdd(&m.hist[sid[lane]], 1);
     }
-    if (blockIdx.x == 0 && lane == 0) a.wts[m.K] = sw[m.K];
+    if (blockIdx.x == 0 && lane == 0) a.wts[K] = sw[K];
   }
   __syncthreads();
   trace_mark(a, 6);
-  const int items = m.K * m.I;
+  const int items = K * I;
   auto load_routed = [&](Q4Rows<2, 2>& q, int it) {
-    const int sl = it / m.I, row = it % m.I;
+    const int sl = it / I, row = it % I;
     load_q4(q, stack_mat(m.gate0, m.gate_stride, m.gate_sb_stride, sid[sl]),
             stack_mat(m.up0, m.up_stride, m.up_sb_stride, sid[sl]), row);
   };
@@ -1030,10 +1047,10 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     Q4Rows<2, 2> nxt;
     if (it + nw < items) load_routed(nxt, it + nw);
     float r[2];
-    if (F || a.xq16) cur.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + m.H / 2, xs4, r);
+    if (SP || a.xq16) cur.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r);
     else cur.dot(xq4, xs4, r);
     cur = nxt;
-    if (lane == 0) act[(it / m.I) * a.imax + it % m.I] = sw[it / m.I] * siluf_(r[0] * ns) * (r[1] * ns);
+    if (lane == 0) act[(it / I) * imax + it % I] = sw[it / I] * siluf_(r[0] * ns) * (r[1] * ns);
   }
   __syncthreads();
   trace_mark(a, 7);
@@ -1043,47 +1060,56 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   // 256 CTAs) and the residual values they add to are loaded before the wait.
   auto down = [&](auto rtag) {
     constexpr int R = decltype(rtag)::value;
-    const int nbd = (m.H + 8 * R - 1) / (8 * R);
+    const int nbd = (H + 8 * R - 1) / (8 * R);
     DownRowsT<R> dr;
     float resv[R];
     auto id_of = [&](int s) { return sid[s]; };
     const int h0 = (blockIdx.x * nwc + warp) * R;
     if (blockIdx.x < nbd) {
       dr.load(m, h0, id_of);
-      if (a.res && lane == 0)
+      if (RS && lane == 0)
 #pragma unroll
-        for (int r = 0; r < R; ++r) resv[r] = h0 + r < m.H ? a.res[h0 + r] : 0.f;
+        for (int r = 0; r < R; ++r) resv[r] = h0 + r < H ? a.res[h0 + r] : 0.f;
     }
-    if (tickets) grid_wait64(&tk[2], (s_gen + 1) * unsigned(G));
-    else grid_wait(&ctr[1], G);
-    trace_mark(a, 8);
-    if (F || !(a.flags & 1)) pdl_trigger();   // every CTA of the grid is resident now (see above)
-    if (!tickets && threadIdx.x == 0 && atomicAdd(&ctr[2], 1) == G - 1) {   // last CTA past the handoffs
-      ctr[0] = 0;
-      ctr[1] = 0;
-      ctr[2] = 0;
-    }
-    if (blockIdx.x >= nbd) return;
-    const bool x16 = F || (a.xq16 && !(a.flags & 256));   // D24 (moep bit 256: float down stage)
-    stage_down_act(act, S, a.imax, dq, dsum, slot_scale, F || a.stage_regs, x16);
-    __syncthreads();
-    trace_mark(a, 9);
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.f;
-    if (x16) dr.dot_i16(reinterpret_cast<const uint4*>(dq), reinterpret_cast<const float*>(dq + S * 64), dsum, S, acc);
-    else dr.dot(dq, dsum, S, acc);
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float v = warp_sum(acc[r]);
-      if (lane == 0 && h0 + r < m.H) {
-        a.out[h0 + r] = v;
-        if (a.res) a.res[h0 + r] = resv[r] + v;
+    // F & 4: the CTAs with down rows run the staging and the dot a first time before the handoff, on
+    // whatever the activation rows hold (results dropped), to bring the code into the instruction caches.
+    constexpr bool WD = (F & 4) != 0;
+#pragma unroll 1
+    for (int pass = WD && blockIdx.x < nbd ? 0 : 1; pass < 2; ++pass) {
+      if (pass == 1) {
+        if (tickets) grid_wait64(&tk[2], (s_gen + 1) * unsigned(G));
+        else grid_wait(&ctr[1], G);
+        trace_mark(a, 8);
+        if (SP || !(a.flags & 1)) pdl_trigger();   // every CTA of the grid is resident now (see above)
+        if (!tickets && threadIdx.x == 0 && atomicAdd(&ctr[2], 1) == G - 1) {   // last CTA past the handoffs
+          ctr[0] = 0;
+          ctr[1] = 0;
+          ctr[2] = 0;
+        }
+        if (blockIdx.x >= nbd) return;
       }
+      const bool x16 = SP || (a.xq16 && !(a.flags & 256));   // D24 (moep bit 256: float down stage)
+      stage_down_act(act, S, imax, dq, dsum, slot_scale, SP || a.stage_regs, x16);
+      __syncthreads();
+      if (pass == 1) trace_mark(a, 9);
+      float acc[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] = 0.f;
+      if (x16) dr.dot_i16(reinterpret_cast<const uint4*>(dq), reinterpret_cast<const float*>(dq + S * 64), dsum, S, acc);
+      else dr.dot(dq, dsum, S, acc);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float v = warp_sum(acc[r]);
+        if (pass == 1 && lane == 0 && h0 + r < H) {
+          a.out[h0 + r] = v;
+          if (RS) a.res[h0 + r] = resv[r] + v;
+        }
+      }
+      if (pass == 0) __syncthreads();   // the second pass's staging overwrites what this one's dot reads
     }
   };
   static_assert(kPersistThreads == 256, "down: 8 warps per CTA");
-  if (!F && (a.flags & 16)) down(std::integral_constant<int, 2>{});
+  if (!SP && (a.flags & 16)) down(std::integral_constant<int, 2>{});
   else down(std::integral_constant<int, 1>{});
   trace_mark(a, 10);
   __syncthreads();
@@ -1187,17 +1213,24 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
       int sms = 0, per_sm = 0, per_sm_f = 0, cap = 2;
       if (const char* v = std::getenv("LILY_MOEP_CTAS_PER_SM"); v && *v) cap = std::max(1, std::atoi(v));
       CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_persist_kernel<false>, kPersistThreads, smem));
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_f, moe_persist_kernel<true>, kPersistThreads, smem));
-      grid = std::min({per_sm, per_sm_f, cap}) * sms;
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_persist_kernel<0>, kPersistThreads, smem));
+      for (auto k : {moe_persist_kernel<1>, moe_persist_kernel<3>, moe_persist_kernel<5>, moe_persist_kernel<7>}) {
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_f, k, kPersistThreads, smem));
+        per_sm = std::min(per_sm, per_sm_f);
+      }
+      grid = std::min(per_sm, cap) * sms;
       grid_smem = smem;
     }
-    // D31: the default configuration's own instance (moe_persist_kernel<true>).
-    const bool special = moe_persist_special_enabled() && a.stage_regs && a.xq16 && m.H == 2 * 4 * kPersistThreads &&
-                         a.topk_lanes && (a.flags & (1 | 16 | 64 | 128 | 256)) == 0;
+    // D31: the default configuration's own instance (moe_persist_kernel<1>; moep bits 512 / 1024 add
+    // the instruction-cache warm passes of the top-k / the down stage).
+    const bool special = moe_persist_special_enabled() && a.stage_regs && a.xq16 && m.H == 2048 && m.E == 256 &&
+                         m.K == 8 && m.I == 512 && m.Is == 512 && norm && a.res && a.topk_lanes &&
+                         (a.flags & (1 | 16 | 64 | 128 | 256)) == 0;
+    const int fv = special ? 1 | (a.flags & 512 ? 2 : 0) | (a.flags & 1024 ? 4 : 0) : 0;
     if (grid > 0) {
-      launch(special ? moe_persist_kernel<true> : moe_persist_kernel<false>, dim3(grid), dim3(kPersistThreads), smem,
-             s, a, norm ? *norm : GemvNorm{}, dec->persist);
+      auto kern = fv == 1 ? moe_persist_kernel<1> : fv == 3 ? moe_persist_kernel<3> : fv == 5 ? moe_persist_kernel<5>
+                : fv == 7 ? moe_persist_kernel<7> : moe_persist_kernel<0>;
+      launch(kern, dim3(grid), dim3(kPersistThreads), smem, s, a, norm ? *norm : GemvNorm{}, dec->persist);
       CUDA_LAUNCH_CHECK();
       return;
     }
