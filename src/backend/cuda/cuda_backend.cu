@@ -99,7 +99,7 @@ class CudaBackend final : public Backend {
     if (const char* v = std::getenv("LILY_GEMM_MIN_T"); v && *v) gemm_min_t_ = std::atoi(v);
     argmax_ws_ = alloc_bytes(argmax_scratch_bytes(4096));
     router_ticket_ = static_cast<int*>(alloc_bytes(64));
-    persist_ctr_ = static_cast<int*>(alloc_bytes(65536));   // D19: counters (64 B), tagged logits; D32: tagged activations at 4 KB
+    persist_ctr_ = static_cast<int*>(alloc_bytes(4096));   // D19: counters (64 B), tagged logits
   }
   ~CudaBackend() override {
     if (exec_) cudaGraphExecDestroy(exec_);
@@ -513,7 +513,6 @@ class CudaBackend final : public Backend {
     lmhead_i16_enabled() = !abl_.has("D26");   // D26: lm_head on the int16 GEMV (D24) rather than D1m's mma.sync
     topk_lanes_enabled() = !abl_.has("D27");     // D27: decode MoE top-k on one warp, lanes' logits sorted in registers
     moe_persist_special_enabled() = !abl_.has("D31");   // D31: D19 default configuration as its own instance
-    moe_act_tags_enabled() = !abl_.has("D32");   // D32: D31's activations handed to the down stage as tagged words
     attn_prep_fused_enabled() = !abl_.has("D28");   // D28: attention prep inside the D20 split-KV kernel (T == 1)
     batch_ = !abl_.has("D3b");
     pdl_enabled() = !abl_.has("D3");

@@ -98,9 +98,6 @@ bool& topk_lanes_enabled();
 // D31: the persistent MoE kernel (D19) in its default configuration runs as its own template instance
 // with every other path compiled out (code size; off: the generic instance).
 bool& moe_persist_special_enabled();
-// D32: with D31, the gate/up -> down handoff of the activations as tagged 8-byte words (off: a fenced
-// arrival counter that every CTA polls).
-bool& moe_act_tags_enabled();
 // D28: at T == 1 on the D20 path, the attention prep (q/k norms, RoPE, KV append) runs inside the
 // split-KV kernel (off: the separate prep kernel).
 bool& attn_prep_fused_enabled();
@@ -144,7 +141,7 @@ struct MoeDecode {
   L2Prefetch pf;              // D13: the next launch's weights, prefetched by the router stage
   bool pf_down = false;       // D13: the gate/up stage prefetches the chosen experts' down rows
   bool early_down = false;    // D17: down issues its expert-row loads before its PDL wait (D10 on)
-  int* persist = nullptr;     // D19: one persistent kernel's counters, tagged logits and (D32, from 4 KB on) activations (64 KB zeroed)
+  int* persist = nullptr;     // D19: one persistent kernel's counters and tagged logits (4 KB zeroed; moe.cu)
   // Investigation aid (cuda_tools::set_kernel_trace): the D19 kernel's CTAs write %globaltimer at
   // each phase boundary here, [CTA][kTracePhases]; null = off.
   unsigned long long* trace = nullptr;

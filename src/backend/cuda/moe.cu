@@ -845,49 +845,6 @@ __device__ __forceinline__ void grid_wait64(const unsigned long long* c, unsigne
   __syncthreads();
 }
 
-// D32: the activations handed from gate/up to down as 8-byte {tag, value} words (the value in the low
-// half), as the tagged logits are: a reader spins on each word until it carries this launch's tag, so
-// the data arrive with the handoff and no CTA waits for a counter that the slowest CTA bumps last.
-constexpr int kActTagOffsetInts = 1024;   // the words start 4 KB into the D19 counter buffer
-__device__ __forceinline__ void ld_relaxed_gpu_v2(const unsigned long long* p, uint4& w) {
-  asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];"
-               : "=l"(reinterpret_cast<unsigned long long&>(w.x)), "=l"(reinterpret_cast<unsigned long long&>(w.z))
-               : "l"(p)
-               : "memory");
-}
-// stage_down_act (regs, x16) for S = 9 slots of 512 tagged words at `at` (slot s at at + 512 s): each
-// thread's 5 float4s (= 10 16-byte loads of two words) are issued at once, then re-read until every tag
-// is `want`.
-__device__ __forceinline__ void stage_down_act_tagged(const unsigned long long* at, uint32_t want, float4* sm4,
-                                                      float* xsum, const float* slot_scale) {
-  constexpr int S = 9, kN = 5;
-  uint4 lo[kN], hi[kN];
-#pragma unroll
-  for (int k = 0; k < kN; ++k) {
-    const int idx = int(threadIdx.x) + 256 * k;
-    if (idx < S * 128) {
-      ld_relaxed_gpu_v2(at + 4 * idx, lo[k]);
-      ld_relaxed_gpu_v2(at + 4 * idx + 2, hi[k]);
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < kN; ++k) {
-    const int idx = int(threadIdx.x) + 256 * k;
-    if (idx >= S * 128) break;   // uniform per warp (multiples of 128)
-    while (lo[k].y != want || lo[k].w != want || hi[k].y != want || hi[k].w != want) {
-      __nanosleep(20);
-      ld_relaxed_gpu_v2(at + 4 * idx, lo[k]);
-      ld_relaxed_gpu_v2(at + 4 * idx + 2, hi[k]);
-    }
-    const int s = idx / 128, r = idx % 128, cc = r / 8, f = r % 8;
-    const float sk = slot_scale[s];
-    const float4 v = make_float4(__uint_as_float(lo[k].x) * sk, __uint_as_float(lo[k].z) * sk,
-                                 __uint_as_float(hi[k].x) * sk, __uint_as_float(hi[k].z) * sk);
-    q16_stage(v, f, reinterpret_cast<uint4*>(sm4) + s * 64 + cc, 16, xsum + s * 16 + cc,
-              reinterpret_cast<float*>(sm4 + S * 64) + s * 16 + cc);
-  }
-}
-
 // Dynamic shared memory (floats): x staged for the 4-bit rows (H + H/32), then a region used first
 // for x staged for the 8-bit router rows (H + H/16) and later for the down activations (S*512 + S*16).
 size_t persist_smem(const MoeDev& m) {
@@ -895,14 +852,14 @@ size_t persist_smem(const MoeDev& m) {
   return size_t(m.H + m.H / 32 + std::max(m.H + m.H / 16, S * 512 + S * 16)) * 4;
 }
 
-// F & 1 (D31): the instance for the default configuration only — x staged from registers at H = 2,048 (D21),
+// F (D31): the instance for the default configuration only — x staged from registers at H = 2,048 (D21),
 // int16 x and activations (D24), ticket handoffs with tagged logits, the one-warp top-k (D27), one down row
 // per warp, no moep experiment bits. Every runtime alternative folds to a constant, so the compiler drops
 // the other paths: the generic instance is ~196 KB of SASS, more than the SM's instruction caches hold,
 // and Nsight (session 4) counted 24 % of this kernel's stalls as "no instruction".
-// F & 1 also makes the model's shapes constants (E 256, K 8, H 2,048, I = Is = 512) and folds the norm
-// and the residual (always present on this path). F & 2 (D32, with F & 1): tagged activations.
-template <int F>
+// F also makes the model's shapes constants (E 256, K 8, H 2,048, I = Is = 512) and folds the norm and
+// the residual (always present on this path).
+template <bool F>
 __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const __grid_constant__ MoeArgs a,
                                                                          const __grid_constant__ GemvNorm nrm,
                                                                          int* ctr) {
@@ -913,8 +870,8 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   __shared__ uint32_t ckey[32], cidx[32];
   __shared__ float red[kPersistThreads / 32];
   const MoeDev& m = a.m;
-  // D31 (F & 1): the model's shapes, the folded norm and the residual as constants.
-  constexpr bool SP = (F & 1) != 0, TA = (F & 2) != 0;
+  // D31 (F): the model's shapes, the folded norm and the residual as constants.
+  constexpr bool SP = F;
   const int E = SP ? 256 : m.E, K = SP ? 8 : m.K, H = SP ? 2048 : m.H, I = SP ? 512 : m.I, Is = SP ? 512 : m.Is;
   const int imax = SP ? 512 : a.imax;
   const bool NW = SP || nrm.w != nullptr, RS = SP || a.res != nullptr;
@@ -949,7 +906,6 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   // Tagged logits (default with tickets; flag 128 off): 8-byte {tag, logit} slots at ctr + 16.
   const bool tags = SP || (tickets && !(a.flags & 128));
   unsigned long long* tg = reinterpret_cast<unsigned long long*>(ctr + 16);
-  unsigned long long* atg = reinterpret_cast<unsigned long long*>(ctr + kActTagOffsetInts);   // D32
   __shared__ unsigned long long s_gen;
   if (tickets && threadIdx.x == 0) s_gen = atomicAdd(&tk[0], 1ull) / unsigned(G);
   if (gw <= E) rr.load(gw == E ? m.shared_gate : m.router, gw < E ? gw : 0);
@@ -1022,9 +978,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     float r[2];
     if (SP || a.xq16) cur.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r);
     else cur.dot(xq4, xs4, r);
-    const float v = siluf_(r[0] * ns) * (r[1] * ns);
-    if (TA && lane == 0) st_relaxed_gpu64(atg + K * 512 + (p - E - 1), (uint64_t(uint32_t(s_gen + 1)) << 32) | __float_as_uint(v));
-    else if (lane == 0) act[K * imax + (p - E - 1)] = v;
+    if (lane == 0) act[K * imax + (p - E - 1)] = siluf_(r[0] * ns) * (r[1] * ns);
   }
   // 3. routing, then the routed experts' gate/up rows
   trace_mark(a, 4);
@@ -1085,19 +1039,12 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     if (SP || a.xq16) cur.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r);
     else cur.dot(xq4, xs4, r);
     cur = nxt;
-    const float v = sw[it / I] * siluf_(r[0] * ns) * (r[1] * ns);
-    if (TA && lane == 0) st_relaxed_gpu64(atg + it, (uint64_t(uint32_t(s_gen + 1)) << 32) | __float_as_uint(v));
-    else if (lane == 0) act[(it / I) * imax + it % I] = v;
+    if (lane == 0) act[(it / I) * imax + it % I] = sw[it / I] * siluf_(r[0] * ns) * (r[1] * ns);
   }
   __syncthreads();
   trace_mark(a, 7);
-  if (TA) {   // D32: only counted (no fence), so that launches may mix the modes
-    if (threadIdx.x == 0) atomicAdd(&tk[2], 1ull);
-  } else if (tickets) {
-    grid_arrive64(&tk[2]);
-  } else {
-    grid_arrive(&ctr[1]);
-  }
+  if (tickets) grid_arrive64(&tk[2]);
+  else grid_arrive(&ctr[1]);
   // 4. down projections: this CTA's output rows (R per warp: 2 in 128 CTAs with flag 16, else 1 in
   // 256 CTAs) and the residual values they add to are loaded before the wait.
   auto down = [&](auto rtag) {
@@ -1113,31 +1060,20 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
 #pragma unroll
         for (int r = 0; r < R; ++r) resv[r] = h0 + r < H ? a.res[h0 + r] : 0.f;
     }
-    if (TA) {
-      // D32: the handoff is in the staging's tags; all CTAs have run their gate/up rows once it is done.
-      if (blockIdx.x >= nbd) return;
-      trace_mark(a, 8);   // here: when the CTA starts reading the activations
-      stage_down_act_tagged(atg, uint32_t(s_gen + 1), dq, dsum, slot_scale);
-      __syncthreads();
-      pdl_trigger();   // every CTA of the grid is resident: all wrote their activations
-      trace_mark(a, 9);
-    } else {
-      if (tickets) grid_wait64(&tk[2], (s_gen + 1) * unsigned(G));
-      else grid_wait(&ctr[1], G);
-      trace_mark(a, 8);
-      if (SP || !(a.flags & 1)) pdl_trigger();   // every CTA of the grid is resident now (see above)
-      if (!tickets && threadIdx.x == 0 && atomicAdd(&ctr[2], 1) == G - 1) {   // last CTA past the handoffs
-        ctr[0] = 0;
-        ctr[1] = 0;
-        ctr[2] = 0;
-      }
-      if (blockIdx.x >= nbd) return;
-      const bool x16s = SP || (a.xq16 && !(a.flags & 256));   // D24 (moep bit 256: float down stage)
-      stage_down_act(act, S, imax, dq, dsum, slot_scale, SP || a.stage_regs, x16s);
-      __syncthreads();
-      trace_mark(a, 9);
+    if (tickets) grid_wait64(&tk[2], (s_gen + 1) * unsigned(G));
+    else grid_wait(&ctr[1], G);
+    trace_mark(a, 8);
+    if (SP || !(a.flags & 1)) pdl_trigger();   // every CTA of the grid is resident now (see above)
+    if (!tickets && threadIdx.x == 0 && atomicAdd(&ctr[2], 1) == G - 1) {   // last CTA past the handoffs
+      ctr[0] = 0;
+      ctr[1] = 0;
+      ctr[2] = 0;
     }
-    const bool x16 = SP || (a.xq16 && !(a.flags & 256));
+    if (blockIdx.x >= nbd) return;
+    const bool x16 = SP || (a.xq16 && !(a.flags & 256));   // D24 (moep bit 256: float down stage)
+    stage_down_act(act, S, imax, dq, dsum, slot_scale, SP || a.stage_regs, x16);
+    __syncthreads();
+    trace_mark(a, 9);
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.f;
@@ -1170,11 +1106,6 @@ bool q8router_ok(const QMat& w, int rows, int H) {
 bool moe_norm_ok(const MoeDev& m, int T, bool fast) {
   return gemv_norm_ok(m.router, T, fast) && gemv_norm_ok(m.shared_gate, T, fast) && m.router.cols == m.H &&
          m.shared_gate.cols == m.H;
-}
-
-bool& moe_act_tags_enabled() {
-  static bool on = true;
-  return on;
 }
 
 bool& moe_persist_special_enabled() {
@@ -1262,22 +1193,18 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
       int sms = 0, per_sm = 0, per_sm_f = 0, cap = 2;
       if (const char* v = std::getenv("LILY_MOEP_CTAS_PER_SM"); v && *v) cap = std::max(1, std::atoi(v));
       CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_persist_kernel<0>, kPersistThreads, smem));
-      for (auto k : {moe_persist_kernel<1>, moe_persist_kernel<3>}) {
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_f, k, kPersistThreads, smem));
-        per_sm = std::min(per_sm, per_sm_f);
-      }
-      grid = std::min(per_sm, cap) * sms;
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_persist_kernel<false>, kPersistThreads, smem));
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_f, moe_persist_kernel<true>, kPersistThreads, smem));
+      grid = std::min({per_sm, per_sm_f, cap}) * sms;
       grid_smem = smem;
     }
-    // D31: the default configuration's own instance (moe_persist_kernel<1>); D32 on top: <3>.
+    // D31: the default configuration's own instance (moe_persist_kernel<true>).
     const bool special = moe_persist_special_enabled() && a.stage_regs && a.xq16 && m.H == 2048 && m.E == 256 &&
                          m.K == 8 && m.I == 512 && m.Is == 512 && norm && a.res && a.topk_lanes &&
                          (a.flags & (1 | 16 | 64 | 128 | 256)) == 0;
     if (grid > 0) {
-      const bool tagged = special && moe_act_tags_enabled();
-      launch(tagged ? moe_persist_kernel<3> : special ? moe_persist_kernel<1> : moe_persist_kernel<0>, dim3(grid),
-             dim3(kPersistThreads), smem, s, a, norm ? *norm : GemvNorm{}, dec->persist);
+      launch(special ? moe_persist_kernel<true> : moe_persist_kernel<false>, dim3(grid), dim3(kPersistThreads), smem,
+             s, a, norm ? *norm : GemvNorm{}, dec->persist);
       CUDA_LAUNCH_CHECK();
       return;
     }
