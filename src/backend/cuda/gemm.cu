@@ -953,6 +953,10 @@ bool wg16_tma() {
 // +1.6 % end to end); LILY_MOE_WG, when set, chooses (0 = mma.sync for both GEMMs).
 bool g_moe_p15 = true;
 void gemm_set_moe_p15(bool on) { g_moe_p15 = on; }
+// P17: P15 at M-tile 128 (setmaxnreg); off: gemm_kernel runs the 128 tiles as before.
+bool g_moe_p17 = true;
+void gemm_set_moe_p17(bool on) { g_moe_p17 = on; }
+bool gemm_moe_p17() { return g_moe_p17; }
 int gemm_moe_wg() {
   const int forced = env_int("LILY_MOE_WG", -1);
   return forced >= 0 ? forced : (g_moe_p15 ? 2 : 0);

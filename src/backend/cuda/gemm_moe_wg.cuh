@@ -486,6 +486,8 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
   __syncthreads();
 
   if (tid < 128) {
+    // P17 (BM = 128): the producer gives registers to the consumers (40 each; 168 at launch).
+    if constexpr (BM == 128) asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
     // ---- producer warpgroup: copies only. Codes: thread r copies 16-byte half (r & 1) of rows
     // (r >> 1) + 64j (two threads per row: a warp's copy is 16 rows x 32 bytes, whole sectors);
     // scale blocks: rows r and r + 128; activation chunks tid + 128j. ----
@@ -566,6 +568,9 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
   }
 
   // ---- consumer warpgroups ----
+  // P17 (BM = 128): 128 accumulators and 64 A-fragment registers per thread need more than the 168
+  // registers a 384-thread CTA starts with: 232 each (2 x 128 x 232 + 128 x 40 <= 65,536).
+  if constexpr (BM == 128) asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
   const int ct = tid - 128, wgc = ct >> 7, warp = (ct >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   constexpr int R = BM / 2;
@@ -676,24 +681,29 @@ void launch_moe_wg_t(const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t 
   launch(gemm_moe_wg_kernel<BM, AM>, dim3(grid_n, max_tiles), dim3(kMwThreads), size_t(MwCfg<BM>::SMEM), s, a);
   CUDA_LAUNCH_CHECK();
 }
-template <int AM, int DIAG = 0, int NS = 6>
+template <int AM, int DIAG = 0, int NS = 6, int BM = 64>
 void launch_moe_rs_t(const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t s) {
   static bool attr = false;
   if (!attr) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_moe_rs_kernel<64, AM, DIAG, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    MrCfg<64, NS>::SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_moe_rs_kernel<BM, AM, DIAG, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    MrCfg<BM, NS>::SMEM));
     attr = true;
   }
-  launch(gemm_moe_rs_kernel<64, AM, DIAG, NS>, dim3(grid_n, max_tiles), dim3(kMwThreads), size_t(MrCfg<64, NS>::SMEM),
+  launch(gemm_moe_rs_kernel<BM, AM, DIAG, NS>, dim3(grid_n, max_tiles), dim3(kMwThreads), size_t(MrCfg<BM, NS>::SMEM),
          s, a);
   CUDA_LAUNCH_CHECK();
 }
 // mode 1: P14, mode 2: P15. bm: the tile list's M-tile (32 runs the 64 kernel: rows <= 32 of 64).
-// Returns false where the mode has no kernel for bm (P15 at 128: the caller runs gemm_kernel).
+// Returns false where the mode has no kernel for bm (P15 at 128 with P17 off: the caller runs gemm_kernel).
 bool launch_moe_wg(int mode, int am, int bm, const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t s) {
   LILY_CHECK(a.K % kBK == 0 && a.K / kBK >= 1 && (am != kAmF16Grp || a.K <= kMaxGrpK), "gemm: P14/P15 shape");
   if (mode == 2) {
-    if (bm == 128 || a.K % 128 != 0) return false;
+    if (a.K % 128 != 0 || (bm == 128 && !gemm_moe_p17())) return false;
+    if (bm == 128) {   // P17: register-A wgmma at m64n128k16, setmaxnreg 40 / 232
+      if (am == kAmF16Grp) launch_moe_rs_t<kAmF16Grp, 0, 6, 128>(a, max_tiles, grid_n, s);
+      else launch_moe_rs_t<kAmF16, 0, 6, 128>(a, max_tiles, grid_n, s);
+      return true;
+    }
     // LILY_P15_STAGES=12: a 12-stage ring (219 KB of shared memory) instead of 6 (123 KB).
     const bool deep = env_int("LILY_P15_STAGES", 6) == 12;
     if (am == kAmF16Grp) {
