@@ -103,7 +103,7 @@ __device__ __forceinline__ void mw_row_factors(const GemmArgs& a, uint16_t* sgf,
 // warpgroup, lane 4g + t): weight row 128·wgc + 64·h + 16w + g + 8·((i >> 1) & 1) of the tile's 256,
 // token 8·(i >> 2) + 2t + (i & 1). `smem` is the operand ring, free once every consumer is past its
 // mainloop (the SwiGLU staging tile reuses it).
-template <int BM, int AM, int SVLD>
+template <int BM, int AM, int SVLD, int NH = 2>
 __device__ __forceinline__ void mw_epilogue(const GemmArgs& a, const float* acc0, const float* acc1, uint8_t* smem,
                                             const float* srf, int by, int pos0, int rows, int ct, int wgc, int warp,
                                             int g, int t) {
@@ -114,9 +114,9 @@ __device__ __forceinline__ void mw_epilogue(const GemmArgs& a, const float* acc0
     named_sync(1, 256);   // all consumers done with the operand ring (the producer wrote its last step)
     float* sv = reinterpret_cast<float*>(smem);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < NH; ++h) {
       const float* acc = h ? acc1 : acc0;
-      const int cc = 64 * wgc + 32 * h + 8 * warp + g;
+      const int cc = 32 * NH * wgc + 32 * h + 8 * warp + g;
 #pragma unroll
       for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
@@ -132,8 +132,8 @@ __device__ __forceinline__ void mw_epilogue(const GemmArgs& a, const float* acc0
     // the group's exponent from the max over the 8 (gemm_kernel's step 2; BM·2 is a multiple of 32,
     // so the loop is uniform across a warp for the shuffles).
     const int L0 = 8 * (ct & 7);
-    for (int mg = ct >> 3; mg < BM * 2; mg += 256 / 8) {
-      const int m = mg >> 1, gi = mg & 1, G = by * 2 + gi;
+    for (int mg = ct >> 3; mg < BM * NH; mg += 256 / 8) {
+      const int m = mg / NH, gi = mg % NH, G = by * NH + gi;
       float v[8], amax = 0.f;
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
@@ -170,10 +170,10 @@ __device__ __forceinline__ void mw_epilogue(const GemmArgs& a, const float* acc0
       }
       float* yrow = a.y + orow * a.ldy;
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < NH; ++h)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          const int n = by * kMwBN + 128 * wgc + 64 * h + 16 * warp + 8 * hh + g;
+          const int n = by * (128 * NH) + 64 * NH * wgc + 64 * h + 16 * warp + 8 * hh + g;
           if (n >= a.N) continue;
           const float v = sc * (h ? acc1 : acc0)[4 * j + 2 * hh + e];
           yrow[n] = a.mode == kAccum ? yrow[n] + v : v;
@@ -408,23 +408,25 @@ constexpr bool mw_rs_map_ok() {
 }
 static_assert(mw_rs_map_ok(), "P15: A fragment nibbles must match the activation k-order");
 
-template <int BM, int NS = 6>
+template <int BM, int NS = 6, int NH = 2>
 struct MrCfg {
+  static constexpr int RW = 128 * NH;            // weight rows per CTA (NH m64 blocks per consumer warpgroup)
   static constexpr int S = NS;                   // ring stages
   static constexpr int X_BYTES = BM * 128;       // fp16 activations, BM rows x 64 k (1024-aligned)
-  static constexpr int C_BYTES = kMwBN * 32;     // packed codes, 256 rows x 32 bytes
+  static constexpr int C_BYTES = RW * 32;        // packed codes, RW rows x 32 bytes
   static constexpr int STAGE = X_BYTES + C_BYTES;
   static constexpr int SBS = 3;                  // scale-block slots: block b (steps 8b..8b+7) in slot b % 3
   static constexpr int OFF_SB = S * STAGE;                         // [SBS slots][2 kinds][256 rows][8] bf16
-  static constexpr int OFF_GF = OFF_SB + SBS * 2 * kMwBN * 16;     // AM 2: [BM][16] fp16 factors
+  static constexpr int OFF_GF = OFF_SB + SBS * 2 * RW * 16;        // AM 2: [BM][16] fp16 factors
   static constexpr int OFF_RF = OFF_GF + BM * (kMaxGrpK / 64) * 2;   // [BM] f32 epilogue factors (mw_row_factors)
   static constexpr int OFF_BAR = OFF_RF + BM * 4;                  // full[S], empty[S]
   static constexpr int BYTES = OFF_BAR + 2 * S * 8;
   static constexpr int SMEM = BYTES + 1024;
   static constexpr int XCH = BM * 8 / 128;       // 16-byte activation chunks per producer thread
-  static constexpr int SVLD = kMwBN / 2 + 4;
+  static constexpr int SVLD = RW / 2 + 4;
   static_assert(STAGE % 1024 == 0 && X_BYTES % 1024 == 0 && OFF_BAR % 8 == 0, "swizzle atoms are 1024-aligned");
   static_assert(BM * SVLD * 4 <= S * STAGE, "SwiGLU staging tile fits in the ring");
+  static_assert(NH == 1 || NH == 2, "one or two m64 blocks per consumer warpgroup");
   // Slot b % SBS was last read by block b - SBS (steps up to 8b - 8·SBS + 7); issuing step 8b waits for
   // the release of step 8b - S, so S <= 8·SBS - 7.
   static_assert(S <= 8 * SBS - 7, "scale blocks: a slot is free when its block's first step is issued");
@@ -452,9 +454,13 @@ __device__ __forceinline__ void mr_fence_u32(uint32_t* r) {
 
 // DIAG (timing diagnostics, LILY_P15_DIAG, gate/up only; results are wrong for 2 and 4): 1 = no proxy
 // fence in the consumers, 2 = no unpacking (the raw code words as A), 4 = no wgmma.
-template <int BM, int AM, int DIAG = 0, int NS = 6>
+// NH (P17): m64 weight blocks per consumer warpgroup, 2 (256 weight rows per CTA) or 1 (128 rows: at
+// BM = 128 the 64 accumulators of one m64n128 block fit the 168 registers a 384-thread CTA gets, where two
+// blocks' 128 + 64 A-fragment registers do not, even with setmaxnreg 40 / 232).
+template <int BM, int AM, int DIAG = 0, int NS = 6, int NH = 2>
 __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid_constant__ GemmArgs a) {
-  using C = MrCfg<BM, NS>;
+  using C = MrCfg<BM, NS, NH>;
+  constexpr int RW = C::RW;
   constexpr int S = C::S;
   static_assert(AM == kAmF16 || AM == kAmF16Grp, "P15: fp16 operands only");
   extern __shared__ __align__(1024) uint8_t mr_smem_raw[];
@@ -486,8 +492,6 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
   __syncthreads();
 
   if (tid < 128) {
-    // P17 (BM = 128): the producer gives registers to the consumers (40 each; 168 at launch).
-    if constexpr (BM == 128) asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
     // ---- producer warpgroup: copies only. Codes: thread r copies 16-byte half (r & 1) of rows
     // (r >> 1) + 64j (two threads per row: a warp's copy is 16 rows x 32 bytes, whole sectors);
     // scale blocks: rows r and r + 128; activation chunks tid + 128j. ----
@@ -496,10 +500,10 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
       int mat, col;
       if (a.swiglu) {
         mat = (R >> 3) & 1;
-        col = by * (kMwBN / 2) + (R >> 4) * 8 + (R & 7);
+        col = by * (RW / 2) + (R >> 4) * 8 + (R & 7);
       } else {
         mat = 0;
-        col = by * kMwBN + R;
+        col = by * RW + R;
       }
       valid = col < a.N;
       const QMat& w = group < a.b.n_groups ? a.b.w[mat] : a.b.extra[mat];
@@ -510,19 +514,19 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
       sc = static_cast<const uint8_t*>(w.scales) + gsoff + c * (K / 64) * 2;
       bi = static_cast<const uint8_t*>(w.biases) + gsoff + c * (K / 64) * 2;
     };
-    const uint8_t* csrc[4];
-    bool cval[4];
-    const uint8_t* ssrc[2];
-    const uint8_t* bisrc[2];
-    bool bval[2];
+    const uint8_t* csrc[2 * NH];
+    bool cval[2 * NH];
+    const uint8_t* ssrc[NH];
+    const uint8_t* bisrc[NH];
+    bool bval[NH];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < 2 * NH; ++j) {
       const uint8_t *sc, *bi;
       row_src((r >> 1) + 64 * j, cval[j], csrc[j], sc, bi);
       csrc[j] += (r & 1) * 16;
     }
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
+    for (int hh = 0; hh < NH; ++hh) {
       const uint8_t* cd;
       row_src(r + 128 * hh, bval[hh], cd, ssrc[hh], bisrc[hh]);
     }
@@ -544,14 +548,14 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
 #pragma unroll
       for (int j = 0; j < C::XCH; ++j) cp_async16(st + xdst(j), asrc[j] + q * kBK, aval[j]);
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < 2 * NH; ++j)
         cp_async16(st + C::X_BYTES + ((r >> 1) + 64 * j) * 32 + (r & 1) * 16, csrc[j] + int64_t(q) * 32, cval[j]);
       if ((q & 7) == 0) {
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const uint32_t sd = sm0 + C::OFF_SB + ((q >> 3) % C::SBS) * (2 * kMwBN * 16) + (r + 128 * hh) * 16;
+        for (int hh = 0; hh < NH; ++hh) {
+          const uint32_t sd = sm0 + C::OFF_SB + ((q >> 3) % C::SBS) * (2 * RW * 16) + (r + 128 * hh) * 16;
           cp_async16(sd, ssrc[hh] + (q >> 3) * 16, bval[hh]);
-          cp_async16(sd + kMwBN * 16, bisrc[hh] + (q >> 3) * 16, bval[hh]);
+          cp_async16(sd + RW * 16, bisrc[hh] + (q >> 3) * 16, bval[hh]);
         }
       }
     };
@@ -568,17 +572,17 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
   }
 
   // ---- consumer warpgroups ----
-  // P17 (BM = 128): 128 accumulators and 64 A-fragment registers per thread need more than the 168
-  // registers a 384-thread CTA starts with: 232 each (2 x 128 x 232 + 128 x 40 <= 65,536).
-  if constexpr (BM == 128) asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
   const int ct = tid - 128, wgc = ct >> 7, warp = (ct >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   constexpr int R = BM / 2;
-  float acc0[R], acc1[R];
+  constexpr int R1 = NH == 2 ? R : 1;   // acc1: the second block's accumulators
+  float acc0[R], acc1[R1];
 #pragma unroll
-  for (int i = 0; i < R; ++i) acc0[i] = acc1[i] = 0.f;
-  uint32_t af[2][2][4][4];   // [buffer][block h][k16 step i][fragment register]
-  const int rowb = 128 * wgc + 16 * warp + g;   // + 64h + 8hh
+  for (int i = 0; i < R; ++i) acc0[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < R1; ++i) acc1[i] = 0.f;
+  uint32_t af[2][NH][4][4];   // [buffer][block h][k16 step i][fragment register]
+  const int rowb = 64 * NH * wgc + 16 * warp + g;   // + 64h + 8hh
   auto step = [&](auto bufc, int kg) {
     constexpr int buf = decltype(bufc)::value;
     const int s = kg % S;
@@ -605,16 +609,16 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
       if constexpr (!(DIAG & 1)) fence_proxy_async();   // cp.async-landed data -> wgmma operand reads (async proxy)
     }
     const uint8_t* cs = smem + s * C::STAGE + C::X_BYTES;
-    const uint16_t* sb = reinterpret_cast<const uint16_t*>(smem + C::OFF_SB + ((kg >> 3) % C::SBS) * (2 * kMwBN * 16));
+    const uint16_t* sb = reinterpret_cast<const uint16_t*>(smem + C::OFF_SB + ((kg >> 3) % C::SBS) * (2 * RW * 16));
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < NH; ++h) {
       uint2 wv[2];
       uint32_t s2[2], b2[2];
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int Rw = rowb + 64 * h + 8 * hh;
         wv[hh] = *reinterpret_cast<const uint2*>(cs + Rw * 32 + t * 8);
-        const uint16_t sv = sb[Rw * 8 + (kg & 7)], bv = sb[kMwBN * 8 + Rw * 8 + (kg & 7)];
+        const uint16_t sv = sb[Rw * 8 + (kg & 7)], bv = sb[RW * 8 + Rw * 8 + (kg & 7)];
         s2[hh] = h2_bits(__float2half2_rn(__uint_as_float(uint32_t(sv) << 16) * float(1 << kGemmF16WExp)));
         b2[hh] = h2_bits(__float2half2_rn(__uint_as_float(uint32_t(bv) << 16) * float(1 << kGemmF16WExp)));
       }
@@ -636,24 +640,24 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
     }
     const uint32_t xa = sm0 + s * C::STAGE;
     wg_fence_regs<R>(acc0);
-    wg_fence_regs<R>(acc1);
-    mr_fence_u32<32>(&af[buf][0][0][0]);
+    if constexpr (NH == 2) wg_fence_regs<R>(acc1);
+    mr_fence_u32<16 * NH>(&af[buf][0][0][0]);
     wg_fence();
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       if constexpr ((DIAG & 4) != 0) {
         acc0[i] += __uint_as_float(af[buf][0][i][0] ^ af[buf][0][i][3]);
-        acc1[i] += __uint_as_float(af[buf][1][i][1] ^ af[buf][1][i][2]);
+        if constexpr (NH == 2) acc1[i] += __uint_as_float(af[buf][NH - 1][i][1] ^ af[buf][NH - 1][i][2]);
         continue;
       }
       wgmma_rs_tile<BM>(acc0, af[buf][0][i], wg_desc(xa + 32 * i));
-      wgmma_rs_tile<BM>(acc1, af[buf][1][i], wg_desc(xa + 32 * i));
+      if constexpr (NH == 2) wgmma_rs_tile<BM>(acc1, af[buf][NH - 1][i], wg_desc(xa + 32 * i));
     }
     wg_commit();
     wg_wait<1>();   // step kg - 1 is done: its ring slot and its A buffer (buf ^ 1) are free
     wg_fence_regs<R>(acc0);
-    wg_fence_regs<R>(acc1);
-    mr_fence_u32<32>(&af[buf ^ 1][0][0][0]);
+    if constexpr (NH == 2) wg_fence_regs<R>(acc1);
+    mr_fence_u32<16 * NH>(&af[buf ^ 1][0][0][0]);
     if (kg > 0) mbar_arrive(bar_empty + 8 * ((kg - 1) % S));
   };
   for (int kg = 0; kg < nk; kg += 2) {   // nk even (launch_moe_wg checks K % 128 == 0)
@@ -662,10 +666,10 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
   }
   wg_wait<0>();
   wg_fence_regs<R>(acc0);
-  wg_fence_regs<R>(acc1);
-  mr_fence_u32<32>(&af[0][0][0][0]);
-  mr_fence_u32<32>(&af[1][0][0][0]);
-  mw_epilogue<BM, AM, C::SVLD>(a, acc0, acc1, smem, srf, by, pos0, rows, ct, wgc, warp, g, t);
+  if constexpr (NH == 2) wg_fence_regs<R>(acc1);
+  mr_fence_u32<16 * NH>(&af[0][0][0][0]);
+  mr_fence_u32<16 * NH>(&af[1][0][0][0]);
+  mw_epilogue<BM, AM, C::SVLD, NH>(a, acc0, acc1, smem, srf, by, pos0, rows, ct, wgc, warp, g, t);
 }
 
 // Grid (weight-row blocks, worst-case tiles): the 256-row blocks of one tile run next to each
@@ -681,16 +685,16 @@ void launch_moe_wg_t(const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t 
   launch(gemm_moe_wg_kernel<BM, AM>, dim3(grid_n, max_tiles), dim3(kMwThreads), size_t(MwCfg<BM>::SMEM), s, a);
   CUDA_LAUNCH_CHECK();
 }
-template <int AM, int DIAG = 0, int NS = 6, int BM = 64>
+template <int AM, int DIAG = 0, int NS = 6, int BM = 64, int NH = 2>
 void launch_moe_rs_t(const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t s) {
   static bool attr = false;
   if (!attr) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_moe_rs_kernel<BM, AM, DIAG, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    MrCfg<BM, NS>::SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_moe_rs_kernel<BM, AM, DIAG, NS, NH>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, MrCfg<BM, NS, NH>::SMEM));
     attr = true;
   }
-  launch(gemm_moe_rs_kernel<BM, AM, DIAG, NS>, dim3(grid_n, max_tiles), dim3(kMwThreads), size_t(MrCfg<BM, NS>::SMEM),
-         s, a);
+  launch(gemm_moe_rs_kernel<BM, AM, DIAG, NS, NH>, dim3(grid_n, max_tiles), dim3(kMwThreads),
+         size_t(MrCfg<BM, NS, NH>::SMEM), s, a);
   CUDA_LAUNCH_CHECK();
 }
 // mode 1: P14, mode 2: P15. bm: the tile list's M-tile (32 runs the 64 kernel: rows <= 32 of 64).
@@ -699,9 +703,10 @@ bool launch_moe_wg(int mode, int am, int bm, const GemmArgs& a, int max_tiles, i
   LILY_CHECK(a.K % kBK == 0 && a.K / kBK >= 1 && (am != kAmF16Grp || a.K <= kMaxGrpK), "gemm: P14/P15 shape");
   if (mode == 2) {
     if (a.K % 128 != 0 || (bm == 128 && !gemm_moe_p17())) return false;
-    if (bm == 128) {   // P17: register-A wgmma at m64n128k16, setmaxnreg 40 / 232
-      if (am == kAmF16Grp) launch_moe_rs_t<kAmF16Grp, 0, 6, 128>(a, max_tiles, grid_n, s);
-      else launch_moe_rs_t<kAmF16, 0, 6, 128>(a, max_tiles, grid_n, s);
+    if (bm == 128) {   // P17: m64n128k16, 128 weight rows per CTA (one m64 block per consumer warpgroup)
+      const int gn = a.swiglu ? a.N / 64 : (a.N + 127) / 128;
+      if (am == kAmF16Grp) launch_moe_rs_t<kAmF16Grp, 0, 6, 128, 1>(a, max_tiles, gn, s);
+      else launch_moe_rs_t<kAmF16, 0, 6, 128, 1>(a, max_tiles, gn, s);
       return true;
     }
     // LILY_P15_STAGES=12: a 12-stage ring (219 KB of shared memory) instead of 6 (123 KB).

@@ -26,7 +26,7 @@ namespace {
 
 // Workspace sections (byte offsets, 256-aligned); tile list sized for the smallest M-tile.
 struct Layout {
-  int64_t xb, rs, xh, xl, logits, sg, ids, wts, ctl, tiles, row_tok, row_dst, row_w, act, aexp, slot, total;
+  int64_t xb, rs, xh, xl, logits, sg, ids, wts, ctl, tiles, tiles2, row_tok, row_dst, row_w, act, aexp, slot, total;
   int max_tiles32;
 };
 
@@ -53,8 +53,9 @@ Layout layout(const MoeDev& m, int T) {
   l.sg = take(int64_t(T) * 4);
   l.ids = take(int64_t(T) * m.K * 4);
   l.wts = take(int64_t(T) * m.K * 4);
-  l.ctl = take(4 * (3 * int64_t(m.E + 1) + 1));   // counts, offsets, fill [E+1], n_tiles
+  l.ctl = take(4 * (3 * int64_t(m.E + 1) + 2));   // counts, offsets, fill [E+1], n_tiles, n_tiles2
   l.tiles = take(int64_t(l.max_tiles32) * 16);
+  l.tiles2 = take(int64_t(l.max_tiles32) * 16);   // the down GEMM's own tile list (its M-tile differs)
   l.row_tok = take(R * 4);
   l.row_dst = take(R * 4);
   l.row_w = take(R * 4);
@@ -308,6 +309,16 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
   float* slot = reinterpret_cast<float*>(w + l.slot);
   const int bm = o.bm ? o.bm : moe_prefill_tile(m, T);
   const int mt = max_tiles(m, T, bm);
+  // The down GEMM may run its own M-tile (LILY_MOE_TILE_DOWN; device routing only): a second tile list over
+  // the same rows, planned after the scatter.
+  int bm_dn = bm;
+  if (const char* v = std::getenv("LILY_MOE_TILE_DOWN"); v && *v && !o.bm && !o.host_routing) {
+    const int f = std::atoi(v);
+    if (f == 32 || f == 64 || f == 128) bm_dn = f;
+  }
+  const bool split = bm_dn != bm;
+  int* n_tiles2 = n_tiles + 1;
+  int4* tiles2 = reinterpret_cast<int4*>(w + l.tiles2);
   const int64_t routed = int64_t(T) * m.K;
 
   if (o.stages & (1 | 32)) gemm_convert_a(x, T, m.H, xa, s);
@@ -335,6 +346,10 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
       launch(moe_scatter_kernel, dim3(unsigned((R + 255) / 256)), dim3(256), 0, s, ids, wts, sg, T, m.K, offsets,
              fill, row_tok, row_dst, row_w);
       CUDA_LAUNCH_CHECK();
+      if (split) {   // same offsets; resets fill, which the scatter is done with
+        launch(moe_plan_kernel, dim3(1), dim3(512), 0, s, counts, m.E, T, bm_dn, offsets, fill, tiles2, n_tiles2);
+        CUDA_LAUNCH_CHECK();
+      }
     }
   }
   if (o.stages & 4) {
@@ -355,7 +370,8 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
     b.stride = m.down_stride;
     b.sb_stride = m.down_sb_stride;
     b.n_groups = m.E;
-    g_last_slot16 = gemm_grouped_scatter(b, act, aexp, f16, tiles, n_tiles, mt, bm, row_dst, row_w, slot, m.H, s,
+    g_last_slot16 = gemm_grouped_scatter(b, act, aexp, f16, split ? tiles2 : tiles, split ? n_tiles2 : n_tiles,
+                                         split ? max_tiles(m, T, bm_dn) : mt, bm_dn, row_dst, row_w, slot, m.H, s,
                                          o.slot16);
   }
   if (o.stages & 16) {
