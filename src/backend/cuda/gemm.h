@@ -169,6 +169,8 @@ struct MoePrefillOpts {
 bool moe_prefill_ok(const MoeDev& m);
 // P3: the expert M-tile for T tokens (expected rows per expert T·K/E); LILY_MOE_TILE overrides.
 int moe_prefill_tile(const MoeDev& m, int T);
+// P17: the gate/up GEMM can run M-tile 128 on the P15 kernel (fp16 operands, P15 and P17 on).
+bool moe_prefill_p17(const MoeDev& m, bool f16);
 int64_t moe_prefill_workspace_bytes(const MoeDev& m, int T);
 // out [T, H] = MoE(x) (MODEL.md §2.4). `work` of moe_prefill_workspace_bytes.
 void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work, const MoePrefillOpts& o,

@@ -272,6 +272,11 @@ int moe_prefill_tile(const MoeDev& m, int T) {
   return rows >= 160 ? 128 : rows >= 24 ? 64 : 32;
 }
 
+bool moe_prefill_p17(const MoeDev& m, bool f16) {
+  const int wg = gemm_moe_wg();
+  return f16 && gemm_moe_p17() && (wg == 2 || wg == 3) && m.H % 128 == 0 && m.I % 128 == 0;
+}
+
 int64_t moe_prefill_workspace_bytes(const MoeDev& m, int T) { return layout(m, T).total; }
 
 const int32_t* moe_prefill_ids(const MoeDev& m, int T, const void* work) {
@@ -307,15 +312,24 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
   float* row_w = reinterpret_cast<float*>(w + l.row_w);
   uint16_t* act = reinterpret_cast<uint16_t*>(w + l.act);
   float* slot = reinterpret_cast<float*>(w + l.slot);
-  const int bm = o.bm ? o.bm : moe_prefill_tile(m, T);
-  const int mt = max_tiles(m, T, bm);
-  // The down GEMM may run its own M-tile (LILY_MOE_TILE_DOWN; device routing only): a second tile list over
-  // the same rows, planned after the scatter.
+  int bm = o.bm ? o.bm : moe_prefill_tile(m, T);
+  // The down GEMM may run its own M-tile (device routing only): a second tile list over the same rows,
+  // planned after the scatter. P17 (default): from 128 expected rows per expert the gate/up GEMM runs M-tile
+  // 128 on the P15 kernel (0.587 vs 0.634 ms at T = 4,096) while the down GEMM keeps the tile of the rule
+  // above (its mma.sync kernel at 128: 0.589 vs 0.413 ms). LILY_MOE_TILE forces both (unless
+  // LILY_MOE_TILE_DOWN forces the down tile).
   int bm_dn = bm;
-  if (const char* v = std::getenv("LILY_MOE_TILE_DOWN"); v && *v && !o.bm && !o.host_routing) {
-    const int f = std::atoi(v);
-    if (f == 32 || f == 64 || f == 128) bm_dn = f;
+  if (!o.bm && !o.host_routing) {
+    const char* v = std::getenv("LILY_MOE_TILE_DOWN");
+    const char* vg = std::getenv("LILY_MOE_TILE");
+    if (v && *v) {
+      const int f = std::atoi(v);
+      if (f == 32 || f == 64 || f == 128) bm_dn = f;
+    } else if (!(vg && *vg) && bm < 128 && moe_prefill_p17(m, f16) && double(T) * m.K / m.E >= 128) {
+      bm = 128;
+    }
   }
+  const int mt = max_tiles(m, T, bm);
   const bool split = bm_dn != bm;
   int* n_tiles2 = n_tiles + 1;
   int4* tiles2 = reinterpret_cast<int4*>(w + l.tiles2);
