@@ -839,6 +839,12 @@ __device__ __forceinline__ void grid_arrive64(unsigned long long* c) {
     atomicAdd(c, 1ull);
   }
 }
+// D33: the same arrival as one release add (thread 0, after the CTA's barrier; PTX release is cumulative,
+// so the CTA's earlier writes are ordered before it) instead of a sequentially consistent fence
+// (__threadfence) followed by a relaxed add.
+__device__ __forceinline__ void grid_arrive64_release(unsigned long long* c) {
+  if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(c) : "memory");
+}
 __device__ __forceinline__ void grid_wait64(const unsigned long long* c, unsigned long long target) {
   if (threadIdx.x == 0)
     while (ld_acquire_gpu64(c) < target) __nanosleep(32);
@@ -1043,7 +1049,8 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   }
   __syncthreads();
   trace_mark(a, 7);
-  if (tickets) grid_arrive64(&tk[2]);
+  if (SP && !(a.flags & 2048)) grid_arrive64_release(&tk[2]);   // D33 (moep bit 2048: the fence form)
+  else if (tickets) grid_arrive64(&tk[2]);
   else grid_arrive(&ctr[1]);
   // 4. down projections: this CTA's output rows (R per warp: 2 in 128 CTAs with flag 16, else 1 in
   // 256 CTAs) and the residual values they add to are loaded before the wait.
