@@ -360,7 +360,7 @@ class CudaBackend final : public Backend {
       dec.counter = router_ticket_;
       dec.early_down = early_down_;
       if (persist_) dec.persist = persist_ctr_;
-      dec.flags = moep_flags_;
+      dec.flags = moep_flags_ | (abl_.has("D33") ? 2048 : 0);   // D33 off = moep bit 2048
     }
     if (hist_on_) {
       if (!hist_) hist_ = alloc_i32(int64_t(c.num_hidden_layers) * m.E);

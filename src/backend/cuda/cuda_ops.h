@@ -149,8 +149,9 @@ struct MoeDecode {
   // only at the end, 16 takes 2 down rows per warp (128 CTAs), 64 uses the self-resetting counters
   // instead of tickets (separate memory; both schemes stay consistent when launches alternate), 128
   // hands the logits over through the counter instead of tagged slots, 256 keeps the down stage on
-  // float activations with D24 on. (2 and 4, pinning the down loads and spinning without sleep,
-  // had no effect and were removed in session 5.)
+  // float activations with D24 on, 2048 (= ablation D33) arrives at the D31 instance's second handoff with
+  // __threadfence + atomicAdd instead of one red.release.gpu. (2 and 4, pinning the down loads and spinning
+  // without sleep, had no effect and were removed in session 5.)
   int flags = 0;
 };
 int64_t moe_workspace_floats(const MoeDev& m, int T);

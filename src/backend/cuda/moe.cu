@@ -1049,7 +1049,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   }
   __syncthreads();
   trace_mark(a, 7);
-  if (SP && !(a.flags & 2048)) grid_arrive64_release(&tk[2]);   // D33 (moep bit 2048: the fence form)
+  if (SP && !(a.flags & 2048)) grid_arrive64_release(&tk[2]);   // D33 (off: moep bit 2048, the fence form)
   else if (tickets) grid_arrive64(&tk[2]);
   else grid_arrive(&ctr[1]);
   // 4. down projections: this CTA's output rows (R per warp: 2 in 128 CTAs with flag 16, else 1 in
