@@ -9,7 +9,7 @@ set -o pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 B=${B:-/root/work/build}
 OUT=${OUT:-/tmp/out}
-DIDS=${DIDS:-D9,D10,D11,D12,D13,D14}
+DIDS=${DIDS:-D9,D10,D11,D12,D13,D14,D31,D33}
 mkdir -p "$OUT"
 cd "$SRC"
 t0=$(date +%s)
@@ -31,6 +31,9 @@ if ! grep -q "cuda-check: PASS" "$OUT/check_decode.txt"; then
     LILY_GEMM_MIN_T=1000000 timeout 200 "$L" cuda-check --layers 4 --tokens 64 --prompt 24 --ablate "$id" 2>&1 | tail -3
   done
 fi
+el "cuda-check decode paths with the generic persistent MoE instance (--ablate D31)"
+LILY_GEMM_MIN_T=1000000 timeout 200 "$L" cuda-check --layers 4 --tokens 64 --prompt 24 --ablate D31 2>&1 | tail -1 |
+  tee "$OUT/check_decode_d31off.txt"
 el "cuda-check decode paths, 192 positions, cpu following the gpu's experts (D24's rounding apart from router near-ties)"
 LILY_GEMM_MIN_T=1000000 timeout 200 "$L" cuda-check --layers 4 --tokens 192 --prompt 24 --follow-routing 2>&1 | tail -8 |
   tee "$OUT/check_decode_follow.txt"
@@ -48,6 +51,9 @@ fi
 el "same, f32 reference following the gpu's expert choices (routing flips counted apart; this one decides)"
 timeout 240 "$L" cuda-check --layers 4 --tokens 64 --prompt 300 --chunk 128 --follow-routing 2>&1 | tail -8 |
   tee "$OUT/check_prefill_follow.txt"
+el "prefill in one 4,096-token chunk (P17: gate/up at M-tile 128 from 128 rows per expert), routing followed"
+timeout 240 "$L" cuda-check --layers 2 --tokens 8 --prompt 4100 --chunk 4096 --follow-routing 2>&1 | tail -8 |
+  tee "$OUT/check_prefill_4096.txt"
 if [ -n "$LONGCHECK" ]; then
   el "same, prompt 700 in chunks of 512 (T >= 256: P7 skinny projections on the GEMM)"
   timeout 240 "$L" cuda-check --layers 4 --tokens 32 --prompt 700 --chunk 512 --cpu-emulate fp16 2>&1 |
