@@ -953,7 +953,7 @@ bool wg16_tma() {
 // +1.6 % end to end); LILY_MOE_WG, when set, chooses (0 = mma.sync for both GEMMs).
 bool g_moe_p15 = true;
 void gemm_set_moe_p15(bool on) { g_moe_p15 = on; }
-// P17: P15 at M-tile 128 (setmaxnreg); off: gemm_kernel runs the 128 tiles as before.
+// P17: P15 at M-tile 128 (one m64n128 block per consumer warpgroup); off: gemm_kernel runs the 128 tiles.
 bool g_moe_p17 = true;
 void gemm_set_moe_p17(bool on) { g_moe_p17 = on; }
 bool gemm_moe_p17() { return g_moe_p17; }

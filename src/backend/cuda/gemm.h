@@ -81,7 +81,7 @@ bool gemm_wg16();
 // Takes precedence over LILY_GEMM_WGMMA_GRP.
 int gemm_moe_wg();
 void gemm_set_moe_p15(bool on);
-// P17: the P15 kernel also runs M-tile 128 (setmaxnreg; off: gemm_kernel runs those tiles).
+// P17: the P15 kernel also runs M-tile 128 (off: gemm_kernel runs those tiles).
 void gemm_set_moe_p17(bool on);
 bool gemm_moe_p17();
 int gemm_small_n(int T);
