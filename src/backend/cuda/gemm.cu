@@ -212,6 +212,22 @@ template <int BM, int AM>
 constexpr int grp_bytes() {
   return AM == kAmF16Grp ? BM * (kMaxGrpK / 64) * 2 + BM * 4 : 0;
 }
+// AM = 2, thread tid < BM of a CTA over tile rows pos0 .. pos0 + rows - 1: row tid's group factors
+// 2^(s_row - s_group) as fp16 bits in sgf[tid][*] (0 below fp16's smallest subnormal 2^-24) and its
+// epilogue factor 2^-(s_row + 8) in srf[tid], s_row the smallest of the row's group exponents. Rows past
+// `rows` get zeros (exponents 0). Shared by gemm_kernel, P1w (gemm_wgmma.cuh) and P14/P15 (gemm_moe_wg.cuh).
+__device__ __forceinline__ void grp_row_factors(const GemmArgs& a, int tid, int pos0, int rows, int K, uint16_t* sgf,
+                                                float* srf) {
+  const int G = K / 64;
+  const int8_t* e = a.act_exp + int64_t(pos0 + (tid < rows ? tid : 0)) * a.ld_exp;
+  int smin = 127;
+  for (int gi = 0; gi < G; ++gi) smin = min(smin, tid < rows ? int(e[gi]) : 0);
+  for (int gi = 0; gi < G; ++gi) {
+    const int d = smin - (tid < rows ? int(e[gi]) : 0);
+    sgf[tid * (kMaxGrpK / 64) + gi] = __half_as_ushort(__float2half_rn(d < -24 ? 0.f : ldexpf(1.f, d)));
+  }
+  srf[tid] = ldexpf(kInvW, -smin);
+}
 template <int BM, int BT, int AM, int BN>
 constexpr int smem_bytes() {
   return kStages * stage_bytes<BM, BT, BN>() + (BT == kBF ? 0 : 2 * 2 * BN * 16) + grp_bytes<BM, AM>();
@@ -422,17 +438,7 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
   constexpr bool kGfRegs = AM == kAmF16Grp && BN == kBN;
   static_assert(AM != kAmF16Grp || kGfRegs || kAOne, "P10 AM 2: the shared-memory scaling uses the one-pointer A plan");
   if constexpr (AM == kAmF16Grp) {
-    if (tid < BM) {
-      const int G = K / 64;
-      const int8_t* e = a.act_exp + int64_t(pos0 + tid) * a.ld_exp;
-      int smin = 127;
-      for (int gi = 0; gi < G; ++gi) smin = min(smin, tid < rows ? int(e[gi]) : 0);
-      for (int gi = 0; gi < G; ++gi) {
-        const int d = smin - (tid < rows ? int(e[gi]) : 0);
-        sgf[tid * (kMaxGrpK / 64) + gi] = __half_as_ushort(__float2half_rn(d < -24 ? 0.f : ldexpf(1.f, d)));
-      }
-      srf[tid] = ldexpf(kInvW, -smin);
-    }
+    if (tid < BM) grp_row_factors(a, tid, pos0, rows, K, sgf, srf);
     if constexpr (!kGfRegs) __syncthreads();
   }
 

@@ -84,15 +84,7 @@ __device__ __forceinline__ void mw_row_factors(const GemmArgs& a, uint16_t* sgf,
                                                int rows, int K) {
   if (tid >= BM) return;
   if constexpr (AM == kAmF16Grp) {
-    const int G = K / 64;
-    const int8_t* e = a.act_exp + int64_t(pos0 + (tid < rows ? tid : 0)) * a.ld_exp;
-    int smin = 127;
-    for (int gi = 0; gi < G; ++gi) smin = min(smin, tid < rows ? int(e[gi]) : 0);
-    for (int gi = 0; gi < G; ++gi) {
-      const int dd = smin - (tid < rows ? int(e[gi]) : 0);
-      sgf[tid * (kMaxGrpK / 64) + gi] = __half_as_ushort(__float2half_rn(dd < -24 ? 0.f : ldexpf(1.f, dd)));
-    }
-    srf[tid] = ldexpf(kInvW, -smin);
+    grp_row_factors(a, tid, pos0, rows, K, sgf, srf);
   } else {
     srf[tid] = tid < rows ? a.a_scale[a.a_rows ? a.a_rows[pos0 + tid] : pos0 + tid] * kInvW : 0.f;
   }

@@ -189,17 +189,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_wgmma_kernel(const __grid_
     // AM 2: per-row factors 2^(s_row - s_group) (fp16) and the epilogue factor 2^-(s_row + 8), as
     // gemm_kernel; visible to the consumers after the CTA barrier below.
     if constexpr (AM == kAmF16Grp) {
-      if (tid < BM) {
-        const int G = K / 64;
-        const int8_t* e = a.act_exp + int64_t(pos0 + tid) * a.ld_exp;
-        int smin = 127;
-        for (int gi = 0; gi < G; ++gi) smin = min(smin, tid < rows ? int(e[gi]) : 0);
-        for (int gi = 0; gi < G; ++gi) {
-          const int dd = smin - (tid < rows ? int(e[gi]) : 0);
-          sgf[tid * (kMaxGrpK / 64) + gi] = __half_as_ushort(__float2half_rn(dd < -24 ? 0.f : ldexpf(1.f, dd)));
-        }
-        srf[tid] = ldexpf(kInvW, -smin);
-      }
+      if (tid < BM) grp_row_factors(a, tid, pos0, rows, K, sgf, srf);
     }
     // Prologue: steps 0..D-1 (slots never used yet). Plain mode: the weights (immutable) are requested
     // before the PDL wait (and before the CTA barrier, which the consumers reach only after theirs)
