@@ -322,6 +322,22 @@ int bench_prefill_main(int argc, char** argv) {
                                " prompt tokens: mean over layers " + fmtd("%.2f", mean_ratio) + ", worst layer " +
                                fmtd("%.2f", worst) + " (uniform routing gives ≈" +
                                fmtd("%.2f", 1 + 3 * std::sqrt(E / (K * Tb))) + " by chance)";
+    // Tile padding of the grouped expert GEMMs (P3): rows computed / rows routed when each expert's rows
+    // are cut into M-tiles of 64 or 128, or into tiles of <= 128 rows rounded up to 16 (exact-N tiles).
+    if (total > 0) {
+      double ex64 = 0, ex128 = 0, ex16 = 0, t128 = 0;
+      for (const auto& h : hist)
+        for (auto x : h) {
+          const double n = double(x);
+          ex64 += std::ceil(n / 64) * 64;
+          ex128 += std::ceil(n / 128) * 128;
+          ex16 += std::floor(n / 128) * 128 + std::ceil(std::fmod(n, 128.0) / 16) * 16;
+          t128 += std::ceil(n / 128);
+        }
+      balance += "; routed rows computed / routed at M-tile 64: " + fmtd("%.3f", ex64 / total) + ", 128: " +
+                 fmtd("%.3f", ex128 / total) + ", <=128 rounded to 16: " + fmtd("%.3f", ex16 / total) +
+                 " (128-tiles per layer " + fmtd("%.1f", t128 / double(hist.size())) + ")";
+    }
     std::fprintf(stderr, "bench prefill: expert balance: %s\n", balance.c_str());
   }
 #endif

@@ -698,7 +698,12 @@ bool launch_moe_wg(int mode, int am, int bm, const GemmArgs& a, int max_tiles, i
     if (bm == 128) {   // P17: m64n128k16, 128 weight rows per CTA (one m64 block per consumer warpgroup)
       const int gn = a.swiglu ? a.N / 64 : (a.N + 127) / 128;
       if (am == kAmF16Grp) launch_moe_rs_t<kAmF16Grp, 0, 6, 128, 1>(a, max_tiles, gn, s);
-      else launch_moe_rs_t<kAmF16, 0, 6, 128, 1>(a, max_tiles, gn, s);
+      else switch (env_int("LILY_P15_DIAG", 0)) {   // timing diagnostics, as for the 64 kernel below
+          case 2: launch_moe_rs_t<kAmF16, 2, 6, 128, 1>(a, max_tiles, gn, s); break;
+          case 4: launch_moe_rs_t<kAmF16, 4, 6, 128, 1>(a, max_tiles, gn, s); break;
+          case 6: launch_moe_rs_t<kAmF16, 6, 6, 128, 1>(a, max_tiles, gn, s); break;
+          default: launch_moe_rs_t<kAmF16, 0, 6, 128, 1>(a, max_tiles, gn, s);
+        }
       return true;
     }
     // LILY_P15_STAGES=12: a 12-stage ring (219 KB of shared memory) instead of 6 (123 KB).
