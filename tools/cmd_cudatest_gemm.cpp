@@ -965,17 +965,21 @@ int run(const Options& o) {
         // P16 off here: P14 / P15-both write f32 slot rows, so the mma.sync case they are compared with
         // bit for bit must too (the default, P16 on, is covered by the variants above).
         set_abl(host ? std::vector<std::string>{"P1w", "P2", "P16"} : std::vector<std::string>{"P1w", "P16"});
-        for (int wg = 0; wg < 4; ++wg) {
+        // wg 4 (tile 128 only): P15 both with P18 off, i.e. P17's kernel (P18's is the default at 128).
+        for (int wg = 0; wg < 5; ++wg) {
+          if (wg == 4 && tl != "128") continue;
+          if (wg == 4) set_abl({"P1w", "P16", "P18"});
           char what[160];
           std::snprintf(what, sizeof what, "moe T=%-4d tile %-4s fp16 %s P14 %s", T, tl.empty() ? "auto" : tl.c_str(),
                         host ? "P2 off (host routing)" : "",
                         wg == 0   ? "off (mma.sync)"
                         : wg == 1 ? "wgmma (LILY_MOE_WG=1)"
                         : wg == 2 ? "P15 rs gate/up (LILY_MOE_WG=2)"
-                                  : "P15 rs both (LILY_MOE_WG=3)");
+                        : wg == 3 ? "P15 rs both (LILY_MOE_WG=3)"
+                                  : "P15 rs both, P18 off (P17)");
           std::printf("  running %s\n", what);
           std::fflush(stdout);
-          setenv("LILY_MOE_WG", std::to_string(wg).c_str(), 1);
+          setenv("LILY_MOE_WG", std::to_string(wg == 4 ? 3 : wg).c_str(), 1);
           int diff = 0;
           Err e, ee;
           run_moe_case(eref[1], eref32[1], diff, e, ee);
@@ -1042,17 +1046,23 @@ int run(const Options& o) {
         const char* tile;
       };
       // Rows of 4: mma.sync, P14, P15 for gate/up only, P15 for both, at one tile setting (P15 at 128
-      // runs gemm_kernel).
-      const BV vs[12] = {{"mma.sync auto", "0", ""},    {"wgmma auto", "1", ""},    {"P15 gu auto", "2", ""},
+      // runs P18's kernel, or with P18 off, the last row of 4, P17's).
+      const BV vs[16] = {{"mma.sync auto", "0", ""},    {"wgmma auto", "1", ""},    {"P15 gu auto", "2", ""},
                          {"P15 rs auto", "3", ""},       {"mma.sync t64", "0", "64"}, {"wgmma t64", "1", "64"},
                          {"P15 gu t64", "2", "64"},      {"P15 rs t64", "3", "64"},   {"mma.sync t128", "0", "128"},
-                         {"wgmma t128", "1", "128"},     {"P15 gu t128", "2", "128"}, {"P15 rs t128", "3", "128"}};
-      constexpr int NV = 12;
+                         {"wgmma t128", "1", "128"},     {"P15 gu t128", "2", "128"}, {"P15 rs t128", "3", "128"},
+                         {"-P18 gu auto", "2", ""},      {"-P18 rs auto", "3", ""},   {"-P18 gu t128", "2", "128"},
+                         {"-P18 rs t128", "3", "128"}};
+      constexpr int NV = 16;
+      auto set_variant = [&](int i) {
+        setenv("LILY_MOE_WG", vs[i].wg, 1);
+        setenv("LILY_MOE_TILE", vs[i].tile, 1);
+        set_abl(i >= 12 ? std::vector<std::string>{"P1w", "P18"} : std::vector<std::string>{"P1w"});
+      };
       std::vector<double> best(NV, 1e30);
       for (int round = 0; round < 3; ++round)
         for (int i = 0; i < NV; ++i) {
-          setenv("LILY_MOE_WG", vs[i].wg, 1);
-          setenv("LILY_MOE_TILE", vs[i].tile, 1);
+          set_variant(i);
           const double ms =
               median(cuda_tools::time_ops(*gpu, [&] { gpu->moe(c, dev.layers[0].mlp, xd, T, yd); }, 3, 20));
           best[i] = std::min(best[i], ms);
@@ -1062,11 +1072,10 @@ int run(const Options& o) {
       for (int i = 0; i < NV; ++i) {
         const double tf = flop / (best[i] * 1e-3) / 1e12;
         std::printf("P14 moe T=%-4d %-14s %8.3f ms (best of 3)  %6.1f TFLOP/s  %5.3fx mma.sync\n", T, vs[i].name,
-                    best[i], tf, best[i - i % 4] / best[i]);
+                    best[i], tf, best[i < 12 ? i - i % 4 : 0] / best[i]);
       }
       for (int i = 0; i < NV; ++i) {
-        setenv("LILY_MOE_WG", vs[i].wg, 1);
-        setenv("LILY_MOE_TILE", vs[i].tile, 1);
+        set_variant(i);
         gpu->moe(c, dev.layers[0].mlp, xd, T, yd);   // warm
         cuda_tools::set_profiling(*gpu, true);
         for (int r = 0; r < 5; ++r) gpu->moe(c, dev.layers[0].mlp, xd, T, yd);

@@ -963,6 +963,10 @@ void gemm_set_moe_p15(bool on) { g_moe_p15 = on; }
 bool g_moe_p17 = true;
 void gemm_set_moe_p17(bool on) { g_moe_p17 = on; }
 bool gemm_moe_p17() { return g_moe_p17; }
+// P18: the P17 kernel with 4 consumer warpgroups (256 weight rows per CTA); off: 2 (128 rows).
+bool g_moe_p18 = true;
+void gemm_set_moe_p18(bool on) { g_moe_p18 = on; }
+bool gemm_moe_p18() { return g_moe_p18; }
 int gemm_moe_wg() {
   const int forced = env_int("LILY_MOE_WG", -1);
   return forced >= 0 ? forced : (g_moe_p15 ? 2 : 0);

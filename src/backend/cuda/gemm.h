@@ -84,6 +84,9 @@ void gemm_set_moe_p15(bool on);
 // P17: the P15 kernel also runs M-tile 128 (off: gemm_kernel runs those tiles).
 void gemm_set_moe_p17(bool on);
 bool gemm_moe_p17();
+// P18: the P17 kernel with 4 consumer warpgroups, 256 weight rows per CTA (half the activation reads).
+void gemm_set_moe_p18(bool on);
+bool gemm_moe_p18();
 int gemm_small_n(int T);
 // gemm_ok(w) and w.rows >= gemm_small_n(T): the prefill matmul path for W at T tokens.
 bool gemm_takes(const QMat& w, int T);

@@ -75,6 +75,17 @@ __device__ __forceinline__ void mw_wait(uint32_t bar, int parity) {
   if (!mw_try(bar, parity)) mw_wait_slow(bar, parity);
 }
 
+// Activation chunk idx (row idx / 8 of the tile, 16-byte column chunk idx % 8) of a step: the gathered
+// row's address at k = 0; rows past the tile's end copy nothing (zero fill) from a valid address.
+__device__ __forceinline__ const uint16_t* mr_act_src(const GemmArgs& a, int pos0, int rows, int idx, bool& valid) {
+  const int m = idx >> 3, c = idx & 7;
+  valid = m < rows;
+  int src = pos0;
+  if (valid) src = a.a_rows ? a.a_rows[pos0 + m] : pos0 + m;
+  else if (a.a_rows) src = a.a_rows[pos0];
+  return a.a + int64_t(src) * a.K + c * 8;
+}
+
 // Per-row factors of a tile, by threads tid < BM before the kernel's first barrier: srf[m] = the
 // epilogue factor of tile row m (AM 1: the gathered row's scale 2^-s · 2^-8, read once here instead of
 // by every epilogue thread; AM 2: 2^-(s_row + 8)), and for AM 2 the fp16 factors 2^(s_row - s_group)
@@ -95,7 +106,7 @@ __device__ __forceinline__ void mw_row_factors(const GemmArgs& a, uint16_t* sgf,
 // warpgroup, lane 4g + t): weight row 128·wgc + 64·h + 16w + g + 8·((i >> 1) & 1) of the tile's 256,
 // token 8·(i >> 2) + 2t + (i & 1). `smem` is the operand ring, free once every consumer is past its
 // mainloop (the SwiGLU staging tile reuses it).
-template <int BM, int AM, int SVLD, int NH = 2>
+template <int BM, int AM, int SVLD, int NH = 2, int NC = 2>
 __device__ __forceinline__ void mw_epilogue(const GemmArgs& a, const float* acc0, const float* acc1, uint8_t* smem,
                                             const float* srf, int by, int pos0, int rows, int ct, int wgc, int warp,
                                             int g, int t) {
@@ -103,7 +114,7 @@ __device__ __forceinline__ void mw_epilogue(const GemmArgs& a, const float* acc0
   if (a.mode == kSwiGLU) {
     // Row 128·wgc + 64h + 16w + 8hh + g is the gate (hh = 0) or up (hh = 1) row of CTA column
     // cc = 64·wgc + 32h + 8w + g (gemm_kernel's interleave), so one thread holds both halves of a pair.
-    named_sync(1, 256);   // all consumers done with the operand ring (the producer wrote its last step)
+    named_sync(1, 128 * NC);   // all consumers done with the operand ring (the producer wrote its last step)
     float* sv = reinterpret_cast<float*>(smem);
 #pragma unroll
     for (int h = 0; h < NH; ++h) {
@@ -119,13 +130,14 @@ __device__ __forceinline__ void mw_epilogue(const GemmArgs& a, const float* acc0
           sv[m * SVLD + cc] = gv / (1.f + __expf(-gv)) * uv;
         }
     }
-    named_sync(1, 256);
+    named_sync(1, 128 * NC);
     // Eight threads per (row, 64-column group) write 16 bytes each in the down GEMM's k-order, with
     // the group's exponent from the max over the 8 (gemm_kernel's step 2; BM·2 is a multiple of 32,
     // so the loop is uniform across a warp for the shuffles).
+    constexpr int GPC = NH * NC / 2;   // 64-column groups per CTA
     const int L0 = 8 * (ct & 7);
-    for (int mg = ct >> 3; mg < BM * NH; mg += 256 / 8) {
-      const int m = mg / NH, gi = mg % NH, G = by * NH + gi;
+    for (int mg = ct >> 3; mg < BM * GPC; mg += 128 * NC / 8) {
+      const int m = mg / GPC, gi = mg % GPC, G = by * GPC + gi;
       float v[8], amax = 0.f;
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
@@ -165,7 +177,7 @@ __device__ __forceinline__ void mw_epilogue(const GemmArgs& a, const float* acc0
       for (int h = 0; h < NH; ++h)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          const int n = by * (128 * NH) + 64 * NH * wgc + 64 * h + 16 * warp + 8 * hh + g;
+          const int n = by * (64 * NH * NC) + 64 * NH * wgc + 64 * h + 16 * warp + 8 * hh + g;
           if (n >= a.N) continue;
           const float v = sc * (h ? acc1 : acc0)[4 * j + 2 * hh + e];
           yrow[n] = a.mode == kAccum ? yrow[n] + v : v;
@@ -255,12 +267,7 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_wg_kernel(const __grid
     bool aval[C::XCH];
 #pragma unroll
     for (int j = 0; j < C::XCH; ++j) {
-      const int idx = tid + j * 128, m = idx >> 3, c = idx & 7;
-      aval[j] = m < rows;
-      int src = pos0;
-      if (aval[j]) src = a.a_rows ? a.a_rows[pos0 + m] : pos0 + m;
-      else if (a.a_rows) src = a.a_rows[pos0];
-      asrc[j] = a.a + int64_t(src) * K + c * 8;
+      asrc[j] = mr_act_src(a, pos0, rows, tid + j * 128, aval[j]);
     }
     auto xdst = [&](int j) { return swz((tid + j * 128) >> 3, tid & 7); };
     auto load_x = [&](int q) {
@@ -400,9 +407,10 @@ constexpr bool mw_rs_map_ok() {
 }
 static_assert(mw_rs_map_ok(), "P15: A fragment nibbles must match the activation k-order");
 
-template <int BM, int NS = 6, int NH = 2>
+template <int BM, int NS = 6, int NH = 2, int NC = 2>
 struct MrCfg {
-  static constexpr int RW = 128 * NH;            // weight rows per CTA (NH m64 blocks per consumer warpgroup)
+  static constexpr int NCT = 128 * NC;           // consumer threads (NC warpgroups)
+  static constexpr int RW = 64 * NH * NC;        // weight rows per CTA (NH m64 blocks per consumer warpgroup)
   static constexpr int S = NS;                   // ring stages
   static constexpr int X_BYTES = BM * 128;       // fp16 activations, BM rows x 64 k (1024-aligned)
   static constexpr int C_BYTES = RW * 32;        // packed codes, RW rows x 32 bytes
@@ -419,6 +427,8 @@ struct MrCfg {
   static_assert(STAGE % 1024 == 0 && X_BYTES % 1024 == 0 && OFF_BAR % 8 == 0, "swizzle atoms are 1024-aligned");
   static_assert(BM * SVLD * 4 <= S * STAGE, "SwiGLU staging tile fits in the ring");
   static_assert(NH == 1 || NH == 2, "one or two m64 blocks per consumer warpgroup");
+  static_assert(NC == 2 || (NC == 4 && NH == 1), "2 consumer warpgroups, or 4 with one m64 block each (P18)");
+  static_assert(BM * 8 % NCT == 0, "AM 2: the activation chunks split evenly over the consumers");
   // Slot b % SBS was last read by block b - SBS (steps up to 8b - 8·SBS + 7); issuing step 8b waits for
   // the release of step 8b - S, so S <= 8·SBS - 7.
   static_assert(S <= 8 * SBS - 7, "scale blocks: a slot is free when its block's first step is issued");
@@ -444,6 +454,75 @@ __device__ __forceinline__ void mr_fence_u32(uint32_t* r) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
+// Where weight row R (0 .. RW-1) of CTA column block `by` of expert `group` lives: its packed codes,
+// scales and biases (SwiGLU: gemm_kernel's interleave, gate rows 8·(2j) .. and up rows 8·(2j+1) ..).
+template <int RW>
+__device__ __forceinline__ void mr_row_src(const GemmArgs& a, int group, int by, int R, bool& valid,
+                                           const uint8_t*& codes, const uint8_t*& sc, const uint8_t*& bi) {
+  int mat, col;
+  if (a.swiglu) {
+    mat = (R >> 3) & 1;
+    col = by * (RW / 2) + (R >> 4) * 8 + (R & 7);
+  } else {
+    mat = 0;
+    col = by * RW + R;
+  }
+  valid = col < a.N;
+  const QMat& w = group < a.b.n_groups ? a.b.w[mat] : a.b.extra[mat];
+  const int64_t goff = group < a.b.n_groups ? int64_t(group) * a.b.stride : 0;
+  const int64_t gsoff = group < a.b.n_groups ? int64_t(group) * a.b.sb_stride : 0;
+  const int64_t c = valid ? col : 0;
+  const int K = a.K;
+  codes = static_cast<const uint8_t*>(w.data) + goff + c * (K / 2);
+  sc = static_cast<const uint8_t*>(w.scales) + gsoff + c * (K / 64) * 2;
+  bi = static_cast<const uint8_t*>(w.biases) + gsoff + c * (K / 64) * 2;
+}
+
+// Consumers' entry to step kg: wait for its stage; for AM 2 scale its activation chunks by the down
+// GEMM's per-(row, group) factors (BM·8 / NCT per consumer thread, then a barrier of the NCT consumers
+// before any wgmma reads them). The proxy fence orders the cp.async-landed (and st.shared) data before
+// the wgmma operand reads (async proxy).
+template <int BM, int AM, int NCT, bool kFence = true>
+__device__ __forceinline__ void mr_arrive_stage(uint8_t* smem, int stage_bytes, const uint16_t* sgf, uint32_t bar_full,
+                                                int S, int kg, int ct) {
+  const int s = kg % S;
+  mr_wait(bar_full + 8 * s, (kg / S) & 1);
+  if constexpr (AM == kAmF16Grp) {
+    uint8_t* xs = smem + s * stage_bytes;
+#pragma unroll
+    for (int j = 0; j < BM * 8 / NCT; ++j) {
+      const int idx = ct + NCT * j, m = idx >> 3;
+      const __half2 f = bits_h2(uint32_t(sgf[m * (kMaxGrpK / 64) + kg]) * 0x10001u);
+      uint4* p = reinterpret_cast<uint4*>(xs + swz(m, idx & 7));
+      uint4 v = *p;
+      v.x = h2_bits(__hmul2(bits_h2(v.x), f));
+      v.y = h2_bits(__hmul2(bits_h2(v.y), f));
+      v.z = h2_bits(__hmul2(bits_h2(v.z), f));
+      v.w = h2_bits(__hmul2(bits_h2(v.w), f));
+      *p = v;
+    }
+    fence_proxy_async();
+    named_sync(1, NCT);
+  } else {
+    if constexpr (kFence) fence_proxy_async();
+  }
+}
+
+// A consumer thread's operands of one step and one m64 block: the packed codes of weight rows Rw and
+// Rw + 8 (8 k each, lane t's quarter) and their fp16 scale / bias (gemm_kernel's s·2^8, b·2^8).
+template <int RW>
+__device__ __forceinline__ void mr_load_codes(const uint8_t* cs, const uint16_t* sb, int Rw, int kg, int t, uint2* wv,
+                                              uint32_t* s2, uint32_t* b2) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = Rw + 8 * hh;
+    wv[hh] = *reinterpret_cast<const uint2*>(cs + r * 32 + t * 8);
+    const uint16_t sv = sb[r * 8 + (kg & 7)], bv = sb[RW * 8 + r * 8 + (kg & 7)];
+    s2[hh] = h2_bits(__float2half2_rn(__uint_as_float(uint32_t(sv) << 16) * float(1 << kGemmF16WExp)));
+    b2[hh] = h2_bits(__float2half2_rn(__uint_as_float(uint32_t(bv) << 16) * float(1 << kGemmF16WExp)));
+  }
+}
+
 // DIAG (timing diagnostics, LILY_P15_DIAG, gate/up only; results are wrong for 2 and 4): 1 = no proxy
 // fence in the consumers, 2 = no unpacking (the raw code words as A), 4 = no wgmma.
 // NH (P17): m64 weight blocks per consumer warpgroup, 2 (256 weight rows per CTA) or 1 (128 rows: at
@@ -452,6 +531,7 @@ __device__ __forceinline__ void mr_fence_u32(uint32_t* r) {
 template <int BM, int AM, int DIAG = 0, int NS = 6, int NH = 2>
 __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid_constant__ GemmArgs a) {
   using C = MrCfg<BM, NS, NH>;
+  constexpr int NCT = C::NCT;
   constexpr int RW = C::RW;
   constexpr int S = C::S;
   static_assert(AM == kAmF16 || AM == kAmF16Grp, "P15: fp16 operands only");
@@ -476,7 +556,7 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init(bar_full + 8 * s, 128);
-      mbar_init(bar_empty + 8 * s, 256);
+      mbar_init(bar_empty + 8 * s, NCT);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -489,36 +569,22 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
     // scale blocks: rows r and r + 128; activation chunks tid + 128j. ----
     const int r = tid;
     auto row_src = [&](int R, bool& valid, const uint8_t*& codes, const uint8_t*& sc, const uint8_t*& bi) {
-      int mat, col;
-      if (a.swiglu) {
-        mat = (R >> 3) & 1;
-        col = by * (RW / 2) + (R >> 4) * 8 + (R & 7);
-      } else {
-        mat = 0;
-        col = by * RW + R;
-      }
-      valid = col < a.N;
-      const QMat& w = group < a.b.n_groups ? a.b.w[mat] : a.b.extra[mat];
-      const int64_t goff = group < a.b.n_groups ? int64_t(group) * a.b.stride : 0;
-      const int64_t gsoff = group < a.b.n_groups ? int64_t(group) * a.b.sb_stride : 0;
-      const int64_t c = valid ? col : 0;
-      codes = static_cast<const uint8_t*>(w.data) + goff + c * (K / 2);
-      sc = static_cast<const uint8_t*>(w.scales) + gsoff + c * (K / 64) * 2;
-      bi = static_cast<const uint8_t*>(w.biases) + gsoff + c * (K / 64) * 2;
+      mr_row_src<RW>(a, group, by, R, valid, codes, sc, bi);
     };
-    const uint8_t* csrc[2 * NH];
-    bool cval[2 * NH];
-    const uint8_t* ssrc[NH];
-    const uint8_t* bisrc[NH];
-    bool bval[NH];
+    constexpr int CJ = RW / 64, HB = RW / 128;   // code rows and scale rows per producer thread
+    const uint8_t* csrc[CJ];
+    bool cval[CJ];
+    const uint8_t* ssrc[HB];
+    const uint8_t* bisrc[HB];
+    bool bval[HB];
 #pragma unroll
-    for (int j = 0; j < 2 * NH; ++j) {
+    for (int j = 0; j < CJ; ++j) {
       const uint8_t *sc, *bi;
       row_src((r >> 1) + 64 * j, cval[j], csrc[j], sc, bi);
       csrc[j] += (r & 1) * 16;
     }
 #pragma unroll
-    for (int hh = 0; hh < NH; ++hh) {
+    for (int hh = 0; hh < HB; ++hh) {
       const uint8_t* cd;
       row_src(r + 128 * hh, bval[hh], cd, ssrc[hh], bisrc[hh]);
     }
@@ -526,12 +592,7 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
     bool aval[C::XCH];
 #pragma unroll
     for (int j = 0; j < C::XCH; ++j) {
-      const int idx = tid + j * 128, m = idx >> 3, c = idx & 7;
-      aval[j] = m < rows;
-      int src = pos0;
-      if (aval[j]) src = a.a_rows ? a.a_rows[pos0 + m] : pos0 + m;
-      else if (a.a_rows) src = a.a_rows[pos0];
-      asrc[j] = a.a + int64_t(src) * K + c * 8;
+      asrc[j] = mr_act_src(a, pos0, rows, tid + j * 128, aval[j]);
     }
     auto xdst = [&](int j) { return swz((tid + j * 128) >> 3, tid & 7); };
     auto issue = [&](int q) {
@@ -540,11 +601,11 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
 #pragma unroll
       for (int j = 0; j < C::XCH; ++j) cp_async16(st + xdst(j), asrc[j] + q * kBK, aval[j]);
 #pragma unroll
-      for (int j = 0; j < 2 * NH; ++j)
+      for (int j = 0; j < CJ; ++j)
         cp_async16(st + C::X_BYTES + ((r >> 1) + 64 * j) * 32 + (r & 1) * 16, csrc[j] + int64_t(q) * 32, cval[j]);
       if ((q & 7) == 0) {
 #pragma unroll
-        for (int hh = 0; hh < NH; ++hh) {
+        for (int hh = 0; hh < HB; ++hh) {
           const uint32_t sd = sm0 + C::OFF_SB + ((q >> 3) % C::SBS) * (2 * RW * 16) + (r + 128 * hh) * 16;
           cp_async16(sd, ssrc[hh] + (q >> 3) * 16, bval[hh]);
           cp_async16(sd + RW * 16, bisrc[hh] + (q >> 3) * 16, bval[hh]);
@@ -575,45 +636,18 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
   for (int i = 0; i < R1; ++i) acc1[i] = 0.f;
   uint32_t af[2][NH][4][4];   // [buffer][block h][k16 step i][fragment register]
   const int rowb = 64 * NH * wgc + 16 * warp + g;   // + 64h + 8hh
+  auto arrive_stage = [&](int kg) { mr_arrive_stage<BM, AM, NCT, !(DIAG & 1)>(smem, C::STAGE, sgf, bar_full, S, kg, ct); };
   auto step = [&](auto bufc, int kg) {
     constexpr int buf = decltype(bufc)::value;
     const int s = kg % S;
-    mr_wait(bar_full + 8 * s, (kg / S) & 1);
-    if constexpr (AM == kAmF16Grp) {
-      // The down GEMM's per-(row, group) factors on the step's activation chunks, 2 per consumer
-      // thread, then a barrier of the 256 consumers before any wgmma reads them.
-      uint8_t* xs = smem + s * C::STAGE;
-#pragma unroll
-      for (int j = 0; j < BM * 8 / 256; ++j) {
-        const int idx = ct + 256 * j, m = idx >> 3;
-        const __half2 f = bits_h2(uint32_t(sgf[m * (kMaxGrpK / 64) + kg]) * 0x10001u);
-        uint4* p = reinterpret_cast<uint4*>(xs + swz(m, idx & 7));
-        uint4 v = *p;
-        v.x = h2_bits(__hmul2(bits_h2(v.x), f));
-        v.y = h2_bits(__hmul2(bits_h2(v.y), f));
-        v.z = h2_bits(__hmul2(bits_h2(v.z), f));
-        v.w = h2_bits(__hmul2(bits_h2(v.w), f));
-        *p = v;
-      }
-      fence_proxy_async();   // cp.async-landed and st.shared data -> wgmma operand reads (async proxy)
-      named_sync(1, 256);
-    } else {
-      if constexpr (!(DIAG & 1)) fence_proxy_async();   // cp.async-landed data -> wgmma operand reads (async proxy)
-    }
+    arrive_stage(kg);
     const uint8_t* cs = smem + s * C::STAGE + C::X_BYTES;
     const uint16_t* sb = reinterpret_cast<const uint16_t*>(smem + C::OFF_SB + ((kg >> 3) % C::SBS) * (2 * RW * 16));
 #pragma unroll
     for (int h = 0; h < NH; ++h) {
       uint2 wv[2];
       uint32_t s2[2], b2[2];
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int Rw = rowb + 64 * h + 8 * hh;
-        wv[hh] = *reinterpret_cast<const uint2*>(cs + Rw * 32 + t * 8);
-        const uint16_t sv = sb[Rw * 8 + (kg & 7)], bv = sb[RW * 8 + Rw * 8 + (kg & 7)];
-        s2[hh] = h2_bits(__float2half2_rn(__uint_as_float(uint32_t(sv) << 16) * float(1 << kGemmF16WExp)));
-        b2[hh] = h2_bits(__float2half2_rn(__uint_as_float(uint32_t(bv) << 16) * float(1 << kGemmF16WExp)));
-      }
+      mr_load_codes<RW>(cs, sb, rowb + 64 * h, kg, t, wv, s2, b2);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const uint32_t w0 = (i >> 1) ? wv[0].y : wv[0].x, w1 = (i >> 1) ? wv[1].y : wv[1].x;
@@ -664,6 +698,128 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
   mw_epilogue<BM, AM, C::SVLD, NH>(a, acc0, acc1, smem, srf, by, pos0, rows, ct, wgc, warp, g, t);
 }
 
+// P18: the P17 configuration (M-tile 128, tokens as wgmma N = 128, one m64n128 block per warpgroup)
+// with FOUR warpgroups and no producer warpgroup: 256 weight rows per CTA, so each gathered activation
+// row copied into shared memory feeds twice the weight rows of P17 and the kernel reads half the
+// activation bytes from L2 (the gate/up GEMM at M-tile 128 keeps ~80 % of its time with the wgmmas
+// taken out, LILY_P15_DIAG=4 in session 10: the copies, not unpacking or tensor work, set its pace).
+// Every thread copies its share of each step (2 activation chunks, 1 code chunk, every 8th step 1
+// scale or bias chunk) LEAD = S - 2 steps ahead into the slot released two steps earlier (an
+// empty-mbarrier wait with a step of slack) and arrives on the step's full mbarrier when its copies
+// land. 512 threads keep a 128-register budget (a producer warpgroup would make 640 and cap every
+// thread at 96, where ptxas serialises the wgmmas, C7512, even with setmaxnreg). A fragments: one
+// buffer per half step (k16 sub-steps 0-1 and 2-3) and one wgmma group per half, so half j of step kg
+// is unpacked once half j of step kg - 1 has retired.
+template <int AM>
+__global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_constant__ GemmArgs a) {
+  constexpr int BM = 128;
+  using C = MrCfg<BM, 6, 1, 4>;
+  constexpr int RW = C::RW, S = C::S, NCT = C::NCT, LEAD = S - 2;
+  static_assert(AM == kAmF16 || AM == kAmF16Grp, "P18: fp16 operands only");
+  static_assert(BM * 8 == 2 * NCT && RW * 2 == NCT, "P18: 2 activation chunks and 1 code chunk per thread");
+  extern __shared__ __align__(1024) uint8_t mr_smem_raw[];
+  const uint32_t raw0 = smem_addr(mr_smem_raw);
+  const uint32_t pad = ((raw0 + 1023u) & ~1023u) - raw0;
+  uint8_t* smem = mr_smem_raw + pad;
+  const uint32_t sm0 = raw0 + pad;
+  uint16_t* sgf = reinterpret_cast<uint16_t*>(smem + C::OFF_GF);
+  float* srf = reinterpret_cast<float*>(smem + C::OFF_RF);
+  const uint32_t bar_full = sm0 + C::OFF_BAR, bar_empty = bar_full + 8 * S;
+
+  const int tid = threadIdx.x, by = blockIdx.x;
+  pdl_trigger();
+  pdl_wait();
+  if (int(blockIdx.y) >= *a.n_tiles) return;
+  const int4 tl = a.tiles[blockIdx.y];
+  const int group = tl.x, pos0 = tl.y, rows = tl.z;
+  const int nk = a.K / kBK;
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(bar_full + 8 * s, NCT);
+      mbar_init(bar_empty + 8 * s, NCT);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  mw_row_factors<BM, AM>(a, sgf, srf, tid, pos0, rows, a.K);
+
+  // This thread's copies: activation chunks tid and tid + 512, the code half (tid & 1) of weight row
+  // tid >> 1, and every 8th step the scale (tid < 256) or bias (tid >= 256) block of row tid & 255.
+  bool aval[2], cval, bval;
+  const uint16_t* asrc[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) asrc[j] = mr_act_src(a, pos0, rows, tid + NCT * j, aval[j]);
+  const uint8_t* csrc;
+  const uint8_t* bsrc;
+  {
+    const uint8_t *sc, *bi, *cd;
+    mr_row_src<RW>(a, group, by, tid >> 1, cval, csrc, sc, bi);
+    csrc += (tid & 1) * 16;
+    mr_row_src<RW>(a, group, by, tid & 255, bval, cd, sc, bi);
+    bsrc = tid < 256 ? sc : bi;
+  }
+  const uint32_t xoff0 = swz(tid >> 3, tid & 7), xoff1 = swz((tid + NCT) >> 3, tid & 7);
+  const uint32_t coff = C::X_BYTES + (tid >> 1) * 32 + (tid & 1) * 16;
+  const uint32_t soff = C::OFF_SB + (tid >> 8) * (RW * 16) + (tid & 255) * 16;
+  auto issue = [&](int q) {
+    const int s = q % S;
+    if (q >= S) mr_wait(bar_empty + 8 * s, ((q / S) + 1) & 1);   // inline: a call here serialises the wgmmas
+    const uint32_t st = sm0 + s * C::STAGE;
+    cp_async16(st + xoff0, asrc[0] + q * kBK, aval[0]);
+    cp_async16(st + xoff1, asrc[1] + q * kBK, aval[1]);
+    cp_async16(st + coff, csrc + int64_t(q) * 32, cval);
+    if ((q & 7) == 0) cp_async16(sm0 + soff + ((q >> 3) % C::SBS) * (2 * RW * 16), bsrc + (q >> 3) * 16, bval);
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar_full + 8 * s) : "memory");
+  };
+  __syncthreads();   // barriers initialised, row factors written
+  for (int q = 0; q < LEAD && q < nk; ++q) issue(q);
+
+  const int wgc = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  constexpr int R = BM / 2;
+  float acc0[R], acc1[1];
+#pragma unroll
+  for (int i = 0; i < R; ++i) acc0[i] = 0.f;
+  uint32_t af[2][2][4];   // [half][sub-step][fragment register]
+  const int rowb = 64 * wgc + 16 * warp + g;
+  for (int kg = 0; kg < nk; ++kg) {
+    const int s = kg % S;
+    mr_arrive_stage<BM, AM, NCT>(smem, C::STAGE, sgf, bar_full, S, kg, tid);
+    uint2 wv[2];
+    uint32_t s2[2], b2[2];
+    mr_load_codes<RW>(smem + s * C::STAGE + C::X_BYTES,
+                      reinterpret_cast<const uint16_t*>(smem + C::OFF_SB + ((kg >> 3) % C::SBS) * (2 * RW * 16)), rowb,
+                      kg, t, wv, s2, b2);
+    const uint32_t xa = sm0 + s * C::STAGE;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      wg_wait<1>();   // half j of step kg - 1 has retired: af[j] is free
+      wg_fence_regs<R>(acc0);
+      mr_fence_u32<8>(&af[j][0][0]);
+      if (j == 1 && kg > 0) mbar_arrive(bar_empty + 8 * ((kg - 1) % S));   // all of step kg - 1 retired
+      const uint32_t w0 = j ? wv[0].y : wv[0].x, w1 = j ? wv[1].y : wv[1].x;
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int i = 2 * j + u;
+        af[j][u][0] = dq4_pair<true>(w0, (2 * i) & 3, s2[0], b2[0]);
+        af[j][u][1] = dq4_pair<true>(w1, (2 * i) & 3, s2[1], b2[1]);
+        af[j][u][2] = dq4_pair<true>(w0, (2 * i + 1) & 3, s2[0], b2[0]);
+        af[j][u][3] = dq4_pair<true>(w1, (2 * i + 1) & 3, s2[1], b2[1]);
+      }
+      mr_fence_u32<8>(&af[j][0][0]);
+      wg_fence();
+      wgmma_rs_tile<BM>(acc0, af[j][0], wg_desc(xa + 32 * (2 * j)));
+      wgmma_rs_tile<BM>(acc0, af[j][1], wg_desc(xa + 32 * (2 * j + 1)));
+      wg_commit();
+    }
+    // Refill: step kg + LEAD goes into the slot of step kg + LEAD - S = kg - 2, which every thread
+    // released during its step kg - 1.
+    if (kg + LEAD < nk) issue(kg + LEAD);
+  }
+  wg_wait<0>();
+  wg_fence_regs<R>(acc0);
+  mr_fence_u32<16>(&af[0][0][0]);
+  mw_epilogue<BM, AM, C::SVLD, 1, 4>(a, acc0, acc1, smem, srf, by, pos0, rows, tid, wgc, warp, g, t);
+}
+
 // Grid (weight-row blocks, worst-case tiles): the 256-row blocks of one tile run next to each
 // other (they share the tile's gathered activation rows in L2).
 template <int BM, int AM>
@@ -689,6 +845,17 @@ void launch_moe_rs_t(const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t 
          size_t(MrCfg<BM, NS, NH>::SMEM), s, a);
   CUDA_LAUNCH_CHECK();
 }
+template <int AM>
+void launch_moe_rs4_t(const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t s) {
+  using C = MrCfg<128, 6, 1, 4>;
+  static bool attr = false;
+  if (!attr) {
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_moe_rs4_kernel<AM>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
+    attr = true;
+  }
+  launch(gemm_moe_rs4_kernel<AM>, dim3(grid_n, max_tiles), dim3(C::NCT), size_t(C::SMEM), s, a);
+  CUDA_LAUNCH_CHECK();
+}
 // mode 1: P14, mode 2: P15. bm: the tile list's M-tile (32 runs the 64 kernel: rows <= 32 of 64).
 // Returns false where the mode has no kernel for bm (P15 at 128 with P17 off: the caller runs gemm_kernel).
 bool launch_moe_wg(int mode, int am, int bm, const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t s) {
@@ -696,6 +863,12 @@ bool launch_moe_wg(int mode, int am, int bm, const GemmArgs& a, int max_tiles, i
   if (mode == 2) {
     if (a.K % 128 != 0 || (bm == 128 && !gemm_moe_p17())) return false;
     if (bm == 128) {   // P17: m64n128k16, 128 weight rows per CTA (one m64 block per consumer warpgroup)
+      if (gemm_moe_p18()) {   // P18: 4 warpgroups, 256 weight rows per CTA
+        const int gn = a.swiglu ? a.N / 128 : (a.N + 255) / 256;
+        if (am == kAmF16Grp) launch_moe_rs4_t<kAmF16Grp>(a, max_tiles, gn, s);
+        else launch_moe_rs4_t<kAmF16>(a, max_tiles, gn, s);
+        return true;
+      }
       const int gn = a.swiglu ? a.N / 64 : (a.N + 127) / 128;
       if (am == kAmF16Grp) launch_moe_rs_t<kAmF16Grp, 0, 6, 128, 1>(a, max_tiles, gn, s);
       else switch (env_int("LILY_P15_DIAG", 0)) {   // timing diagnostics, as for the 64 kernel below
