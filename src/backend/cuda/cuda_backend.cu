@@ -929,6 +929,7 @@ class CudaBackend final : public Backend {
     MoePrefillOpts o;
     o.host_routing = p2_off_;
     o.slot16 = slot16_;
+    o.sg_in_convert = !abl_.has("P19");   // P19: shared-expert gate in the router's operand conversion
     if (!profiling_ || capturing_) {
       timed("moe_prefill", 0, [&] { cuda::moe_prefill(m, x, T, out, ws, o, s_); });   // (skip= applies)
       return true;

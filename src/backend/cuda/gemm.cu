@@ -769,14 +769,24 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
 // x f32 [T, K] -> the GEMM's A operands in mma k-order, one block per row. xa: fp16 scaled by the
 // row's 2^s (rs[row] = 2^-s) or bf16 (f16 == 0); xh/xl (optional): bf16 x_hi and remainders
 // x - x_hi for 8-bit matrices. One thread writes 8 consecutive staged columns (16 bytes) per output.
+// dy (P19, optional): dy[row] = x[row] · dw[0] in f32 (the MoE's one-row shared-expert gate, which this
+// kernel's read of x serves instead of a separate GEMV launch over the same rows).
 __global__ void __launch_bounds__(256) convert_a_kernel(const float* __restrict__ x, int K, int f16,
                                                         uint16_t* __restrict__ xa, float* __restrict__ rs,
-                                                        uint16_t* __restrict__ xh, uint16_t* __restrict__ xl) {
-  __shared__ float red[8];
+                                                        uint16_t* __restrict__ xh, uint16_t* __restrict__ xl,
+                                                        const QMat dw, float* __restrict__ dy) {
+  __shared__ float red[32];
   pdl_trigger();
   pdl_wait();
   const int64_t row = blockIdx.x;
   const float* xr = x + row * K;
+  if (dy) {
+    float d = 0.f;
+    for (int i = threadIdx.x; i < K; i += blockDim.x) d += xr[i] * qm_at(dw, 0, i);
+    d = block_sum(d, red);
+    if (threadIdx.x == 0) dy[row] = d;
+    __syncthreads();   // red is reused below
+  }
   int se = 0;
   float up = 1.f;
   if (f16) {
@@ -1022,11 +1032,12 @@ int gemm_small_n(int T) {
 
 bool gemm_takes(const QMat& w, int T) { return gemm_ok(w) && w.rows >= gemm_small_n(T); }
 
-void gemm_convert_a(const float* x, int T, int K, const GemmA& o, cudaStream_t s) {
+void gemm_convert_a(const float* x, int T, int K, const GemmA& o, cudaStream_t s, const QMat* dot_w, float* dot_y) {
   LILY_CHECK(!o.f16 || (o.a && o.rs), "gemm_convert_a: fp16 needs the row scales");
+  LILY_CHECK(!dot_y || (dot_w && dot_w->rows == 1 && dot_w->cols == K), "gemm_convert_a: the dot needs one row of K");
   uint16_t* hi = o.f16 || !o.a ? const_cast<uint16_t*>(o.hi) : nullptr;   // bf16: a is x_hi
   launch(convert_a_kernel, dim3(unsigned(T)), dim3(256), 0, s, x, K, int(o.f16), const_cast<uint16_t*>(o.a),
-         const_cast<float*>(o.rs), hi, const_cast<uint16_t*>(o.lo));
+         const_cast<float*>(o.rs), hi, const_cast<uint16_t*>(o.lo), dot_y ? *dot_w : QMat{}, dot_y);
   CUDA_LAUNCH_CHECK();
 }
 

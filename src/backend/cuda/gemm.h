@@ -103,7 +103,9 @@ struct GemmA {
   bool f16 = true;
 };
 // Fills the non-null buffers of `o` from x f32 [T, K] (K % 64 == 0).
-void gemm_convert_a(const float* x, int T, int K, const GemmA& o, cudaStream_t s);
+// dot_y (optional, P19): also dot_y[t] = x[t] · dot_w row 0 in f32 (dot_w: one row of K).
+void gemm_convert_a(const float* x, int T, int K, const GemmA& o, cudaStream_t s, const QMat* dot_w = nullptr,
+                    float* dot_y = nullptr);
 // Ablation P1 off (4-bit only): W dequantised once into bf16/fp16 [rows, cols] in the mma k-order.
 int64_t gemm_dequant_bytes(const QMat& w);
 void gemm_dequant(const QMat& w, bool f16, uint16_t* wb, cudaStream_t s);
@@ -167,6 +169,7 @@ struct MoePrefillOpts {
                                 // stage's parts alone (profiling): 32 operand conversion, 64 router GEMM,
                                 // 128 shared-expert gate
   bool slot16 = true;           // P16: the down GEMM's (token, slot) rows in fp16 (off: f32)
+  bool sg_in_convert = true;    // P19: the shared-expert gate's dot in the operand conversion (off: own GEMV)
 };
 // True when moe_prefill handles these weights (4-bit experts, H and I multiples of 512, I == Is).
 bool moe_prefill_ok(const MoeDev& m);

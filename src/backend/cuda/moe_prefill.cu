@@ -335,9 +335,11 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
   int4* tiles2 = reinterpret_cast<int4*>(w + l.tiles2);
   const int64_t routed = int64_t(T) * m.K;
 
-  if (o.stages & (1 | 32)) gemm_convert_a(x, T, m.H, xa, s);
+  // P19: the one-row shared-expert gate rides on the conversion's read of x (same f32 dot as the GEMV).
+  const bool sg_fused = o.sg_in_convert && m.shared_gate.rows == 1 && m.shared_gate.cols == m.H;
+  if (o.stages & (1 | 32)) gemm_convert_a(x, T, m.H, xa, s, sg_fused ? &m.shared_gate : nullptr, sg_fused ? sg : nullptr);
   if (o.stages & (1 | 64)) gemm(m.router, xa, T, logits, m.E, false, nullptr, 0, s);
-  if (o.stages & (1 | 128)) {
+  if ((o.stages & (1 | 128)) && !sg_fused) {
     if (gemm_takes(m.shared_gate, T)) {
       gemm(m.shared_gate, xa, T, sg, 1, false, nullptr, 0, s);
     } else {   // one row: the f32 GEMV kernel (gemm_small_n)
