@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include "backend/cuda/cuda_ops.h"
@@ -563,6 +564,8 @@ class CudaBackend final : public Backend {
     // a chunk is long (P1 off measured +1.9 % at 512, +2.1 % at 1K, +4.2 % at 4K end to end; shorter
     // chunks not measured). --ablate P8: always fused.
     p8_min_t_ = abl_.has("P8") ? INT32_MAX : std::max(1, env_int("LILY_P8_MIN_T", 512));
+    p21_ = !abl_.has("P21");   // P21: P8's 16-bit copies of the dense matrices kept across chunks
+    p21_reserve_mb_ = std::max(0, env_int("LILY_P21_RESERVE_MB", 8192));
     p2_off_ = abl_.has("P2");   // P2: MoE prefill groups built on the host
     // P1w: wgmma mainloop for 4-bit fp16 dense GEMMs; opt-in (LILY_GEMM_WGMMA=1): measured 4 % slower
     // end to end than mma.sync at 4K although faster in isolation (docs/CUDA.md). --ablate P1w turns it off.
@@ -694,6 +697,31 @@ class CudaBackend final : public Backend {
   }
   FVec up(const FVec& v) {
     return {static_cast<const float*>(up_bytes(v.data, v.n * 4)), v.n};
+  }
+  // P21: the P8 path's 16-bit copy of a dense 4-bit matrix, made once and kept (every later chunk's
+  // GEMM reads it instead of dequantising again: ~2.6 ms per 4,096-token chunk, ~2 GB for this
+  // model's dense projections). Null (dequantise into the workspace as before) when P21 is off, during
+  // graph capture, or when the copy would leave less than LILY_P21_RESERVE_MB (default 8192) of device
+  // memory free. Same kernel, same bits as the per-chunk copy.
+  uint16_t* kept_dequant(const QMat& w, bool f16) {
+    if (!p21_ || capturing_) return nullptr;
+    auto& cache = kept_[f16 ? 1 : 0];
+    const auto key = std::make_tuple(w.data, w.rows, w.cols);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+    const int64_t bytes = gemm_dequant_bytes(w);
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    const int64_t reserve = int64_t(p21_reserve_mb_) << 20;
+    if (int64_t(free_b) - bytes < reserve) {
+      cache[key] = nullptr;   // not again for this matrix
+      return nullptr;
+    }
+    uint16_t* p = static_cast<uint16_t*>(alloc_bytes(bytes));
+    const std::string shape = std::to_string(w.rows) + "x" + std::to_string(w.cols);
+    timed("gemm.dequant.kept " + shape, 2.5 * w.rows * w.cols, [&] { gemm_dequant(w, f16, p, s_); });
+    cache[key] = p;
+    return p;
   }
   float* workspace(int64_t floats) {
     if (floats > ws_floats_) {
@@ -915,8 +943,14 @@ class CudaBackend final : public Backend {
       }
       if (f == int(i)) timed("gemm.convert", 6.0 * T * j.w.cols, [&] { gemm_convert_a(j.x, T, j.w.cols, x, s_); });
       const std::string shape = std::to_string(j.w.rows) + "x" + std::to_string(j.w.cols);
-      uint16_t* wb = dequant_first(j.w) ? reinterpret_cast<uint16_t*>(ws + bytes) : nullptr;
-      if (wb) timed("gemm.dequant " + shape, 2.5 * j.w.rows * j.w.cols, [&] { gemm_dequant(j.w, f16, wb, s_); });
+      uint16_t* wb = nullptr;
+      if (dequant_first(j.w)) {
+        wb = p1_off_ ? nullptr : kept_dequant(j.w, f16);   // P21
+        if (!wb) {
+          wb = reinterpret_cast<uint16_t*>(ws + bytes);
+          timed("gemm.dequant " + shape, 2.5 * j.w.rows * j.w.cols, [&] { gemm_dequant(j.w, f16, wb, s_); });
+        }
+      }
       const double wbytes = double(j.w.rows) * j.w.cols * (j.w.type == kQ4 ? 0.5 : 1) + j.w.rows * (j.w.cols / 16.0);
       timed("gemm " + shape, wbytes, [&] { gemm(j.w, x, T, j.y, j.w.rows, false, wb, 0, s_); });
     }
@@ -956,6 +990,9 @@ class CudaBackend final : public Backend {
   int gemm_min_t_ = 16;             // prefill path from this many tokens (LILY_GEMM_MIN_T)
   bool p1_off_ = false, p2_off_ = false;
   int p8_min_t_ = 512;              // P8: dense GEMMs dequantise first from this many tokens
+  bool p21_ = true;                 // P21: keep P8's 16-bit copies (kept_dequant)
+  int p21_reserve_mb_ = 8192;       // P21: device memory left free (LILY_P21_RESERVE_MB)
+  std::map<std::tuple<const void*, int, int>, uint16_t*> kept_[2];   // P21: [bf16, fp16] copies by (codes, rows, cols)
   struct {
     MoeDev m;
     int T;
