@@ -166,7 +166,7 @@ int bench_prefill_main(int argc, char** argv) {
   const std::string backend = o.str("backend");
   const bool cuda = backend == "cuda";
   ModelOptions mo;
-  mo.max_chunk = o.num("chunk") > 0 ? o.num("chunk") : cuda ? 4096 : 512;
+  mo.max_chunk = o.num("chunk") > 0 ? o.num("chunk") : default_prefill_chunk(cuda ? "cuda" : "cpu");
   for (size_t v = 0; v < vars.size(); ++v) {
     if (cuda && v > 0) continue;   // shares variant 0's backend and model
     BackendOptions bo;

@@ -38,7 +38,7 @@ int run_main(int argc, char** argv) {
              {"n", "16", "number of tokens to generate", "", false, 'n'},
              {"backend", "cpu", "cpu | cuda", "LILY_BACKEND"},
              {"threads", "0", "CPU threads (0 = all cores)", "LILY_THREADS"},
-             {"chunk", "512", "prefill chunk size in tokens"},
+             {"chunk", "0", "prefill chunk size in tokens (0 = 4096 on cuda, 512 on cpu)"},
              {"ctx", "0", "context capacity (0 = prompt + n)"},
              {"dump-logits", "", "write f32 logits [rows, vocab] here (+ .json sidecar)"},
              {"ablate", "", "comma-separated optimization ids to switch off (e.g. D2,P1)"},
@@ -85,7 +85,8 @@ int run_main(int argc, char** argv) {
   bo.ablations.off = split_list(o.str("ablate"));
   auto backend = make_backend(bo);
   ModelOptions mo;
-  mo.max_chunk = o.num("chunk");
+  if (o.num("chunk") < 0) throw Error("--chunk must be >= 0 (0 = the backend's default)");
+  mo.max_chunk = o.num("chunk") > 0 ? o.num("chunk") : default_prefill_chunk(backend->name());
   Qwen36 model(host, *backend, mo);
   const int P = int(prompt.size());
   const int cap = o.num("ctx") > 0 ? o.num("ctx") : P + n_gen;

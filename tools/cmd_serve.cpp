@@ -27,7 +27,7 @@ int serve_main(int argc, char** argv) {
              {"cache-mb", "2048", "memory for session snapshots (prefix reuse), MiB; 0 = none", ""},
              {"snapshot-every", "2048", "also snapshot every N prompt tokens (0 = only turn boundaries)", ""},
              {"no-prefix-cache", "false", "never reuse earlier requests' state (every request cold)", "", true},
-             {"chunk", "512", "prefill chunk size in tokens", ""},
+             {"chunk", "0", "prefill chunk size in tokens (0 = 4096 on cuda, 512 on cpu)", ""},
              {"device-sampling", "auto", "decode loop with sampling on the backend (D2): auto (cuda) | on | off", ""},
              {"max-tokens", "0", "default max_tokens when a request gives none (0 = until the context is full)", ""},
              {"host", "127.0.0.1", "address to bind", ""},

@@ -26,7 +26,8 @@ class LoadedQwen36 : public LoadedModel {
       if (!id.empty()) bo.ablations.off.push_back(id);
     backend_ = make_backend(bo);
     ModelOptions mo;
-    mo.max_chunk = o.chunk;
+    if (o.chunk < 0) throw Error("prefill chunk must be >= 0 (0 = the backend's default), got " + std::to_string(o.chunk));
+    mo.max_chunk = o.chunk > 0 ? o.chunk : default_prefill_chunk(backend_->name());
     model_ = std::make_unique<Qwen36>(host_, *backend_, mo);
     lm_ = make_qwen36_lm(*model_);
     if (tok_->vocab_size() > model_->config().vocab_size)

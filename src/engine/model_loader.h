@@ -13,7 +13,7 @@ struct ModelLoadOptions {
   std::string dir;
   std::string backend = "cpu";
   int threads = 0;
-  int chunk = 512;            // prefill chunk (P5)
+  int chunk = 0;              // prefill chunk (P5); 0 = default_prefill_chunk(backend)
   bool progress = true;
   std::string ablate;         // comma-separated optimization ids to switch off
 };
