@@ -51,7 +51,7 @@ fi
 el "same, f32 reference following the gpu's expert choices (routing flips counted apart; this one decides)"
 timeout 240 "$L" cuda-check --layers 4 --tokens 64 --prompt 300 --chunk 128 --follow-routing 2>&1 | tail -8 |
   tee "$OUT/check_prefill_follow.txt"
-el "prefill in one 4,096-token chunk (P17: gate/up at M-tile 128 from 128 rows per expert), routing followed"
+el "prefill in one 4,096-token chunk (P17/P18: gate/up at M-tile 128 on the 4-warpgroup kernel; P19, P21), routing followed"
 timeout 240 "$L" cuda-check --layers 2 --tokens 8 --prompt 4100 --chunk 4096 --follow-routing 2>&1 | tail -8 |
   tee "$OUT/check_prefill_4096.txt"
 if [ -n "$LONGCHECK" ]; then
