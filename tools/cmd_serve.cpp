@@ -1,4 +1,5 @@
 // `lily serve`: loads the model once (health answers 503 meanwhile) and serves the OpenAI API.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -25,7 +26,8 @@ int serve_main(int argc, char** argv) {
              {"threads", "0", "CPU threads (0 = all cores)", "LILY_THREADS"},
              {"ctx", "0", "context length in tokens (0 = min(model maximum, 32768))", ""},
              {"cache-mb", "2048", "memory for session snapshots (prefix reuse), MiB; 0 = none", ""},
-             {"snapshot-every", "2048", "also snapshot every N prompt tokens (0 = only turn boundaries)", ""},
+             {"snapshot-every", "-1",
+              "also snapshot every N prompt tokens (0 = only turn boundaries; -1 = max(2048, the prefill chunk))", ""},
              {"no-prefix-cache", "false", "never reuse earlier requests' state (every request cold)", "", true},
              {"chunk", "0", "prefill chunk size in tokens (0 = 4096 on cuda, 512 on cpu)", ""},
              {"device-sampling", "auto", "decode loop with sampling on the backend (D2): auto (cuda) | on | off", ""},
@@ -102,7 +104,9 @@ int serve_main(int argc, char** argv) {
       throw Error("--ctx " + std::to_string(eo.ctx) + " exceeds the model's max_position_embeddings " +
                   std::to_string(loaded->max_position_embeddings()));
     eo.cache_bytes = int64_t(o.real("cache-mb") * (1 << 20));
-    eo.snapshot_every = o.num("snapshot-every");
+    // A snapshot point also cuts the prefill there: by default never more often than the chunk (on cuda
+    // 4,096, where 2,048-token pieces prefill ~14 % slower).
+    eo.snapshot_every = o.num("snapshot-every") >= 0 ? o.num("snapshot-every") : std::max(2048, loaded->lm().max_chunk());
     eo.prefix_reuse = !o.flag("no-prefix-cache");
     const std::string ds = o.str("device-sampling");
     if (ds != "auto" && ds != "on" && ds != "off") throw Error("--device-sampling must be auto, on or off");
