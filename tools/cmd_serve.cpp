@@ -105,7 +105,7 @@ int serve_main(int argc, char** argv) {
                   std::to_string(loaded->max_position_embeddings()));
     eo.cache_bytes = int64_t(o.real("cache-mb") * (1 << 20));
     // A snapshot point also cuts the prefill there: by default never more often than the chunk (on cuda
-    // 4,096, where 2,048-token pieces prefill ~14 % slower).
+    // 4,096: a 2,048-token chunk runs at 36.7K tok/s, a 4,096 one at 42.6K, session 10's call 6).
     eo.snapshot_every = o.num("snapshot-every") >= 0 ? o.num("snapshot-every") : std::max(2048, loaded->lm().max_chunk());
     eo.prefix_reuse = !o.flag("no-prefix-cache");
     const std::string ds = o.str("device-sampling");
