@@ -228,6 +228,18 @@ __device__ __forceinline__ void grp_row_factors(const GemmArgs& a, int tid, int 
   }
   srf[tid] = ldexpf(kInvW, -smin);
 }
+// The wgmma kernels' AM 2 step (P1w, P14, P15, P18): the 16-byte fp16 activation chunk at p, of tile row m,
+// times that row's factor for step (64-column group) kg, from grp_row_factors' table.
+__device__ __forceinline__ void grp_scale_chunk(uint8_t* p, const uint16_t* sgf, int m, int kg) {
+  const __half2 f = bits_h2(uint32_t(sgf[m * (kMaxGrpK / 64) + kg]) * 0x10001u);
+  uint4* q = reinterpret_cast<uint4*>(p);
+  uint4 v = *q;
+  v.x = h2_bits(__hmul2(bits_h2(v.x), f));
+  v.y = h2_bits(__hmul2(bits_h2(v.y), f));
+  v.z = h2_bits(__hmul2(bits_h2(v.z), f));
+  v.w = h2_bits(__hmul2(bits_h2(v.w), f));
+  *q = v;
+}
 template <int BM, int BT, int AM, int BN>
 constexpr int smem_bytes() {
   return kStages * stage_bytes<BM, BT, BN>() + (BT == kBF ? 0 : 2 * 2 * BN * 16) + grp_bytes<BM, AM>();

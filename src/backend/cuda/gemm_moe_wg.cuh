@@ -323,15 +323,7 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_wg_kernel(const __grid
 #pragma unroll
         for (int j = 0; j < C::XCH; ++j) {
           if (!aval[j]) continue;
-          const int m = (tid + j * 128) >> 3;
-          const __half2 f = bits_h2(uint32_t(sgf[m * (kMaxGrpK / 64) + kg]) * 0x10001u);
-          uint4* p = reinterpret_cast<uint4*>(xs + xdst(j));
-          uint4 v = *p;
-          v.x = h2_bits(__hmul2(bits_h2(v.x), f));
-          v.y = h2_bits(__hmul2(bits_h2(v.y), f));
-          v.z = h2_bits(__hmul2(bits_h2(v.z), f));
-          v.w = h2_bits(__hmul2(bits_h2(v.w), f));
-          *p = v;
+          grp_scale_chunk(xs + xdst(j), sgf, (tid + j * 128) >> 3, kg);
         }
       }
       fence_proxy_async();   // st.shared / cp.async writes -> wgmma operand reads (async proxy)
@@ -492,14 +484,7 @@ __device__ __forceinline__ void mr_arrive_stage(uint8_t* smem, int stage_bytes, 
 #pragma unroll
     for (int j = 0; j < BM * 8 / NCT; ++j) {
       const int idx = ct + NCT * j, m = idx >> 3;
-      const __half2 f = bits_h2(uint32_t(sgf[m * (kMaxGrpK / 64) + kg]) * 0x10001u);
-      uint4* p = reinterpret_cast<uint4*>(xs + swz(m, idx & 7));
-      uint4 v = *p;
-      v.x = h2_bits(__hmul2(bits_h2(v.x), f));
-      v.y = h2_bits(__hmul2(bits_h2(v.y), f));
-      v.z = h2_bits(__hmul2(bits_h2(v.z), f));
-      v.w = h2_bits(__hmul2(bits_h2(v.w), f));
-      *p = v;
+      grp_scale_chunk(xs + swz(m, idx & 7), sgf, m, kg);
     }
     fence_proxy_async();
     named_sync(1, NCT);

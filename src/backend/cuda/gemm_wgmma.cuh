@@ -238,14 +238,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_wgmma_kernel(const __grid_
 #pragma unroll
         for (int j = 0; j < C::XCH; ++j) {
           if (!aval[j]) continue;
-          const __half2 f = bits_h2(uint32_t(sgf[am[j] * (kMaxGrpK / 64) + kg]) * 0x10001u);
-          uint4* p = reinterpret_cast<uint4*>(xs + adst[j]);
-          uint4 v = *p;
-          v.x = h2_bits(__hmul2(bits_h2(v.x), f));
-          v.y = h2_bits(__hmul2(bits_h2(v.y), f));
-          v.z = h2_bits(__hmul2(bits_h2(v.z), f));
-          v.w = h2_bits(__hmul2(bits_h2(v.w), f));
-          *p = v;
+          grp_scale_chunk(xs + adst[j], sgf, am[j], kg);
         }
       }
       fence_proxy_async();
