@@ -1,7 +1,7 @@
 // `lily cuda-test-attn`: the CUDA prefill mixers against the CPU backend on random inputs of the real
 // shapes: Gated DeltaNet (P4 off = decode kernel, P4 on = prep + column-split scan for each scan
 // width, P4c = chunked form forced for every T, with P11 (blocked (I+A)⁻¹, scan L2 prefetch) on and
-// off) and gated attention (P6 off = per-token split-KV, P6 on = flash attention, also forced down
+// off, P24 = one bf16 MMA per product, tested apart under the bf16 bounds) and gated attention (P6 off = per-token split-KV, P6 on = flash attention, also forced down
 // to T = 1). Each case runs two consecutive chunks (state / KV cache carried) from a zero or random
 // carried state / a KV cache holding pos0 random rows, with the outputs poisoned (NaN) beforehand,
 // and compares both chunks' outputs and the final state or cache. Attention runs with the backend's
@@ -275,9 +275,10 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                    {"P4 scan nc=1", {}, "1", "16", 0, "0"},
                                    {"P4 scan nc=2", {}, "2", "16", 0, "0"},
                                    {"P4 scan nc=4", {}, "4", "16", 0, "0"},
-                                   {"P4c chunked (all T)", {}, "0", "16", 3, "1"},
+                                   {"P4c chunked (all T)", {"P24"}, "0", "16", 3, "1"},
+                                   {"P4c P24 one bf16 MMA", {}, "0", "16", 2, "1"},
                                    {"P4 scan nc=1, P9 off", {"P9"}, "1", "16", 0, "0"},
-                                   {"P4c chunked, P9 off", {"P9"}, "0", "16", 3, "1"},
+                                   {"P4c chunked, P9 off", {"P9", "P24"}, "0", "16", 3, "1"},
                                    {"P4c chunked, P11 off", {"P11"}, "0", "16", 3, "1"},
                                    {"P4c P11 per-chunk only", {}, "0", "16", 3, "1", "1", "0", "0", "0", "", false, "1"},
                                    {"P4c P11 scan only", {}, "0", "16", 3, "1", "1", "0", "0", "0", "", false, "2"},
@@ -454,6 +455,7 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed, const std::stri
                                    {"scan nc=2", {}, "2", "16", 0, "0"},
                                    {"scan nc=4", {}, "4", "16", 0, "0"},
                                    {"chunked", {}, "0", "16", 0, "1"},
+                                   {"chunked P24 off", {"P24"}, "0", "16", 0, "1"},
                                    {"chunked P9 off", {"P9"}, "0", "16", 0, "1"},
                                    {"chunked P11 off", {"P11"}, "0", "16", 0, "1"}};
   for (int T : {64, 512, 2048, 4096, 8192}) {
@@ -486,7 +488,8 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed, const std::stri
     GdnWeights& w = gb.w;
     GdnState& st = gb.st;
     float *qkv = gb.qkv, *z = gb.z, *a = gb.a, *b = gb.b, *y = gb.y;
-    for (const Variant& v : {Variant{"P11 on", {}, "0", "16", 0, "1"}, Variant{"P11 off", {"P11"}, "0", "16", 0, "1"},
+    for (const Variant& v : {Variant{"P11 on", {}, "0", "16", 0, "1"}, Variant{"P24 off", {"P24"}, "0", "16", 0, "1"},
+                             Variant{"P11 off", {"P11"}, "0", "16", 0, "1"},
                              Variant{"P11 shq", {}, "0", "16", 0, "1", "1", "0", "0", "0", "", false, "7"},
                              Variant{"P11 scan3", {}, "0", "16", 0, "1", "1", "0", "0", "0", "", false, "19"},
                              Variant{"s3 FMA M", {}, "0", "16", 0, "1", "1", "0", "0", "0", "", false, "27"}}) {

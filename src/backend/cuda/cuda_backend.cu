@@ -550,6 +550,7 @@ class CudaBackend final : public Backend {
     // = scan3: Q~ = diag(γ)Q − PW and O0 = PU precomputed per chunk, the scan keeps only the
     // state-dependent products (its M = P·T on tensor cores; + bit 3 (27) = M in fp32 FMAs, for tests).
     gdn_chunk_p11() = abl_.has("P11") ? 0 : (env_int("LILY_GDN_P11", 3) & 31);
+    gdn_chunk_one() = !abl_.has("P24");   // P24: the chunk scan's products in one bf16 MMA (split bf16 off)
     attn_min_t_ = std::max(1, env_int("LILY_ATTN_PREFILL_MIN_T", 16));
     attn_bf16_kv_ = env_int("LILY_ATTN_BF16KV", 1) != 0;   // flash attention reads a 16-bit copy of the cache
     attn_bf16_ops_ = env_int("LILY_ATTN_BF16", 0) != 0;    // flash MMA operands bf16 (default fp16)

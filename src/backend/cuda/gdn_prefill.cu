@@ -344,7 +344,7 @@ __device__ __forceinline__ void store_split4(bf16* hi, bf16* lo, float4 v) {
   split_bf16(v.z, h[2], l[2]);
   split_bf16(v.w, h[3], l[3]);
   *reinterpret_cast<uint2*>(hi) = *reinterpret_cast<const uint2*>(h);
-  *reinterpret_cast<uint2*>(lo) = *reinterpret_cast<const uint2*>(l);
+  if (lo) *reinterpret_cast<uint2*>(lo) = *reinterpret_cast<const uint2*>(l);
 }
 // Two floats split, stored as one bf16 pair each.
 __device__ __forceinline__ void store_split2(bf16* hi, bf16* lo, float a, float b) {
@@ -352,8 +352,10 @@ __device__ __forceinline__ void store_split2(bf16* hi, bf16* lo, float a, float 
   split_bf16(a, h[0], l[0]);
   split_bf16(b, h[1], l[1]);
   *reinterpret_cast<uint32_t*>(hi) = *reinterpret_cast<const uint32_t*>(h);
-  *reinterpret_cast<uint32_t*>(lo) = *reinterpret_cast<const uint32_t*>(l);
+  if (lo) *reinterpret_cast<uint32_t*>(lo) = *reinterpret_cast<const uint32_t*>(l);
 }
+// The lo plane's address, or null (P24: lo planes not written) — for the per-chunk pass's global stores.
+__device__ __forceinline__ bf16* lo_or_null(bf16* lo, int64_t o, int one) { return one ? nullptr : lo + o; }
 
 struct IntraArgs {
   GdnDims d;
@@ -361,6 +363,7 @@ struct IntraArgs {
   int T;
   ChunkBufs b;
   int shared;   // P11 shared layout (gdn_chunk_intra2_kernel only)
+  int one;      // P24: only the hi planes are read (gdn_chunk_intra2_kernel<0> skips the lo stores)
 };
 constexpr size_t kIntraSmem = sizeof(bf16) * 4 * kC * kRS + sizeof(float) * kC * kAS + sizeof(double) * kC +
                               sizeof(float) * 4 * kC;
@@ -640,8 +643,8 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
       for (int it = 0; it < kIt; ++it) {
         const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
         const int64_t o = (kb + r) * kHD + 4 * c4;
-        store_split4(p.b.Qh + o, p.b.Ql + o, qv[it]);
-        store_split4(p.b.Kh + o, p.b.Kl + o, kv[it]);
+        store_split4(p.b.Qh + o, lo_or_null(p.b.Ql, o, p.one), qv[it]);
+        store_split4(p.b.Kh + o, lo_or_null(p.b.Kl, o, p.one), kv[it]);
       }
     }
     if (tid < kC) {
@@ -656,8 +659,8 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
       const float fq = gam[r], fk = kdec[r];
       const float4 a = qv[it], b = kv[it];
       const int64_t o = (rb + r) * kHD + 4 * c4;
-      if (!kScan3) store_split4(p.b.Qh + o, p.b.Ql + o, make_float4(a.x * fq, a.y * fq, a.z * fq, a.w * fq));
-      store_split4(p.b.Kh + o, p.b.Kl + o, make_float4(b.x * fk, b.y * fk, b.z * fk, b.w * fk));
+      if (!kScan3) store_split4(p.b.Qh + o, lo_or_null(p.b.Ql, o, p.one), make_float4(a.x * fq, a.y * fq, a.z * fq, a.w * fq));
+      store_split4(p.b.Kh + o, lo_or_null(p.b.Kl, o, p.one), make_float4(b.x * fk, b.y * fk, b.z * fk, b.w * fk));
     }
   }
   if (tid == 0) p.b.gC[int64_t(j) * p.b.nch + c] = gam[kC - 1];
@@ -714,7 +717,7 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
           }
         } else {
           *reinterpret_cast<float2*>(Am + i * kAS + s) = make_float2(av[0], av[1]);
-          store_split2(p.b.Ph + (rb + i) * kC + s, p.b.Pl + (rb + i) * kC + s, pv[0], pv[1]);
+          store_split2(p.b.Ph + (rb + i) * kC + s, lo_or_null(p.b.Pl, (rb + i) * kC + s, p.one), pv[0], pv[1]);
         }
       }
   }
@@ -944,7 +947,7 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
   // their rows of T are unit rows, times β = 0.
   tri_product(Tm, false, [&](int isw, int i, int col, float x0, float x1) {
     const int64_t o = (rb + i) * kHD + col;
-    if (isw) store_split2(p.b.Wh + o, p.b.Wl + o, x0, x1);
+    if (isw) store_split2(p.b.Wh + o, lo_or_null(p.b.Wl, o, p.one), x0, x1);
     else *reinterpret_cast<float2*>(p.b.U + o) = make_float2(x0, x1);
   });
   if (kScan3) {
@@ -1197,7 +1200,8 @@ __device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) 
 // kShared (P11 bit 2): diag(γ)Q and K' are not in the buffers; q̂, k̂ come unscaled from the key
 // head's rows (shared by its value heads) and the scan applies the row factors: O = diag(γ)(Q̂S) +
 // PΔ, and S ← γ_C S + K̂ᵀ(diag(e^{G_C−G}) Δ) with the scaled Δ as a second tile (10 KB more smem).
-template <bool kShared>
+// kOne (P24): every product in one bf16 MMA; the lo planes are neither loaded nor stored.
+template <bool kShared, bool kOne = false>
 __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_constant__ CScanArgs p) {
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* Wh = reinterpret_cast<bf16*>(smraw);   // [kC][kRS]
@@ -1237,7 +1241,7 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
       const int64_t go = (rb + r) * kHD + 8 * ch;
       const int so = r * kRS + 8 * ch;
       cp_async16(Wh + so, p.b.Wh + go);
-      cp_async16(Wl + so, p.b.Wl + go);
+      if (!kOne) cp_async16(Wl + so, p.b.Wl + go);
     }
     for (int idx = tid; idx < kC * (kNB / 4); idx += blockDim.x) {
       const int r = idx / (kNB / 4), ch = idx % (kNB / 4);
@@ -1255,7 +1259,7 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
       const int64_t go = (rb + r) * kHD + 8 * ch;
       const int so = r * kRS + 8 * ch;
       cp_async16(Qh + so, p.b.Qh + go);
-      cp_async16(Ql + so, p.b.Ql + go);
+      if (!kOne) cp_async16(Ql + so, p.b.Ql + go);
     }
   };
   auto issue_b = [&](int c) {   // K' (kShared: k̂), P of chunk c into buffer c & 1
@@ -1268,19 +1272,19 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
       const int r = idx / (kHD / 8), ch = idx % (kHD / 8);
       const int64_t go = (kb + r) * kHD + 8 * ch;
       cp_async16(kh + r * kRS + 8 * ch, p.b.Kh + go);
-      cp_async16(kl + r * kRS + 8 * ch, p.b.Kl + go);
+      if (!kOne) cp_async16(kl + r * kRS + 8 * ch, p.b.Kl + go);
     }
     for (int idx = tid; idx < kC * (kC / 8); idx += blockDim.x) {
       const int r = idx / (kC / 8), ch = idx % (kC / 8);
       const int64_t go = (rb + r) * kC + 8 * ch;
       cp_async16(ph + r * kPS + 8 * ch, p.b.Ph + go);
-      cp_async16(pl + r * kPS + 8 * ch, p.b.Pl + go);
+      if (!kOne) cp_async16(pl + r * kPS + 8 * ch, p.b.Pl + go);
     }
   };
   // Chunk cc's nine planes of head j (64 contiguous rows each) into L2: thread `plane` of the CTA
   // whose column block is plane % nblk.
   auto prefetch = [&](int cc) {
-    if (tid >= 9 || tid % nblk != cb) return;
+    if (tid >= 9 || tid % nblk != cb || (kOne && tid < 8 && (tid & 1))) return;   // kOne: no lo planes
     const int64_t r0 = hb + int64_t(cc) * kC;
     if (tid < 6) {
       const bf16* pl = tid == 0 ? p.b.Wh : tid == 1 ? p.b.Wl : tid == 2 ? p.b.Qh : tid == 3 ? p.b.Ql : tid == 4 ? p.b.Kh : p.b.Kl;
@@ -1326,7 +1330,7 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int o = (16 * warp + gq + 8 * r) * kNS + 8 * nt + 2 * tq;
-        store_split2(Sh + o, Sl + o, acc_s[nt][2 * r], acc_s[nt][2 * r + 1]);
+        store_split2(Sh + o, kOne ? nullptr : Sl + o, acc_s[nt][2 * r], acc_s[nt][2 * r + 1]);
       }
     issue_q(c);
     cp_async_commit();
@@ -1337,7 +1341,7 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
 
     // Phase 1: Δ = U − W S (zero on rows past T: U and W are). The warp's S fragments (16 columns,
     // hi in sf[kk][0..3], lo in sf[kk][4..7]) stay in registers for diag(γ)Q S in phase 2.
-    uint32_t sf[kHD / 16][8];
+    uint32_t sf[kHD / 16][8] = {};
     {
       float aD[2][4];
 #pragma unroll
@@ -1348,13 +1352,13 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
       for (int kk = 0; kk < kHD / 16; ++kk) {
         uint32_t* sh = sf[kk];
         uint32_t* sl = sf[kk] + 4;
-        uint32_t wh[4], wl[4];
+        uint32_t wh[4], wl[4] = {};
         ldsm_x4_t(sh[0], sh[1], sh[2], sh[3], Sh + boff + 16 * kk * kNS);
-        ldsm_x4_t(sl[0], sl[1], sl[2], sl[3], Sl + boff + 16 * kk * kNS);
+        if constexpr (!kOne) ldsm_x4_t(sl[0], sl[1], sl[2], sl[3], Sl + boff + 16 * kk * kNS);
         ldsm_x4(wh[0], wh[1], wh[2], wh[3], Wh + aoff + 16 * kk);
-        ldsm_x4(wl[0], wl[1], wl[2], wl[3], Wl + aoff + 16 * kk);
+        if constexpr (!kOne) ldsm_x4(wl[0], wl[1], wl[2], wl[3], Wl + aoff + 16 * kk);
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) mma_bf16x3(aD[nt], wh, wl, sh[2 * nt], sh[2 * nt + 1], sl[2 * nt], sl[2 * nt + 1]);
+        for (int nt = 0; nt < 2; ++nt) mma_bf16x<kOne>(aD[nt], wh, wl, sh[2 * nt], sh[2 * nt + 1], sl[2 * nt], sl[2 * nt + 1]);
       }
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
@@ -1363,10 +1367,10 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
           const int i = 16 * mt + gq + 8 * r, col = 16 * nh + 8 * nt + 2 * tq;
           const float2 uv = *reinterpret_cast<const float2*>(Us + i * kNS + col);
           const float d0 = uv.x - aD[nt][2 * r], d1 = uv.y - aD[nt][2 * r + 1];
-          store_split2(Dh + i * kNS + col, Dl + i * kNS + col, d0, d1);
+          store_split2(Dh + i * kNS + col, kOne ? nullptr : Dl + i * kNS + col, d0, d1);
           if (kShared) {
             const float f = rks[i];
-            store_split2(D2h + i * kNS + col, D2l + i * kNS + col, d0 * f, d1 * f);
+            store_split2(D2h + i * kNS + col, kOne ? nullptr : D2l + i * kNS + col, d0 * f, d1 * f);
           }
         }
     }
@@ -1397,22 +1401,22 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
         const int kk = 2 * ks + h;
         const uint32_t* sh = sf[kk];
         const uint32_t* sl = sf[kk] + 4;
-        uint32_t qh[4], ql[4];
+        uint32_t qh[4], ql[4] = {};
         ldsm_x4(qh[0], qh[1], qh[2], qh[3], Qh + aoff + 16 * kk);
-        ldsm_x4(ql[0], ql[1], ql[2], ql[3], Ql + aoff + 16 * kk);
+        if constexpr (!kOne) ldsm_x4(ql[0], ql[1], ql[2], ql[3], Ql + aoff + 16 * kk);
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) mma_bf16x3(aO[nt], qh, ql, sh[2 * nt], sh[2 * nt + 1], sl[2 * nt], sl[2 * nt + 1]);
+        for (int nt = 0; nt < 2; ++nt) mma_bf16x<kOne>(aO[nt], qh, ql, sh[2 * nt], sh[2 * nt + 1], sl[2 * nt], sl[2 * nt + 1]);
       }
-      uint32_t ah[4], al[4];
+      uint32_t ah[4], al[4] = {};
       ldsm_x4_t(ah[0], ah[1], ah[2], ah[3], kh + koff + 16 * ks * kRS);
-      ldsm_x4_t(al[0], al[1], al[2], al[3], kl + koff + 16 * ks * kRS);
+      if constexpr (!kOne) ldsm_x4_t(al[0], al[1], al[2], al[3], kl + koff + 16 * ks * kRS);
 #pragma unroll
       for (int np = 0; np < 2; ++np) {
-        uint32_t dh[4], dl[4];
+        uint32_t dh[4], dl[4] = {};
         ldsm_x4_t(dh[0], dh[1], dh[2], dh[3], (kShared ? D2h : Dh) + doff + 16 * ks * kNS + 16 * np);
-        ldsm_x4_t(dl[0], dl[1], dl[2], dl[3], (kShared ? D2l : Dl) + doff + 16 * ks * kNS + 16 * np);
-        mma_bf16x3(acc_s[2 * np], ah, al, dh[0], dh[1], dl[0], dl[1]);
-        mma_bf16x3(acc_s[2 * np + 1], ah, al, dh[2], dh[3], dl[2], dl[3]);
+        if constexpr (!kOne) ldsm_x4_t(dl[0], dl[1], dl[2], dl[3], (kShared ? D2l : Dl) + doff + 16 * ks * kNS + 16 * np);
+        mma_bf16x<kOne>(acc_s[2 * np], ah, al, dh[0], dh[1], dl[0], dl[1]);
+        mma_bf16x<kOne>(acc_s[2 * np + 1], ah, al, dh[2], dh[3], dl[2], dl[3]);
       }
     }
     if (kShared) {   // O = diag(γ) (Q̂ S) so far
@@ -1430,13 +1434,13 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
 #pragma unroll
     for (int ks = 0; ks < kC / 16; ++ks) {
       if (ks > mt) break;
-      uint32_t pah[4], pal[4], dh[4], dl[4];
+      uint32_t pah[4], pal[4] = {}, dh[4], dl[4] = {};
       ldsm_x4(pah[0], pah[1], pah[2], pah[3], ph + poff + 16 * ks);
-      ldsm_x4(pal[0], pal[1], pal[2], pal[3], pl + poff + 16 * ks);
+      if constexpr (!kOne) ldsm_x4(pal[0], pal[1], pal[2], pal[3], pl + poff + 16 * ks);
       ldsm_x4_t(dh[0], dh[1], dh[2], dh[3], Dh + boff + 16 * ks * kNS);
-      ldsm_x4_t(dl[0], dl[1], dl[2], dl[3], Dl + boff + 16 * ks * kNS);
+      if constexpr (!kOne) ldsm_x4_t(dl[0], dl[1], dl[2], dl[3], Dl + boff + 16 * ks * kNS);
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) mma_bf16x3(aO[nt], pah, pal, dh[2 * nt], dh[2 * nt + 1], dl[2 * nt], dl[2 * nt + 1]);
+      for (int nt = 0; nt < 2; ++nt) mma_bf16x<kOne>(aO[nt], pah, pal, dh[2 * nt], dh[2 * nt + 1], dl[2 * nt], dl[2 * nt + 1]);
     }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
@@ -1742,6 +1746,15 @@ bool& gdn_prep_batched_enabled() {
   return on;
 }
 
+bool& gdn_chunk_one() {
+  static bool on = true;
+  return on;
+}
+// P24 applies to P11's default pair (gdn_chunk_intra2_kernel<0> + gdn_chunk_scan2_kernel<false>) only.
+static bool gdn_p24_active() {
+  const int p11 = gdn_chunk_p11();
+  return gdn_chunk_one() && (p11 & 3) == 3 && p11 != 7 && !(p11 & 16);
+}
 int& gdn_chunk_p11() {
   static int parts = 3;
   return parts;
@@ -1812,7 +1825,7 @@ void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s) {
     attr_set = true;
   }
   const int p11 = gdn_chunk_p11();
-  IntraArgs a{d, u, beta, g, T, b, p11 == 7 ? 1 : 0};
+  IntraArgs a{d, u, beta, g, T, b, p11 == 7 ? 1 : 0, gdn_p24_active() ? 1 : 0};
   if ((p11 & 24) == 24) launch(gdn_chunk_intra2_kernel<2>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // scan3, FMA M
   else if (p11 & 16) launch(gdn_chunk_intra2_kernel<1>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P11 scan3
   else if (p11 & 1) launch(gdn_chunk_intra2_kernel<0>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P11
@@ -1828,6 +1841,8 @@ void gdn_chunked_scan(const GdnDims& d, const float* norm_w, float* conv_state, 
   if (!attr_set) {
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCScanSmem)));
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan2_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCScanSmem)));
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan2_kernel<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(kCScanSmem)));
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan2_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kCScan2SharedSmem)));
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan3_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCScan3Smem)));
@@ -1835,7 +1850,8 @@ void gdn_chunked_scan(const GdnDims& d, const float* norm_w, float* conv_state, 
   }
   CScanArgs a{d, conv_state, S, qkv, T, b, y};
   const int p11 = gdn_chunk_p11();
-  if (p11 & 16) launch(gdn_chunk_scan3_kernel, dim3(d.nv * (kHD / kNB)), dim3(256), kCScan3Smem, s, a);   // P11 scan3
+  if (gdn_p24_active()) launch(gdn_chunk_scan2_kernel<false, true>, dim3(d.nv * (kHD / kNB)), dim3(256), kCScanSmem, s, a);   // P24
+  else if (p11 & 16) launch(gdn_chunk_scan3_kernel, dim3(d.nv * (kHD / kNB)), dim3(256), kCScan3Smem, s, a);   // P11 scan3
   else if (p11 == 7) launch(gdn_chunk_scan2_kernel<true>, dim3(d.nv * (kHD / kNB)), dim3(256), kCScan2SharedSmem, s, a);
   else if (p11 & 2) launch(gdn_chunk_scan2_kernel<false>, dim3(d.nv * (kHD / kNB)), dim3(256), kCScanSmem, s, a);   // P11
   else launch(gdn_chunk_scan_kernel, dim3(d.nv * (kHD / kNB)), dim3(256), kCScanSmem, s, a);

@@ -56,12 +56,22 @@ __device__ __forceinline__ void split_bf16(float x, __nv_bfloat16& hi, __nv_bflo
   hi = __float2bfloat16_rn(x);
   lo = __float2bfloat16_rn(x - __bfloat162float(hi));
 }
+// kOne (P24): acc += ah·bh only (one bf16 MMA, the lo operands unused), else mma_bf16x3.
+template <bool kOne>
+__device__ __forceinline__ void mma_bf16x(float* c, const uint32_t* ah, const uint32_t* al, uint32_t bh0, uint32_t bh1,
+                                          uint32_t bl0, uint32_t bl1);
 // acc += a·b with a = ah + al, b = bh + bl (al·bl dropped: ~2^-16 relative), small terms first.
 __device__ __forceinline__ void mma_bf16x3(float* c, const uint32_t* ah, const uint32_t* al, uint32_t bh0, uint32_t bh1,
                                            uint32_t bl0, uint32_t bl1) {
   mma_bf16(c, al[0], al[1], al[2], al[3], bh0, bh1);
   mma_bf16(c, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
   mma_bf16(c, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+}
+template <bool kOne>
+__device__ __forceinline__ void mma_bf16x(float* c, const uint32_t* ah, const uint32_t* al, uint32_t bh0, uint32_t bh1,
+                                          uint32_t bl0, uint32_t bl1) {
+  if constexpr (kOne) mma_bf16(c, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+  else mma_bf16x3(c, ah, al, bh0, bh1, bl0, bl1);
 }
 
 // ---- gdn_prefill.cu ------------------------------------------------------------------------
@@ -97,6 +107,10 @@ void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s);
 // (scan3, overrides bits 0-2): the per-chunk pass also forms Q~ = diag(γ)Q − P W and O0 = P U, and
 // the scan keeps only Δ = U − W S, O = Q~ S + O0, S ← γ_C S + K'ᵀ Δ.
 int& gdn_chunk_p11();
+// P24: the P11 chunk scan's products (W S, diag(γ)Q S, K'ᵀ Δ, P Δ) in one bf16 MMA each (operands
+// rounded to bf16, fp32 accumulation; the state stays fp32) instead of split bf16 (three MMAs), and
+// the per-chunk pass writes only the hi planes. Default on; --ablate P24 = split.
+bool& gdn_chunk_one();
 void gdn_chunked_scan(const GdnDims& d, const float* norm_w, float* conv_state, float* S, const float* qkv,
                       const float* z, int T, float* work, float* y, cudaStream_t s);
 
