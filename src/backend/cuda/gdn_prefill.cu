@@ -344,7 +344,7 @@ __device__ __forceinline__ void store_split4(bf16* hi, bf16* lo, float4 v) {
   split_bf16(v.z, h[2], l[2]);
   split_bf16(v.w, h[3], l[3]);
   *reinterpret_cast<uint2*>(hi) = *reinterpret_cast<const uint2*>(h);
-  if (lo) *reinterpret_cast<uint2*>(lo) = *reinterpret_cast<const uint2*>(l);
+  *reinterpret_cast<uint2*>(lo) = *reinterpret_cast<const uint2*>(l);
 }
 // Two floats split, stored as one bf16 pair each.
 __device__ __forceinline__ void store_split2(bf16* hi, bf16* lo, float a, float b) {
@@ -352,10 +352,27 @@ __device__ __forceinline__ void store_split2(bf16* hi, bf16* lo, float a, float 
   split_bf16(a, h[0], l[0]);
   split_bf16(b, h[1], l[1]);
   *reinterpret_cast<uint32_t*>(hi) = *reinterpret_cast<const uint32_t*>(h);
-  if (lo) *reinterpret_cast<uint32_t*>(lo) = *reinterpret_cast<const uint32_t*>(l);
+  *reinterpret_cast<uint32_t*>(lo) = *reinterpret_cast<const uint32_t*>(l);
 }
-// The lo plane's address, or null (P24: lo planes not written) — for the per-chunk pass's global stores.
-__device__ __forceinline__ bf16* lo_or_null(bf16* lo, int64_t o, int one) { return one ? nullptr : lo + o; }
+// kOne (P24): only the hi part (x rounded to bf16) is stored; else store_split4 / store_split2.
+template <bool kOne>
+__device__ __forceinline__ void store_split4x(bf16* hi, bf16* lo, float4 v) {
+  if constexpr (kOne) {
+    const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+    *reinterpret_cast<uint2*>(hi) = make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+  } else {
+    store_split4(hi, lo, v);
+  }
+}
+template <bool kOne>
+__device__ __forceinline__ void store_split2x(bf16* hi, bf16* lo, float a, float b) {
+  if constexpr (kOne) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    *reinterpret_cast<uint32_t*>(hi) = *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    store_split2(hi, lo, a, b);
+  }
+}
 
 struct IntraArgs {
   GdnDims d;
@@ -561,7 +578,8 @@ __device__ __forceinline__ void split_pack(float a, float b, uint32_t& h, uint32
 // grid (nch, nv), block 256 (8 warps), 2 CTAs per SM.
 // kMode: 0 = U / W / P / diag(γ)Q (scan2), 1 = kScan3 with M on tensor cores, 2 = kScan3 with M in
 // fp32 FMAs (the session-6 form, LILY_GDN_P11 bit 3: a test row that localises an M failure).
-template <int kMode>
+// kOne (P24): products in one bf16 MMA (no lo planes in shared memory, the lo loads skipped).
+template <int kMode, bool kOne = false>
 __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_constant__ IntraArgs p) {
   constexpr bool kScan3 = kMode != 0;
   extern __shared__ __align__(16) unsigned char smraw[];
@@ -631,8 +649,8 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
 #pragma unroll
   for (int it = 0; it < kIt; ++it) {
     const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
-    store_split4(qh + r * kRS + 4 * c4, ql + r * kRS + 4 * c4, qv[it]);
-    store_split4(kh + r * kRS + 4 * c4, kl + r * kRS + 4 * c4, kv[it]);
+    store_split4x<kOne>(qh + r * kRS + 4 * c4, ql + r * kRS + 4 * c4, qv[it]);
+    store_split4x<kOne>(kh + r * kRS + 4 * c4, kl + r * kRS + 4 * c4, kv[it]);
   }
   __syncthreads();
   if (!kScan3 && p.shared) {
@@ -643,8 +661,8 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
       for (int it = 0; it < kIt; ++it) {
         const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
         const int64_t o = (kb + r) * kHD + 4 * c4;
-        store_split4(p.b.Qh + o, lo_or_null(p.b.Ql, o, p.one), qv[it]);
-        store_split4(p.b.Kh + o, lo_or_null(p.b.Kl, o, p.one), kv[it]);
+        store_split4x<kOne>(p.b.Qh + o, p.b.Ql + o, qv[it]);
+        store_split4x<kOne>(p.b.Kh + o, p.b.Kl + o, kv[it]);
       }
     }
     if (tid < kC) {
@@ -659,8 +677,8 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
       const float fq = gam[r], fk = kdec[r];
       const float4 a = qv[it], b = kv[it];
       const int64_t o = (rb + r) * kHD + 4 * c4;
-      if (!kScan3) store_split4(p.b.Qh + o, lo_or_null(p.b.Ql, o, p.one), make_float4(a.x * fq, a.y * fq, a.z * fq, a.w * fq));
-      store_split4(p.b.Kh + o, lo_or_null(p.b.Kl, o, p.one), make_float4(b.x * fk, b.y * fk, b.z * fk, b.w * fk));
+      if (!kScan3) store_split4x<kOne>(p.b.Qh + o, p.b.Ql + o, make_float4(a.x * fq, a.y * fq, a.z * fq, a.w * fq));
+      store_split4x<kOne>(p.b.Kh + o, p.b.Kl + o, make_float4(b.x * fk, b.y * fk, b.z * fk, b.w * fk));
     }
   }
   if (tid == 0) p.b.gC[int64_t(j) * p.b.nch + c] = gam[kC - 1];
@@ -680,20 +698,20 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
       const int boff = (32 * nh + lr + 8 * (q >> 1)) * kRS + 8 * (q & 1);   // B: keys (n) × dims (k)
 #pragma unroll
       for (int kk = 0; kk < kHD / 16; ++kk) {
-        uint32_t akh[4], akl[4], aqh[4], aql[4];
+        uint32_t akh[4], akl[4] = {}, aqh[4], aql[4] = {};
         ldsm_x4(akh[0], akh[1], akh[2], akh[3], kh + aoff + 16 * kk);
-        ldsm_x4(akl[0], akl[1], akl[2], akl[3], kl + aoff + 16 * kk);
+        if constexpr (!kOne) ldsm_x4(akl[0], akl[1], akl[2], akl[3], kl + aoff + 16 * kk);
         ldsm_x4(aqh[0], aqh[1], aqh[2], aqh[3], qh + aoff + 16 * kk);
-        ldsm_x4(aql[0], aql[1], aql[2], aql[3], ql + aoff + 16 * kk);
+        if constexpr (!kOne) ldsm_x4(aql[0], aql[1], aql[2], aql[3], ql + aoff + 16 * kk);
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
-          uint32_t bh[4], bl[4];
+          uint32_t bh[4], bl[4] = {};
           ldsm_x4(bh[0], bh[1], bh[2], bh[3], kh + boff + np * 16 * kRS + 16 * kk);
-          ldsm_x4(bl[0], bl[1], bl[2], bl[3], kl + boff + np * 16 * kRS + 16 * kk);
-          mma_bf16x3(aK[2 * np], akh, akl, bh[0], bh[1], bl[0], bl[1]);
-          mma_bf16x3(aK[2 * np + 1], akh, akl, bh[2], bh[3], bl[2], bl[3]);
-          mma_bf16x3(aQ[2 * np], aqh, aql, bh[0], bh[1], bl[0], bl[1]);
-          mma_bf16x3(aQ[2 * np + 1], aqh, aql, bh[2], bh[3], bl[2], bl[3]);
+          if constexpr (!kOne) ldsm_x4(bl[0], bl[1], bl[2], bl[3], kl + boff + np * 16 * kRS + 16 * kk);
+          mma_bf16x<kOne>(aK[2 * np], akh, akl, bh[0], bh[1], bl[0], bl[1]);
+          mma_bf16x<kOne>(aK[2 * np + 1], akh, akl, bh[2], bh[3], bl[2], bl[3]);
+          mma_bf16x<kOne>(aQ[2 * np], aqh, aql, bh[0], bh[1], bl[0], bl[1]);
+          mma_bf16x<kOne>(aQ[2 * np + 1], aqh, aql, bh[2], bh[3], bl[2], bl[3]);
         }
       }
     }
@@ -717,7 +735,7 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
           }
         } else {
           *reinterpret_cast<float2*>(Am + i * kAS + s) = make_float2(av[0], av[1]);
-          store_split2(p.b.Ph + (rb + i) * kC + s, lo_or_null(p.b.Pl, (rb + i) * kC + s, p.one), pv[0], pv[1]);
+          store_split2x<kOne>(p.b.Ph + (rb + i) * kC + s, p.b.Pl + (rb + i) * kC + s, pv[0], pv[1]);
         }
       }
   }
@@ -751,7 +769,7 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
 #pragma unroll
     for (int it = 0; it < kIt; ++it) {
       const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
-      store_split4(qh + r * kRS + 4 * c4, ql + r * kRS + 4 * c4, vv[it]);
+      store_split4x<kOne>(qh + r * kRS + 4 * c4, ql + r * kRS + 4 * c4, vv[it]);
     }
   }
   __syncthreads();
@@ -856,7 +874,7 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
             }
             split_pack(Tm[k * kAS + nn], Tm[(k + 1) * kAS + nn], bh[h], bl[h]);
           }
-          mma_bf16x3(mc[bi], ah, al, bh[0], bh[1], bl[0], bl[1]);
+          mma_bf16x<kOne>(mc[bi], ah, al, bh[0], bh[1], bl[0], bl[1]);
         }
       }
     }
@@ -885,6 +903,7 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
     const int isw = warp >> 2, pr = warp & 1, ch = (warp >> 1) & 1, lr = lane & 7, q = lane >> 3;
     const bf16* Bh = isw ? kh : qh;
     const bf16* Bl = isw ? kl : ql;
+    (void)Bl;   // kOne: unused
     const float* sc = isw ? bgam : bs;
     const bool neg = qt && isw;   // warp-uniform
     const int boff = (lr + 8 * (q & 1)) * kRS + 64 * ch + 8 * (q >> 1);   // B [token][column] (ldmatrix.trans)
@@ -927,12 +946,12 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
           }
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
-          uint32_t bh[4], bl[4];
+          uint32_t bh[4], bl[4] = {};
           const int o = boff + 16 * ks * kRS + 16 * np;
           ldsm_x4_t(bh[0], bh[1], bh[2], bh[3], Bh + o);
-          ldsm_x4_t(bl[0], bl[1], bl[2], bl[3], Bl + o);
-          mma_bf16x3(acc[2 * np], ah, al, bh[0], bh[1], bl[0], bl[1]);
-          mma_bf16x3(acc[2 * np + 1], ah, al, bh[2], bh[3], bl[2], bl[3]);
+          if constexpr (!kOne) ldsm_x4_t(bl[0], bl[1], bl[2], bl[3], Bl + o);
+          mma_bf16x<kOne>(acc[2 * np], ah, al, bh[0], bh[1], bl[0], bl[1]);
+          mma_bf16x<kOne>(acc[2 * np + 1], ah, al, bh[2], bh[3], bl[2], bl[3]);
         }
       }
 #pragma unroll
@@ -947,7 +966,7 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
   // their rows of T are unit rows, times β = 0.
   tri_product(Tm, false, [&](int isw, int i, int col, float x0, float x1) {
     const int64_t o = (rb + i) * kHD + col;
-    if (isw) store_split2(p.b.Wh + o, lo_or_null(p.b.Wl, o, p.one), x0, x1);
+    if (isw) store_split2x<kOne>(p.b.Wh + o, p.b.Wl + o, x0, x1);
     else *reinterpret_cast<float2*>(p.b.U + o) = make_float2(x0, x1);
   });
   if (kScan3) {
@@ -1330,7 +1349,7 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int o = (16 * warp + gq + 8 * r) * kNS + 8 * nt + 2 * tq;
-        store_split2(Sh + o, kOne ? nullptr : Sl + o, acc_s[nt][2 * r], acc_s[nt][2 * r + 1]);
+        store_split2x<kOne>(Sh + o, Sl + o, acc_s[nt][2 * r], acc_s[nt][2 * r + 1]);
       }
     issue_q(c);
     cp_async_commit();
@@ -1367,10 +1386,10 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
           const int i = 16 * mt + gq + 8 * r, col = 16 * nh + 8 * nt + 2 * tq;
           const float2 uv = *reinterpret_cast<const float2*>(Us + i * kNS + col);
           const float d0 = uv.x - aD[nt][2 * r], d1 = uv.y - aD[nt][2 * r + 1];
-          store_split2(Dh + i * kNS + col, kOne ? nullptr : Dl + i * kNS + col, d0, d1);
+          store_split2x<kOne>(Dh + i * kNS + col, Dl + i * kNS + col, d0, d1);
           if (kShared) {
             const float f = rks[i];
-            store_split2(D2h + i * kNS + col, kOne ? nullptr : D2l + i * kNS + col, d0 * f, d1 * f);
+            store_split2x<kOne>(D2h + i * kNS + col, D2l + i * kNS + col, d0 * f, d1 * f);
           }
         }
     }
@@ -1822,12 +1841,15 @@ void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s) {
                                     int(kIntra2Smem)));
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra2_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kIntra2Smem)));
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra2_kernel<0, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(kIntra2Smem)));
     attr_set = true;
   }
   const int p11 = gdn_chunk_p11();
   IntraArgs a{d, u, beta, g, T, b, p11 == 7 ? 1 : 0, gdn_p24_active() ? 1 : 0};
   if ((p11 & 24) == 24) launch(gdn_chunk_intra2_kernel<2>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // scan3, FMA M
   else if (p11 & 16) launch(gdn_chunk_intra2_kernel<1>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P11 scan3
+  else if (a.one) launch(gdn_chunk_intra2_kernel<0, true>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P24
   else if (p11 & 1) launch(gdn_chunk_intra2_kernel<0>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P11
   else launch(gdn_chunk_intra_kernel, dim3(b.nch, d.nv), dim3(256), kIntraSmem, s, a);
   CUDA_LAUNCH_CHECK();
