@@ -107,7 +107,7 @@ struct Variant {
   std::string name;
   std::vector<std::string> off;
   std::string scan_nc = "0", attn_min_t = "16";
-  int tol = 0;   // bounds: 0 fp32, 1 fp16 MMA operands or fp16 cache, 2 bf16 MMA operands, 3 split-bf16 (hi + lo) MMA
+  int tol = 0;   // bounds: 0 fp32, 1 fp16 MMA operands or fp16 cache, 2 bf16 MMA operands, 3 split-bf16 (hi + lo) MMA, 5 P24
   std::string chunked = "";   // LILY_GDN_CHUNKED ("" = by T)
   std::string bf16kv = "1";   // LILY_ATTN_BF16KV
   std::string attn_bf16 = "0";   // LILY_ATTN_BF16 (flash operands bf16 instead of fp16)
@@ -147,7 +147,10 @@ void apply(Backend& gpu, const Variant& v) {
 // path already rounded K/V to fp16 (its per-call copy), so its error does not change.
 // The cache itself (tol 4): every element round-to-nearest to fp16, so every row's relative error is
 // <= 2^-11 = 4.9e-4 (plus ~1e-6 from the f32 norm/RoPE): bound 5e-4 on RMS and on every row.
-constexpr double kRms[5] = {2e-4, 3e-3, 2e-2, 2e-4, 5e-4}, kRow[5] = {2e-3, 1e-2, 6e-2, 5e-2, 5e-4};
+// P24 (tol 5): the chunk scan's products in one bf16 MMA (operands rounded to 8-bit mantissas,
+// 2^-9 relative) on the split per-chunk pass: RMS 2.5e-3, worst row 3.5e-2 measured (session 11
+// call 3); bounds 2x the RMS and the bf16 class's worst row.
+constexpr double kRms[6] = {2e-4, 3e-3, 2e-2, 2e-4, 5e-4, 5e-3}, kRow[6] = {2e-3, 1e-2, 6e-2, 5e-2, 5e-4, 6e-2};
 bool within(const Err& e, int tol) { return e.finite && e.rel_rms <= kRms[tol] && e.worst_row <= kRow[tol]; }
 
 // ---- Gated DeltaNet -----------------------------------------------------------------------
@@ -276,7 +279,7 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                    {"P4 scan nc=2", {}, "2", "16", 0, "0"},
                                    {"P4 scan nc=4", {}, "4", "16", 0, "0"},
                                    {"P4c chunked (all T)", {"P24"}, "0", "16", 3, "1"},
-                                   {"P4c P24 one bf16 MMA", {}, "0", "16", 2, "1"},
+                                   {"P4c P24 one bf16 MMA", {}, "0", "16", 5, "1"},
                                    {"P4 scan nc=1, P9 off", {"P9"}, "1", "16", 0, "0"},
                                    {"P4c chunked, P9 off", {"P9", "P24"}, "0", "16", 3, "1"},
                                    {"P4c chunked, P11 off", {"P11"}, "0", "16", 3, "1"},
@@ -323,8 +326,8 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
   const int64_t dv = c.linear_value_dim() / c.linear_num_value_heads, hd = c.head_dim;
   std::printf("cuda-test-attn: errors are relative (RMS over all / worst row); bounds fp32 rms<=%.0e row<=%.0e, "
               "fp16 ops or fp16 KV rms<=%.0e row<=%.0e, bf16 ops rms<=%.0e row<=%.0e, split bf16 (P4c) rms<=%.0e "
-              "row<=%.0e, fp16 cache contents rms<=%.0e row<=%.0e\n",
-              kRms[0], kRow[0], kRms[1], kRow[1], kRms[2], kRow[2], kRms[3], kRow[3], kRms[4], kRow[4]);
+              "row<=%.0e, fp16 cache contents rms<=%.0e row<=%.0e, P24 one-bf16 scan rms<=%.0e row<=%.0e\n",
+              kRms[0], kRow[0], kRms[1], kRow[1], kRms[2], kRow[2], kRms[3], kRow[3], kRms[4], kRow[4], kRms[5], kRow[5]);
   for (int T : {1, 16, 63, 64, 65, 300, 1024, 2500})   // 2500: 40 chunks of state carried, partial last
     for (int carried = 0; carried < 2 && only != "attn"; ++carried) {
       const GdnIO io = make_gdn_io(c, T, carried, g);

@@ -649,8 +649,8 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
 #pragma unroll
   for (int it = 0; it < kIt; ++it) {
     const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
-    store_split4x<kOne>(qh + r * kRS + 4 * c4, ql + r * kRS + 4 * c4, qv[it]);
-    store_split4x<kOne>(kh + r * kRS + 4 * c4, kl + r * kRS + 4 * c4, kv[it]);
+    store_split4(qh + r * kRS + 4 * c4, ql + r * kRS + 4 * c4, qv[it]);
+    store_split4(kh + r * kRS + 4 * c4, kl + r * kRS + 4 * c4, kv[it]);
   }
   __syncthreads();
   if (!kScan3 && p.shared) {
@@ -698,20 +698,20 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
       const int boff = (32 * nh + lr + 8 * (q >> 1)) * kRS + 8 * (q & 1);   // B: keys (n) × dims (k)
 #pragma unroll
       for (int kk = 0; kk < kHD / 16; ++kk) {
-        uint32_t akh[4], akl[4] = {}, aqh[4], aql[4] = {};
+        uint32_t akh[4], akl[4], aqh[4], aql[4];
         ldsm_x4(akh[0], akh[1], akh[2], akh[3], kh + aoff + 16 * kk);
-        if constexpr (!kOne) ldsm_x4(akl[0], akl[1], akl[2], akl[3], kl + aoff + 16 * kk);
+        ldsm_x4(akl[0], akl[1], akl[2], akl[3], kl + aoff + 16 * kk);
         ldsm_x4(aqh[0], aqh[1], aqh[2], aqh[3], qh + aoff + 16 * kk);
-        if constexpr (!kOne) ldsm_x4(aql[0], aql[1], aql[2], aql[3], ql + aoff + 16 * kk);
+        ldsm_x4(aql[0], aql[1], aql[2], aql[3], ql + aoff + 16 * kk);
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
-          uint32_t bh[4], bl[4] = {};
+          uint32_t bh[4], bl[4];
           ldsm_x4(bh[0], bh[1], bh[2], bh[3], kh + boff + np * 16 * kRS + 16 * kk);
-          if constexpr (!kOne) ldsm_x4(bl[0], bl[1], bl[2], bl[3], kl + boff + np * 16 * kRS + 16 * kk);
-          mma_bf16x<kOne>(aK[2 * np], akh, akl, bh[0], bh[1], bl[0], bl[1]);
-          mma_bf16x<kOne>(aK[2 * np + 1], akh, akl, bh[2], bh[3], bl[2], bl[3]);
-          mma_bf16x<kOne>(aQ[2 * np], aqh, aql, bh[0], bh[1], bl[0], bl[1]);
-          mma_bf16x<kOne>(aQ[2 * np + 1], aqh, aql, bh[2], bh[3], bl[2], bl[3]);
+          ldsm_x4(bl[0], bl[1], bl[2], bl[3], kl + boff + np * 16 * kRS + 16 * kk);
+          mma_bf16x3(aK[2 * np], akh, akl, bh[0], bh[1], bl[0], bl[1]);
+          mma_bf16x3(aK[2 * np + 1], akh, akl, bh[2], bh[3], bl[2], bl[3]);
+          mma_bf16x3(aQ[2 * np], aqh, aql, bh[0], bh[1], bl[0], bl[1]);
+          mma_bf16x3(aQ[2 * np + 1], aqh, aql, bh[2], bh[3], bl[2], bl[3]);
         }
       }
     }
@@ -769,7 +769,7 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
 #pragma unroll
     for (int it = 0; it < kIt; ++it) {
       const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
-      store_split4x<kOne>(qh + r * kRS + 4 * c4, ql + r * kRS + 4 * c4, vv[it]);
+      store_split4(qh + r * kRS + 4 * c4, ql + r * kRS + 4 * c4, vv[it]);
     }
   }
   __syncthreads();
@@ -874,7 +874,7 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
             }
             split_pack(Tm[k * kAS + nn], Tm[(k + 1) * kAS + nn], bh[h], bl[h]);
           }
-          mma_bf16x<kOne>(mc[bi], ah, al, bh[0], bh[1], bl[0], bl[1]);
+          mma_bf16x3(mc[bi], ah, al, bh[0], bh[1], bl[0], bl[1]);
         }
       }
     }
@@ -903,7 +903,6 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
     const int isw = warp >> 2, pr = warp & 1, ch = (warp >> 1) & 1, lr = lane & 7, q = lane >> 3;
     const bf16* Bh = isw ? kh : qh;
     const bf16* Bl = isw ? kl : ql;
-    (void)Bl;   // kOne: unused
     const float* sc = isw ? bgam : bs;
     const bool neg = qt && isw;   // warp-uniform
     const int boff = (lr + 8 * (q & 1)) * kRS + 64 * ch + 8 * (q >> 1);   // B [token][column] (ldmatrix.trans)
@@ -946,12 +945,12 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
           }
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
-          uint32_t bh[4], bl[4] = {};
+          uint32_t bh[4], bl[4];
           const int o = boff + 16 * ks * kRS + 16 * np;
           ldsm_x4_t(bh[0], bh[1], bh[2], bh[3], Bh + o);
-          if constexpr (!kOne) ldsm_x4_t(bl[0], bl[1], bl[2], bl[3], Bl + o);
-          mma_bf16x<kOne>(acc[2 * np], ah, al, bh[0], bh[1], bl[0], bl[1]);
-          mma_bf16x<kOne>(acc[2 * np + 1], ah, al, bh[2], bh[3], bl[2], bl[3]);
+          ldsm_x4_t(bl[0], bl[1], bl[2], bl[3], Bl + o);
+          mma_bf16x3(acc[2 * np], ah, al, bh[0], bh[1], bl[0], bl[1]);
+          mma_bf16x3(acc[2 * np + 1], ah, al, bh[2], bh[3], bl[2], bl[3]);
         }
       }
 #pragma unroll
