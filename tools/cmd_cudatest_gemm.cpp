@@ -11,6 +11,7 @@
 // the MoE block also with 512 (the grouped GEMMs' widest tile, same check).
 // `--bench` times the shapes at T=4096 and the MoE block with CUDA events (with both widths).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +38,8 @@ void gemm_moe_raw(int kernel, int bm, bool swiglu, const uint16_t* a, const floa
                   const int* a_rows, int K, int N, int E, const void* codes, const void* scales, const void* biases,
                   const void* codes2, const void* scales2, const void* biases2, const int* tiles, int n_tiles,
                   const int* dst, const float* scale, float* y, uint16_t* act, int8_t* act_exp);
+// backend/cuda/gemm.h: the P25 test entry (fused rmsnorm + conversion vs the two kernels), synchronous
+int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split, bool dot, unsigned seed);
 }  // namespace lily::cuda
 #endif
 
@@ -750,6 +753,20 @@ int run(const Options& o) {
   // MoE block with LILY_MOE_WG=0 vs 1).
   const bool p14 = o.flag("p14");
   if (!bench) {
+    // P25: the fused prefill rmsnorm + operand conversion must be bit-identical to rmsnorm followed by
+    // gemm_convert_a (every output byte: h, the f32 rows, row scales, the P19 dot, fp16 / bf16 hi / lo).
+    if (!p14)
+      for (const auto& cs : std::vector<std::array<int, 6>>{{2048, 1, 1, 1, 1, 1}, {2048, 37, 1, 1, 1, 1},
+                                                            {2048, 300, 0, 1, 0, 0}, {2048, 300, 1, 0, 1, 0},
+                                                            {4096, 64, 1, 1, 1, 1}, {128, 5, 1, 1, 0, 1}}) {
+        const int64_t d = lily::cuda::gemm_rmsnorm_convert_probe(cs[0], cs[1], cs[2], cs[3], cs[4], cs[5], 7u + cs[1]);
+        char line[200];
+        std::snprintf(line, sizeof line, "%-4s P25 rmsnorm+convert n=%d T=%d add=%d f16=%d hi/lo=%d dot=%d: %lld bytes differ",
+                      d == 0 ? "PASS" : "FAIL", cs[0], cs[1], cs[2], cs[3], cs[4], cs[5], (long long)d);
+        std::printf("%s\n", line);
+        (d == 0 ? tally.pass : tally.fail) += 1;
+        if (d != 0) tally.failed.push_back(line);
+      }
     probe_p14(*gpu, tally);
     if (!p14) probe_p13(*gpu, tally);
     // ---- dense GEMMs ----

@@ -74,6 +74,18 @@ struct PendingNorm {
   float* out = nullptr;
 };
 
+// P25 (prefill, T >= gemm_min_t_): an rmsnorm (with a pending residual add) not launched yet; the
+// next GEMM batch or prefill MoE reading `out` runs it fused with its operand conversion
+// (gemm_rmsnorm_convert, bit-identical), anything else launches it first (flush_pn).
+struct PendingPNorm {
+  float* h = nullptr;
+  const float* r = nullptr;
+  const float* w = nullptr;
+  int n = 0, T = 0;
+  float eps = 0.f;
+  float* out = nullptr;
+};
+
 // D9/D10 (decode): an MoE block held back until the next op, so that a following add(h, out)
 // becomes the down kernel's epilogue.
 struct PendingMoe {
@@ -196,7 +208,20 @@ class CudaBackend final : public Backend {
   void rmsnorm(const float* x, const FVec& w, int T, float eps, float* out) override {
     flush_moe();
     flush_norm();
+    flush_pn();
     flush_mm();
+    // P25: held back for the conversion of the GEMM batch or prefill MoE that reads `out`.
+    if (p25_ && T >= gemm_min_t_ && cuda::gemm_rmsnorm_convert_ok(int(w.n)) && x != out) {
+      if (pend_add_.h && pend_add_.h == x && pend_add_.n == int64_t(T) * w.n && pend_add_.r != out) {
+        pend_pn_ = {pend_add_.h, pend_add_.r, w.data, int(w.n), T, eps, out};
+        pend_add_ = {};
+        return;
+      }
+      if (!pend_add_.h) {
+        pend_pn_ = {const_cast<float*>(x), nullptr, w.data, int(w.n), T, eps, out};
+        return;
+      }
+    }
     if (fold_norm_ && T == 1 && !pend_add_.h && w.n % 4 == 0 && x != out) {   // D9: left to the consumer
       pend_norm_ = {x, w.data, int(w.n), eps, out};
       return;
@@ -214,6 +239,16 @@ class CudaBackend final : public Backend {
     flush_moe();
     flush_add();
     const QMat q = to_qmat(W);
+    // P25: a pending prefill rmsnorm producing x joins the batch this job starts or extends.
+    if (pend_pn_.h) {
+      if (x == pend_pn_.out && T == pend_pn_.T && gemm_takes(q, T) && q.cols == pend_pn_.n && !mm_pn_.h) {
+        flush_mm();   // a batch before the norm (none expected: rmsnorm flushed it)
+        mm_pn_ = pend_pn_;
+        pend_pn_ = {};
+      } else {
+        flush_pn();
+      }
+    }
     // D9: a pending rmsnorm producing x becomes part of this batch when its kernel can fold it.
     if (pend_norm_.x) {
       if (x == pend_norm_.out && gemv_norm_ok(q, T, fast_) && q.cols == pend_norm_.n && y != pend_norm_.x) {
@@ -231,6 +266,7 @@ class CudaBackend final : public Backend {
     if (mm_norm_.x)
       conflict = conflict || x != mm_norm_.out || !gemv_norm_ok(q, T, fast_) || q.cols != mm_norm_.n ||
                  y == mm_norm_.x;
+    // A batch with a P25 norm (mm_pn_) runs it before every job: each of its jobs came after the rmsnorm.
     if (conflict) flush_mm();
     pend_T_ = T;
     pend_.push_back({q, x, y});
@@ -356,6 +392,17 @@ class CudaBackend final : public Backend {
         flush_norm();
       }
     }
+    // P25: a held-back prefill rmsnorm producing x runs in the prefill MoE's operand conversion.
+    PendingPNorm pn{};
+    if (pend_pn_.h) {
+      if (x == pend_pn_.out && T == pend_pn_.T && pend_pn_.n == m.H && T >= gemm_min_t_ && cuda::moe_prefill_ok(m) &&
+          out != pend_pn_.h) {
+        pn = pend_pn_;
+        pend_pn_ = {};
+      } else {
+        flush_pn();
+      }
+    }
     flush_mm();
     if (fuse_router_ && moe_router_topk_ok(m, T, fast_)) {
       dec.counter = router_ticket_;
@@ -370,7 +417,8 @@ class CudaBackend final : public Backend {
       m.hist = hist_ + int64_t(moe_calls_ % c.num_hidden_layers) * m.E;
     }
     ++moe_calls_;
-    if (T >= gemm_min_t_ && moe_prefill(m, x, T, out)) {
+    if (pn.h) LILY_CHECK(T >= gemm_min_t_ && moe_prefill_ok(m), "cuda moe: P25 norm without the prefill MoE");
+    if (T >= gemm_min_t_ && moe_prefill(m, x, T, out, pn)) {
       if (record_ids_) recorded_ids_.push_back(last_moe_ids());   // test aid: synchronises
       return;
     }
@@ -558,6 +606,7 @@ class CudaBackend final : public Backend {
     attn_prefill_qreg_enabled() = env_int("LILY_ATTN_QREG", 0) != 0;   // P12 experiment: Q in registers
     // P12's products: 2 (default) = S and P·V on wgmma, 1 = S only, 0 = both on mma.sync (64-key tiles).
     attn_prefill_wg_mode() = env_int("LILY_ATTN_WG", 2);
+    p25_ = !abl_.has("P25");   // P25: prefill rmsnorm fused with the GEMM / MoE operand conversion
     slot16_ = !abl_.has("P16");   // P16: prefill MoE (token, slot) rows in fp16 between the down GEMM and the combine
     p1_off_ = abl_.has("P1");   // P1: separate dequantisation pass into bf16 before the GEMM
     // P8: dense 4-bit GEMMs of T >= LILY_P8_MIN_T tokens (default 512) dequantise first as P1 off
@@ -828,6 +877,10 @@ class CudaBackend final : public Backend {
       pend_.swap(small);
       if (pend_.empty()) return;
     }
+    if (mm_pn_.h) {   // P25 norm of a batch without a GEMM (defensive: matmul attaches it to a GEMM job)
+      launch_pn(mm_pn_);
+      mm_pn_ = {};
+    }
     std::string name = "gemv ";
     double bytes = 0;
     for (size_t i = 0; i < pend_.size(); ++i) {
@@ -900,7 +953,19 @@ class CudaBackend final : public Backend {
     flush_moe();
     flush_add();
     flush_norm();
+    flush_pn();
     flush_mm();
+  }
+  // P25: launch a held-back prefill rmsnorm on its own (its reader is not a GEMM conversion).
+  void launch_pn(const PendingPNorm& p) {
+    timed(p.r ? "add+rmsnorm" : "rmsnorm", 0,
+          [&] { cuda::rmsnorm(p.h, p.r, p.w, p.n, p.T, p.eps, p.out, s_); });
+  }
+  void flush_pn() {
+    if (!pend_pn_.h) return;
+    const PendingPNorm p = pend_pn_;
+    pend_pn_ = {};
+    launch_pn(p);
   }
   // Prefill matmuls (P1): each distinct input converted once (fp16 + row scales, or bf16; bf16 hi/lo
   // too when an 8-bit matrix reads it), one tensor-core GEMM per matrix.
@@ -930,10 +995,8 @@ class CudaBackend final : public Backend {
         bytes += h + al(int64_t(T) * 4) + (split[i] ? 2 * h : 0);
       }
     char* ws = reinterpret_cast<char*>(workspace((bytes + wb_bytes) / 4 + 1));
-    for (size_t i = 0; i < jobs.size(); ++i) {
-      const GemvJob& j = jobs[i];
-      const int f = first[i];
-      const int64_t h = al(int64_t(T) * j.w.cols * 2), o = xoff[f];
+    auto operand = [&](size_t f) {   // input f's conversion buffers
+      const int64_t h = al(int64_t(T) * jobs[f].w.cols * 2), o = xoff[f];
       GemmA x;
       x.f16 = f16;
       x.a = reinterpret_cast<uint16_t*>(ws + o);
@@ -942,7 +1005,29 @@ class CudaBackend final : public Backend {
         x.hi = f16 ? reinterpret_cast<uint16_t*>(ws + o + h + al(int64_t(T) * 4)) : nullptr;
         x.lo = reinterpret_cast<uint16_t*>(ws + o + 2 * h + al(int64_t(T) * 4));
       }
-      if (f == int(i)) timed("gemm.convert", 6.0 * T * j.w.cols, [&] { gemm_convert_a(j.x, T, j.w.cols, x, s_); });
+      return x;
+    };
+    // P25: the batch's held-back rmsnorm first, fused with the conversion of its output when a job reads it.
+    int fused = -1;
+    if (mm_pn_.h) {
+      const PendingPNorm p = mm_pn_;
+      mm_pn_ = {};
+      for (size_t i = 0; i < jobs.size() && fused < 0; ++i)
+        if (first[i] == int(i) && jobs[i].x == p.out && jobs[i].w.cols == p.n && p.T == T) fused = int(i);
+      if (fused >= 0) {
+        const GemmA x = operand(size_t(fused));
+        timed("gemm.norm+convert", 0,
+              [&] { gemm_rmsnorm_convert(p.h, p.r, p.w, p.n, T, p.eps, p.out, x, s_); });
+      } else {
+        launch_pn(p);
+      }
+    }
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const GemvJob& j = jobs[i];
+      const int f = first[i];
+      const GemmA x = operand(size_t(f));
+      if (f == int(i) && f != fused)
+        timed("gemm.convert", 6.0 * T * j.w.cols, [&] { gemm_convert_a(j.x, T, j.w.cols, x, s_); });
       const std::string shape = std::to_string(j.w.rows) + "x" + std::to_string(j.w.cols);
       uint16_t* wb = nullptr;
       if (dequant_first(j.w)) {
@@ -957,7 +1042,7 @@ class CudaBackend final : public Backend {
     }
   }
   // Prefill MoE (P2, P3) when the weights suit it; false: use the decode kernels.
-  bool moe_prefill(const MoeDev& m, const float* x, int T, float* out) {
+  bool moe_prefill(const MoeDev& m, const float* x, int T, float* out, const PendingPNorm& pn = {}) {
     if (!moe_prefill_ok(m)) return false;
     void* ws = workspace(moe_prefill_workspace_bytes(m, T) / 4 + 1);
     last_moe_ = {m, T, ws};
@@ -965,6 +1050,7 @@ class CudaBackend final : public Backend {
     o.host_routing = p2_off_;
     o.slot16 = slot16_;
     o.sg_in_convert = !abl_.has("P19");   // P19: shared-expert gate in the router's operand conversion
+    if (pn.h) o.pre_norm = {pn.h, pn.r, pn.w, pn.eps};   // P25 (x = pn.out)
     if (!profiling_ || capturing_) {
       timed("moe_prefill", 0, [&] { cuda::moe_prefill(m, x, T, out, ws, o, s_); });   // (skip= applies)
       return true;
@@ -1013,6 +1099,8 @@ class CudaBackend final : public Backend {
   int pend_T_ = 1;
   PendingAdd pend_add_;
   PendingNorm pend_norm_, mm_norm_;   // D9: not launched yet / folded into the pending GEMV batch
+  PendingPNorm pend_pn_, mm_pn_;      // P25: not launched yet / fused into the pending GEMM batch's conversion
+  bool p25_ = true;
   PendingMoe pend_moe_;               // D9: MoE held back for the residual add
   int* router_ticket_ = nullptr;      // D10: arrival counter of the fused router kernel (self-resetting)
   bool prefetch_ = true;              // D13

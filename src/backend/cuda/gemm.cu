@@ -25,9 +25,12 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/cuda_ops.h"   // rmsnorm (the P25 probe's reference path)
 
 namespace lily::cuda {
 
@@ -778,6 +781,29 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
 
 #include "backend/cuda/gemm_wgmma.cuh"
 
+// One 16-byte chunk of each conversion output: staged columns 8·c8 .. 8·c8 + 7 of row `row` in mma
+// k-order, read from xr (the row's K f32 values, global or shared memory). xa: fp16 scaled by `up`
+// (f16) or bf16; xh / xl (optional): bf16 x_hi and the remainders x - x_hi.
+__device__ __forceinline__ void convert_a_chunk(const float* xr, int64_t row, int K, int c8, int f16, float up,
+                                                uint16_t* __restrict__ xa, uint16_t* __restrict__ xh,
+                                                uint16_t* __restrict__ xl) {
+  const int G = c8 >> 3, L0 = (c8 & 7) * 8;
+  const float* src = xr + G * 64;
+  uint32_t o[4], h[4], l[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const float v0 = src[gemm_kperm(L0 + 2 * u)], v1 = src[gemm_kperm(L0 + 2 * u + 1)];
+    const __nv_bfloat162 hb = __floats2bfloat162_rn(v0, v1);
+    h[u] = bf2_bits(hb);
+    l[u] = pack_bf16(v0 - __low2float(hb), v1 - __high2float(hb));
+    o[u] = f16 ? h2_bits(__floats2half2_rn(v0 * up, v1 * up)) : h[u];
+  }
+  const int64_t i = row * (K / 8) + c8;
+  if (xa) reinterpret_cast<uint4*>(xa)[i] = make_uint4(o[0], o[1], o[2], o[3]);
+  if (xh) reinterpret_cast<uint4*>(xh)[i] = make_uint4(h[0], h[1], h[2], h[3]);
+  if (xl) reinterpret_cast<uint4*>(xl)[i] = make_uint4(l[0], l[1], l[2], l[3]);
+}
+
 // x f32 [T, K] -> the GEMM's A operands in mma k-order, one block per row. xa: fp16 scaled by the
 // row's 2^s (rs[row] = 2^-s) or bf16 (f16 == 0); xh/xl (optional): bf16 x_hi and remainders
 // x - x_hi for 8-bit matrices. One thread writes 8 consecutive staged columns (16 bytes) per output.
@@ -813,23 +839,62 @@ __global__ void __launch_bounds__(256) convert_a_kernel(const float* __restrict_
     up = pow2f(se);
     if (threadIdx.x == 0) rs[row] = pow2f(-se);
   }
-  for (int c8 = threadIdx.x; c8 < K / 8; c8 += blockDim.x) {
-    const int G = c8 >> 3, L0 = (c8 & 7) * 8;
-    const float* src = xr + G * 64;
-    uint32_t o[4], h[4], l[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const float v0 = src[gemm_kperm(L0 + 2 * u)], v1 = src[gemm_kperm(L0 + 2 * u + 1)];
-      const __nv_bfloat162 hb = __floats2bfloat162_rn(v0, v1);
-      h[u] = bf2_bits(hb);
-      l[u] = pack_bf16(v0 - __low2float(hb), v1 - __high2float(hb));
-      o[u] = f16 ? h2_bits(__floats2half2_rn(v0 * up, v1 * up)) : h[u];
-    }
-    const int64_t i = row * (K / 8) + c8;
-    if (xa) reinterpret_cast<uint4*>(xa)[i] = make_uint4(o[0], o[1], o[2], o[3]);
-    if (xh) reinterpret_cast<uint4*>(xh)[i] = make_uint4(h[0], h[1], h[2], h[3]);
-    if (xl) reinterpret_cast<uint4*>(xl)[i] = make_uint4(l[0], l[1], l[2], l[3]);
+  for (int c8 = threadIdx.x; c8 < K / 8; c8 += blockDim.x) convert_a_chunk(xr, row, K, c8, f16, up, xa, xh, xl);
+}
+
+// P25: rmsnorm (with the residual add, as rmsnorm4_kernel: n = 4 · blockDim.x, one float4 per thread)
+// and convert_a_kernel in one pass: the normalised row stays in shared memory for the conversion
+// instead of going through global memory to a second kernel. Same arithmetic in the same order as
+// the two kernels (the P19 dot on threads 0-255 with convert_a_kernel's stride; the extra warps'
+// zero partials leave block_sum's result unchanged), so the outputs are bit-identical. `out` (the
+// f32 normalised rows) is still written for any other reader.
+__global__ void __launch_bounds__(1024) rmsnorm_convert_kernel(float* h, const float* r, const float* w, int n,
+                                                               float eps, float* out, int f16,
+                                                               uint16_t* __restrict__ xa, float* __restrict__ rs,
+                                                               uint16_t* __restrict__ xh, uint16_t* __restrict__ xl,
+                                                               const QMat dw, float* __restrict__ dy) {
+  __shared__ float red[32];
+  __shared__ __align__(16) float ys[4096];
+  pdl_trigger();
+  pdl_wait();
+  const int tid = threadIdx.x;
+  const int64_t row = blockIdx.x, base = row * n;
+  float4 v = reinterpret_cast<const float4*>(h + base)[tid];
+  if (r) {
+    const float4 a = reinterpret_cast<const float4*>(r + base)[tid];
+    v.x += a.x;
+    v.y += a.y;
+    v.z += a.z;
+    v.w += a.w;
+    reinterpret_cast<float4*>(h + base)[tid] = v;
   }
+  const float scale = rsqrtf(block_sum(v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w, red) / float(n) + eps);
+  const float4 g = reinterpret_cast<const float4*>(w)[tid];
+  const float4 y = make_float4(v.x * scale * g.x, v.y * scale * g.y, v.z * scale * g.z, v.w * scale * g.w);
+  if (out) reinterpret_cast<float4*>(out + base)[tid] = y;
+  reinterpret_cast<float4*>(ys)[tid] = y;
+  float amax = fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w)));
+  __syncthreads();   // ys complete; block_sum's reads of red done
+  if (dy) {
+    float d = 0.f;
+    if (tid < 256)
+      for (int i = tid; i < n; i += 256) d += ys[i] * qm_at(dw, 0, i);
+    d = block_sum(d, red);
+    if (tid == 0) dy[row] = d;
+    __syncthreads();   // red is reused below
+  }
+  float up = 1.f;
+  if (f16) {
+    amax = warp_max(amax);
+    if ((tid & 31) == 0) red[tid >> 5] = amax;
+    __syncthreads();
+    amax = red[0];
+    for (int k = 1; k < int(blockDim.x >> 5); ++k) amax = fmaxf(amax, red[k]);
+    const int se = f16_row_exp(amax);
+    up = pow2f(se);
+    if (tid == 0) rs[row] = pow2f(-se);
+  }
+  for (int c8 = tid; c8 < n / 8; c8 += blockDim.x) convert_a_chunk(ys, row, n, c8, f16, up, xa, xh, xl);
 }
 
 // P1 off: W -> bf16 or fp16 [rows, cols] in mma k-order with the fused path's rounding (bf16: the
@@ -1051,6 +1116,98 @@ void gemm_convert_a(const float* x, int T, int K, const GemmA& o, cudaStream_t s
   launch(convert_a_kernel, dim3(unsigned(T)), dim3(256), 0, s, x, K, int(o.f16), const_cast<uint16_t*>(o.a),
          const_cast<float*>(o.rs), hi, const_cast<uint16_t*>(o.lo), dot_y ? *dot_w : QMat{}, dot_y);
   CUDA_LAUNCH_CHECK();
+}
+
+bool gemm_rmsnorm_convert_ok(int n) { return n % 128 == 0 && n / 4 <= 1024; }
+
+void gemm_rmsnorm_convert(float* h, const float* r, const float* w, int n, int T, float eps, float* out,
+                          const GemmA& o, cudaStream_t s, const QMat* dot_w, float* dot_y) {
+  LILY_CHECK(gemm_rmsnorm_convert_ok(n), "gemm_rmsnorm_convert: n must be a multiple of 128, at most 4096");
+  LILY_CHECK(!o.f16 || (o.a && o.rs), "gemm_rmsnorm_convert: fp16 needs the row scales");
+  LILY_CHECK(!dot_y || (dot_w && dot_w->rows == 1 && dot_w->cols == n), "gemm_rmsnorm_convert: the dot needs one row of n");
+  uint16_t* hi = o.f16 || !o.a ? const_cast<uint16_t*>(o.hi) : nullptr;   // as gemm_convert_a
+  launch(rmsnorm_convert_kernel, dim3(unsigned(T)), dim3(unsigned(n / 4)), 0, s, h, r, w, n, eps, out, int(o.f16),
+         const_cast<uint16_t*>(o.a), const_cast<float*>(o.rs), hi, const_cast<uint16_t*>(o.lo),
+         dot_y ? *dot_w : QMat{}, dot_y);
+  CUDA_LAUNCH_CHECK();
+}
+
+int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split, bool dot, unsigned seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto host = [&](int64_t cnt, float sc) {
+    std::vector<float> v(static_cast<size_t>(cnt));
+    for (float& x : v) x = sc * nd(g);
+    return v;
+  };
+  const int64_t tn = int64_t(T) * n;
+  const std::vector<float> h0 = host(tn, 3.f), r0 = host(tn, 1.f), w0 = host(n, 0.5f), d0 = host(n, 0.05f);
+  auto dev = [](const std::vector<float>& v) {
+    float* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, v.size() * 4));
+    CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    return p;
+  };
+  struct Out {
+    float *h, *out, *rs, *dy;
+    uint16_t *xa, *xh, *xl;
+  } o[2];
+  float* r = dev(r0);
+  float* w = dev(w0);
+  float* dw = dev(d0);
+  QMat q;
+  q.type = kF32;
+  q.rows = 1;
+  q.cols = n;
+  q.data = dw;
+  for (Out& x : o) {
+    x.h = dev(h0);
+    x.out = dev(std::vector<float>(size_t(tn), 0.f));
+    x.rs = dev(std::vector<float>(size_t(T), 0.f));
+    x.dy = dev(std::vector<float>(size_t(T), 0.f));
+    for (uint16_t** b : {&x.xa, &x.xh, &x.xl}) {
+      CUDA_CHECK(cudaMalloc(b, size_t(tn) * 2));
+      CUDA_CHECK(cudaMemset(*b, 0, size_t(tn) * 2));
+    }
+  }
+  auto operand = [&](const Out& x) {
+    GemmA a;
+    a.f16 = f16;
+    a.a = x.xa;
+    a.rs = f16 ? x.rs : nullptr;
+    a.hi = split ? x.xh : nullptr;
+    a.lo = split ? x.xl : nullptr;
+    return a;
+  };
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  rmsnorm(o[0].h, add ? r : nullptr, w, n, T, 1e-6f, o[0].out, s);
+  gemm_convert_a(o[0].out, T, n, operand(o[0]), s, dot ? &q : nullptr, dot ? o[0].dy : nullptr);
+  gemm_rmsnorm_convert(o[1].h, add ? r : nullptr, w, n, T, 1e-6f, o[1].out, operand(o[1]), s, dot ? &q : nullptr,
+                       dot ? o[1].dy : nullptr);
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  CUDA_CHECK(cudaStreamDestroy(s));
+  int64_t diff = 0;
+  auto cmp = [&](const void* a, const void* b, int64_t bytes) {
+    std::vector<uint8_t> x(static_cast<size_t>(bytes)), y(static_cast<size_t>(bytes));
+    CUDA_CHECK(cudaMemcpy(x.data(), a, size_t(bytes), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(y.data(), b, size_t(bytes), cudaMemcpyDeviceToHost));
+    for (int64_t i = 0; i < bytes; ++i) diff += x[size_t(i)] != y[size_t(i)];
+  };
+  cmp(o[0].h, o[1].h, tn * 4);
+  cmp(o[0].out, o[1].out, tn * 4);
+  cmp(o[0].rs, o[1].rs, int64_t(T) * 4);
+  cmp(o[0].dy, o[1].dy, int64_t(T) * 4);
+  cmp(o[0].xa, o[1].xa, tn * 2);
+  cmp(o[0].xh, o[1].xh, tn * 2);
+  cmp(o[0].xl, o[1].xl, tn * 2);
+  for (Out& x : o)
+    for (void* p : {static_cast<void*>(x.h), static_cast<void*>(x.out), static_cast<void*>(x.rs),
+                    static_cast<void*>(x.dy), static_cast<void*>(x.xa), static_cast<void*>(x.xh),
+                    static_cast<void*>(x.xl)})
+      CUDA_CHECK(cudaFree(p));
+  for (float* p : {r, w, dw}) CUDA_CHECK(cudaFree(p));
+  return diff;
 }
 
 int64_t gemm_dequant_bytes(const QMat& w) { return int64_t(w.rows) * w.cols * 2; }

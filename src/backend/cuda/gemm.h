@@ -106,6 +106,14 @@ struct GemmA {
 // dot_y (optional, P19): also dot_y[t] = x[t] · dot_w row 0 in f32 (dot_w: one row of K).
 void gemm_convert_a(const float* x, int T, int K, const GemmA& o, cudaStream_t s, const QMat* dot_w = nullptr,
                     float* dot_y = nullptr);
+// P25: h += r (r optional), out = rmsnorm(h) · w (out optional) and gemm_convert_a(out) in one kernel
+// per row, bit-identical to rmsnorm followed by gemm_convert_a; n % 128 == 0 and n <= 4096 (_ok).
+bool gemm_rmsnorm_convert_ok(int n);
+void gemm_rmsnorm_convert(float* h, const float* r, const float* w, int n, int T, float eps, float* out,
+                          const GemmA& o, cudaStream_t s, const QMat* dot_w = nullptr, float* dot_y = nullptr);
+// P25 test entry (synchronous): the fused kernel against rmsnorm + gemm_convert_a on the same random
+// inputs; returns the number of differing bytes over h, out, rs, the dot, xa, xh, xl (0 = identical).
+int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split, bool dot, unsigned seed);
 // Ablation P1 off (4-bit only): W dequantised once into bf16/fp16 [rows, cols] in the mma k-order.
 int64_t gemm_dequant_bytes(const QMat& w);
 void gemm_dequant(const QMat& w, bool f16, uint16_t* wb, cudaStream_t s);
@@ -170,6 +178,14 @@ struct MoePrefillOpts {
                                 // 128 shared-expert gate
   bool slot16 = true;           // P16: the down GEMM's (token, slot) rows in fp16 (off: f32)
   bool sg_in_convert = true;    // P19: the shared-expert gate's dot in the operand conversion (off: own GEMV)
+  // P25: x is produced by this rmsnorm (not launched yet): the router stage's conversion runs it too
+  // (gemm_rmsnorm_convert; h += r first when r is set). Unset: x is ready.
+  struct PreNorm {
+    float* h = nullptr;
+    const float* r = nullptr;
+    const float* w = nullptr;
+    float eps = 0.f;
+  } pre_norm;
 };
 // True when moe_prefill handles these weights (4-bit experts, H and I multiples of 512, I == Is).
 bool moe_prefill_ok(const MoeDev& m);
