@@ -758,7 +758,7 @@ int run(const Options& o) {
     if (!p14)
       for (const auto& cs : std::vector<std::array<int, 6>>{{2048, 1, 1, 1, 1, 1}, {2048, 37, 1, 1, 1, 1},
                                                             {2048, 300, 0, 1, 0, 0}, {2048, 300, 1, 0, 1, 0},
-                                                            {4096, 64, 1, 1, 1, 1}, {128, 5, 1, 1, 0, 1}}) {
+                                                            {4096, 64, 1, 1, 1, 1}, {1024, 5, 1, 1, 0, 1}}) {
         const int64_t d = lily::cuda::gemm_rmsnorm_convert_probe(cs[0], cs[1], cs[2], cs[3], cs[4], cs[5], 7u + cs[1]);
         char line[200];
         std::snprintf(line, sizeof line, "%-4s P25 rmsnorm+convert n=%d T=%d add=%d f16=%d hi/lo=%d dot=%d: %lld bytes differ",

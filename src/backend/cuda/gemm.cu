@@ -1118,11 +1118,13 @@ void gemm_convert_a(const float* x, int T, int K, const GemmA& o, cudaStream_t s
   CUDA_LAUNCH_CHECK();
 }
 
-bool gemm_rmsnorm_convert_ok(int n) { return n % 128 == 0 && n / 4 <= 1024; }
+// n / 4 threads per row: at least 256 (the P19 dot runs on threads 0-255 with convert_a_kernel's stride;
+// with fewer it would miss columns — n = 128 failed the probe, session 11 call 7), at most 1024.
+bool gemm_rmsnorm_convert_ok(int n) { return n % 128 == 0 && n >= 1024 && n <= 4096; }
 
 void gemm_rmsnorm_convert(float* h, const float* r, const float* w, int n, int T, float eps, float* out,
                           const GemmA& o, cudaStream_t s, const QMat* dot_w, float* dot_y) {
-  LILY_CHECK(gemm_rmsnorm_convert_ok(n), "gemm_rmsnorm_convert: n must be a multiple of 128, at most 4096");
+  LILY_CHECK(gemm_rmsnorm_convert_ok(n), "gemm_rmsnorm_convert: n must be a multiple of 128 in 1024..4096");
   LILY_CHECK(!o.f16 || (o.a && o.rs), "gemm_rmsnorm_convert: fp16 needs the row scales");
   LILY_CHECK(!dot_y || (dot_w && dot_w->rows == 1 && dot_w->cols == n), "gemm_rmsnorm_convert: the dot needs one row of n");
   uint16_t* hi = o.f16 || !o.a ? const_cast<uint16_t*>(o.hi) : nullptr;   // as gemm_convert_a

@@ -107,7 +107,7 @@ struct GemmA {
 void gemm_convert_a(const float* x, int T, int K, const GemmA& o, cudaStream_t s, const QMat* dot_w = nullptr,
                     float* dot_y = nullptr);
 // P25: h += r (r optional), out = rmsnorm(h) · w (out optional) and gemm_convert_a(out) in one kernel
-// per row, bit-identical to rmsnorm followed by gemm_convert_a; n % 128 == 0 and n <= 4096 (_ok).
+// per row, bit-identical to rmsnorm followed by gemm_convert_a; n % 128 == 0, 1024 <= n <= 4096 (_ok).
 bool gemm_rmsnorm_convert_ok(int n);
 void gemm_rmsnorm_convert(float* h, const float* r, const float* w, int n, int T, float eps, float* out,
                           const GemmA& o, cudaStream_t s, const QMat* dot_w = nullptr, float* dot_y = nullptr);
