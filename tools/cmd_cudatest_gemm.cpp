@@ -40,6 +40,8 @@ void gemm_moe_raw(int kernel, int bm, bool swiglu, const uint16_t* a, const floa
                   const int* dst, const float* scale, float* y, uint16_t* act, int8_t* act_exp);
 // backend/cuda/gemm.h: the P25 test entry (fused rmsnorm + conversion vs the two kernels), synchronous
 int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split, bool dot, unsigned seed);
+// backend/cuda/gemm.h: the P28 test entry (fused GDN gated norm + conversion vs the two kernels), synchronous
+int64_t gemm_gdn_norm_convert_probe(int nv, int T, bool f16, bool split, unsigned seed);
 }  // namespace lily::cuda
 #endif
 
@@ -763,6 +765,18 @@ int run(const Options& o) {
         char line[200];
         std::snprintf(line, sizeof line, "%-4s P25 rmsnorm+convert n=%d T=%d add=%d f16=%d hi/lo=%d dot=%d: %lld bytes differ",
                       d == 0 ? "PASS" : "FAIL", cs[0], cs[1], cs[2], cs[3], cs[4], cs[5], (long long)d);
+        std::printf("%s\n", line);
+        (d == 0 ? tally.pass : tally.fail) += 1;
+        if (d != 0) tally.failed.push_back(line);
+      }
+    // P28: the fused GDN gated norm + operand conversion, bit-identical to gdn_prefill_norm + gemm_convert_a.
+    if (!p14)
+      for (const auto& cs : std::vector<std::array<int, 4>>{{32, 1, 1, 0}, {32, 300, 1, 0}, {32, 77, 0, 1},
+                                                            {32, 64, 1, 1}, {8, 33, 1, 0}, {4, 16, 0, 0}}) {
+        const int64_t d = lily::cuda::gemm_gdn_norm_convert_probe(cs[0], cs[1], cs[2], cs[3], 11u + cs[1]);
+        char line[200];
+        std::snprintf(line, sizeof line, "%-4s P28 gdn norm+convert nv=%d T=%d f16=%d hi/lo=%d: %lld bytes differ",
+                      d == 0 ? "PASS" : "FAIL", cs[0], cs[1], cs[2], cs[3], (long long)d);
         std::printf("%s\n", line);
         (d == 0 ? tally.pass : tally.fail) += 1;
         if (d != 0) tally.failed.push_back(line);

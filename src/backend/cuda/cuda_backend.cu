@@ -86,6 +86,17 @@ struct PendingPNorm {
   float* out = nullptr;
 };
 
+// P28 (prefill, T >= gemm_min_t_): the chunked GDN's gated RMSNorm of its raw outputs y, not launched
+// yet; the next GEMM batch reading y (the out-projection) runs it fused with its operand conversion
+// (gemm_gdn_norm_convert, bit-identical; y itself stays raw), anything else launches it first (flush_gn).
+struct PendingGNorm {
+  GdnDims d{};
+  const float* w = nullptr;
+  const float* z = nullptr;
+  int T = 0;
+  float* y = nullptr;
+};
+
 // D9/D10 (decode): an MoE block held back until the next op, so that a following add(h, out)
 // becomes the down kernel's epilogue.
 struct PendingMoe {
@@ -206,6 +217,7 @@ class CudaBackend final : public Backend {
     timed("embed", 0, [&] { cuda::embed(to_qmat(E), tokens, T, out, s_); });
   }
   void rmsnorm(const float* x, const FVec& w, int T, float eps, float* out) override {
+    flush_gn();
     flush_moe();
     flush_norm();
     flush_pn();
@@ -239,6 +251,17 @@ class CudaBackend final : public Backend {
     flush_moe();
     flush_add();
     const QMat q = to_qmat(W);
+    // P28: a held-back GDN norm of x becomes the conversion of the batch this job starts.
+    if (pend_gn_.y) {
+      if (x == pend_gn_.y && T == pend_gn_.T && gemm_takes(q, T) && q.cols == pend_gn_.d.nv * pend_gn_.d.dv &&
+          !mm_gn_.y && !pend_pn_.h && y != pend_gn_.z) {
+        flush_mm();
+        mm_gn_ = pend_gn_;
+        pend_gn_ = {};
+      } else {
+        flush_gn();
+      }
+    }
     // P25: a pending prefill rmsnorm producing x joins the batch this job starts or extends.
     if (pend_pn_.h) {
       if (x == pend_pn_.out && T == pend_pn_.T && gemm_takes(q, T) && q.cols == pend_pn_.n && !mm_pn_.h) {
@@ -273,6 +296,7 @@ class CudaBackend final : public Backend {
     if (!batch_) flush_mm();
   }
   void add(float* h, const float* r, int64_t n) override {
+    flush_gn();
     // D9: the add becomes the epilogue of the kernel that produces r (it also still writes r).
     // The MoE may read h itself (folded norm, router stage): that is two launches before the down
     // stage, whose writes come after its PDL wait, so the read has completed.
@@ -314,9 +338,13 @@ class CudaBackend final : public Backend {
       });
       if (chunked) {
         timed("gdn_prefill.chunk", double(T) * d.nv * (d.dk * 4 * 4 + 64 * 4 * 2), [&] { gdn_chunked_intra(d, T, ws, s_); });
-        timed("gdn_prefill.cscan", bytes + double(T) * d.nv * d.dv * 24, [&] {
-          gdn_chunked_scan(d, w.norm.data, st.conv, st.S, qkv, z, T, ws, y, s_);
+        timed("gdn_prefill.cscan", bytes + double(T) * d.nv * d.dv * 16, [&] {
+          gdn_chunked_scan(d, w.norm.data, st.conv, st.S, qkv, z, T, ws, y, s_, false);
         });
+        const PendingGNorm gn{d, w.norm.data, z, T, y};
+        // P28: held back for the out-projection's operand conversion (y stays raw until then).
+        if (p28_ && T >= gemm_min_t_ && cuda::gemm_gdn_norm_convert_ok(d.nv, d.dv)) pend_gn_ = gn;
+        else launch_gn(gn);
         return;
       }
       timed("gdn_prefill.scan", bytes + double(T) * d.nv * d.dv * 16, [&] {
@@ -360,6 +388,7 @@ class CudaBackend final : public Backend {
     });
   }
   void moe(const ModelConfig& c, const MoeWeights& w, const float* x, int T, float* out) override {
+    flush_gn();
     flush_moe();
     flush_add();
     MoeDev m{};
@@ -599,6 +628,7 @@ class CudaBackend final : public Backend {
     // state-dependent products (its M = P·T on tensor cores; + bit 3 (27) = M in fp32 FMAs, for tests).
     gdn_chunk_p11() = abl_.has("P11") ? 0 : (env_int("LILY_GDN_P11", 3) & 31);
     gdn_chunk_one() = !abl_.has("P24");   // P24: the chunk scan's products in one bf16 MMA (split bf16 off)
+    gdn_scan_nb16() = !abl_.has("P27");   // P27: the P24 chunk scan on 16 state columns per CTA
     attn_min_t_ = std::max(1, env_int("LILY_ATTN_PREFILL_MIN_T", 16));
     attn_bf16_kv_ = env_int("LILY_ATTN_BF16KV", 1) != 0;   // flash attention reads a 16-bit copy of the cache
     attn_bf16_ops_ = env_int("LILY_ATTN_BF16", 0) != 0;    // flash MMA operands bf16 (default fp16)
@@ -607,6 +637,7 @@ class CudaBackend final : public Backend {
     // P12's products: 2 (default) = S and P·V on wgmma, 1 = S only, 0 = both on mma.sync (64-key tiles).
     attn_prefill_wg_mode() = env_int("LILY_ATTN_WG", 2);
     p25_ = !abl_.has("P25");   // P25: prefill rmsnorm fused with the GEMM / MoE operand conversion
+    p28_ = !abl_.has("P28");   // P28: prefill GDN gated norm fused with the out-projection's conversion
     slot16_ = !abl_.has("P16");   // P16: prefill MoE (token, slot) rows in fp16 between the down GEMM and the combine
     p1_off_ = abl_.has("P1");   // P1: separate dequantisation pass into bf16 before the GEMM
     // P8: dense 4-bit GEMMs of T >= LILY_P8_MIN_T tokens (default 512) dequantise first as P1 off
@@ -881,6 +912,10 @@ class CudaBackend final : public Backend {
       launch_pn(mm_pn_);
       mm_pn_ = {};
     }
+    if (mm_gn_.y) {   // P28 likewise
+      launch_gn(mm_gn_);
+      mm_gn_ = {};
+    }
     std::string name = "gemv ";
     double bytes = 0;
     for (size_t i = 0; i < pend_.size(); ++i) {
@@ -950,6 +985,7 @@ class CudaBackend final : public Backend {
   }
 
   void flush() {
+    flush_gn();
     flush_moe();
     flush_add();
     flush_norm();
@@ -966,6 +1002,17 @@ class CudaBackend final : public Backend {
     const PendingPNorm p = pend_pn_;
     pend_pn_ = {};
     launch_pn(p);
+  }
+  // P28: launch a held-back GDN norm on its own.
+  void launch_gn(const PendingGNorm& p) {
+    timed("gdn_prefill.norm", double(p.T) * p.d.nv * p.d.dv * 12,
+          [&] { cuda::gdn_prefill_norm(p.d, p.w, p.z, p.T, p.y, s_); });
+  }
+  void flush_gn() {
+    if (!pend_gn_.y) return;
+    const PendingGNorm p = pend_gn_;
+    pend_gn_ = {};
+    launch_gn(p);
   }
   // Prefill matmuls (P1): each distinct input converted once (fp16 + row scales, or bf16; bf16 hi/lo
   // too when an 8-bit matrix reads it), one tensor-core GEMM per matrix.
@@ -1008,7 +1055,7 @@ class CudaBackend final : public Backend {
       return x;
     };
     // P25: the batch's held-back rmsnorm first, fused with the conversion of its output when a job reads it.
-    int fused = -1;
+    int fused = -1, fused_gn = -1;
     if (mm_pn_.h) {
       const PendingPNorm p = mm_pn_;
       mm_pn_ = {};
@@ -1022,11 +1069,29 @@ class CudaBackend final : public Backend {
         launch_pn(p);
       }
     }
+    // P28: the batch's held-back GDN norm, fused with the conversion of the job that reads its output.
+    if (mm_gn_.y) {
+      const PendingGNorm p = mm_gn_;
+      mm_gn_ = {};
+      int g = -1;
+      for (size_t i = 0; i < jobs.size() && g < 0; ++i)
+        if (first[i] == int(i) && int(i) != fused && jobs[i].x == p.y && jobs[i].w.cols == p.d.nv * p.d.dv && p.T == T)
+          g = int(i);
+      if (g >= 0) {
+        const GemmA x = operand(size_t(g));
+        timed("gemm.gdnnorm+convert", 0, [&] {
+          gemm_gdn_norm_convert(p.y, p.z, p.w, p.d.nv, p.d.dv, T, p.d.eps, nullptr, x, s_);
+        });
+        fused_gn = g;
+      } else {
+        launch_gn(p);
+      }
+    }
     for (size_t i = 0; i < jobs.size(); ++i) {
       const GemvJob& j = jobs[i];
       const int f = first[i];
       const GemmA x = operand(size_t(f));
-      if (f == int(i) && f != fused)
+      if (f == int(i) && f != fused && f != fused_gn)
         timed("gemm.convert", 6.0 * T * j.w.cols, [&] { gemm_convert_a(j.x, T, j.w.cols, x, s_); });
       const std::string shape = std::to_string(j.w.rows) + "x" + std::to_string(j.w.cols);
       uint16_t* wb = nullptr;
@@ -1100,6 +1165,8 @@ class CudaBackend final : public Backend {
   PendingAdd pend_add_;
   PendingNorm pend_norm_, mm_norm_;   // D9: not launched yet / folded into the pending GEMV batch
   PendingPNorm pend_pn_, mm_pn_;      // P25: not launched yet / fused into the pending GEMM batch's conversion
+  PendingGNorm pend_gn_, mm_gn_;      // P28: likewise for the GDN's gated norm
+  bool p28_ = true;
   bool p25_ = true;
   PendingMoe pend_moe_;               // D9: MoE held back for the residual add
   int* router_ticket_ = nullptr;      // D10: arrival counter of the fused router kernel (self-resetting)

@@ -70,6 +70,9 @@ struct GdnDims {
   int nk, nv, dk, dv, conv_dim, kconv;
   float eps;
 };
+// Prefill (gdn_prefill.cu): the gated RMSNorm of the raw GDN outputs in place: per token and value
+// head, y = y · rsqrt(mean y² + eps) · norm_w · silu(z) (one 128-thread block per head; dv == 128).
+void gdn_prefill_norm(const GdnDims& d, const float* norm_w, const float* z, int T, float* y, cudaStream_t s);
 // D12: decode (T == 1) over dv/32 CTAs per value head (process-wide switch, ablation D12).
 bool& gdn_split_enabled();
 void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,

@@ -1198,6 +1198,20 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan_kernel(const __grid_con
 constexpr size_t kCScan2SharedSmem = kCScanSmem + sizeof(bf16) * 2 * kC * kNS + sizeof(float) * 2 * kC;
 static_assert(kCScan2SharedSmem <= 227 * 1024, "chunk scan (shared q/k): shared memory");
 
+// Shared memory of gdn_chunk_scan2_kernel<kShared, kOne, NB>: with kOne the lo planes take no space.
+template <bool kShared, bool kOne, int NB>
+constexpr size_t cscan2_smem() {
+  constexpr size_t NS = NB + 8, LO = kOne ? 1 : 2;
+  return sizeof(bf16) * (LO * 2 * kC * kRS + LO * 2 * kC * kRS + LO * 2 * kC * kPS + LO * kHD * NS + LO * kC * NS) +
+         sizeof(float) * kC * NS + (kShared ? sizeof(bf16) * LO * kC * NS + sizeof(float) * 2 * kC : 0);
+}
+static_assert(cscan2_smem<false, false, kNB>() == kCScanSmem && cscan2_smem<true, false, kNB>() == kCScan2SharedSmem,
+              "chunk scan: shared memory layout");
+// P27: 16 state columns per CTA (256 CTAs), kOne only; two CTAs per SM.
+constexpr int kNB27 = 16;
+constexpr size_t kCScan27Smem = cscan2_smem<false, true, kNB27>();
+static_assert(2 * (kCScan27Smem + 1024) <= 228 * 1024, "chunk scan P27: two CTAs per SM");
+
 // Bulk (TMA engine) prefetch of `bytes` (multiple of 16, 16-byte aligned) into L2: one instruction
 // per contiguous range, nothing to wait for.
 __device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
@@ -1218,32 +1232,39 @@ __device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) 
 // kShared (P11 bit 2): diag(γ)Q and K' are not in the buffers; q̂, k̂ come unscaled from the key
 // head's rows (shared by its value heads) and the scan applies the row factors: O = diag(γ)(Q̂S) +
 // PΔ, and S ← γ_C S + K̂ᵀ(diag(e^{G_C−G}) Δ) with the scaled Δ as a second tile (10 KB more smem).
-// kOne (P24): every product in one bf16 MMA; the lo planes are neither loaded nor stored.
-template <bool kShared, bool kOne = false>
-__global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_constant__ CScanArgs p) {
+// kOne (P24): every product in one bf16 MMA; the lo planes are neither loaded nor stored (no space).
+// NB: state columns per CTA (grid nv · 128 / NB). NB = 16 (P27, kOne only): Δ, O per warp are 16 tokens
+// × 8 columns, so a warp's S (and Δ) B fragments for two k-steps come from one ldmatrix.x4.trans.
+template <bool kShared, bool kOne = false, int NB = kNB>
+__global__ void __launch_bounds__(256, NB == 16 ? 2 : 1) gdn_chunk_scan2_kernel(const __grid_constant__ CScanArgs p) {
+  static_assert(NB == 32 || (NB == 16 && kOne && !kShared), "chunk scan: NB 32, or 16 with kOne");
+  constexpr int NS = NB + 8;         // row stride of the NB-wide tiles
+  constexpr int NT = NB / 8;         // n8 tiles of the state update per warp
+  constexpr int NW = NB / 16;        // n8 tiles of Δ / O per warp (columns 8·NW·nh ..)
+  constexpr int LO = kOne ? 0 : 1;   // lo planes present
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* Wh = reinterpret_cast<bf16*>(smraw);   // [kC][kRS]
   bf16* Wl = Wh + kC * kRS;
-  bf16* Qh = Wl + kC * kRS;
+  bf16* Qh = Wl + LO * kC * kRS;
   bf16* Ql = Qh + kC * kRS;
-  bf16* Kh0 = Ql + kC * kRS;                   // [2][kC][kRS]
+  bf16* Kh0 = Ql + LO * kC * kRS;              // [2][kC][kRS]
   bf16* Kl0 = Kh0 + 2 * kC * kRS;
-  bf16* Ph0 = Kl0 + 2 * kC * kRS;              // [2][kC][kPS]
+  bf16* Ph0 = Kl0 + LO * 2 * kC * kRS;         // [2][kC][kPS]
   bf16* Pl0 = Ph0 + 2 * kC * kPS;
-  bf16* Sh = Pl0 + 2 * kC * kPS;               // [kHD][kNS] (state row = dk, column = value)
-  bf16* Sl = Sh + kHD * kNS;
-  bf16* Dh = Sl + kHD * kNS;                   // [kC][kNS] Δ (token × value column)
-  bf16* Dl = Dh + kC * kNS;
-  float* Us = reinterpret_cast<float*>(Dl + kC * kNS);   // [kC][kNS]
-  bf16* D2h = reinterpret_cast<bf16*>(Us + kC * kNS);    // kShared: [kC][kNS] diag(e^{G_C−G}) Δ
-  bf16* D2l = D2h + kC * kNS;
-  float* rgs = reinterpret_cast<float*>(D2l + kC * kNS); // kShared: [kC] γ_i, then [kC] e^{G_C−G_i}
+  bf16* Sh = Pl0 + LO * 2 * kC * kPS;          // [kHD][NS] (state row = dk, column = value)
+  bf16* Sl = Sh + kHD * NS;
+  bf16* Dh = Sl + LO * kHD * NS;               // [kC][NS] Δ (token × value column)
+  bf16* Dl = Dh + kC * NS;
+  float* Us = reinterpret_cast<float*>(Dl + LO * kC * NS);   // [kC][NS]
+  bf16* D2h = reinterpret_cast<bf16*>(Us + kC * NS);    // kShared: [kC][NS] diag(e^{G_C−G}) Δ
+  bf16* D2l = D2h + kC * NS;
+  float* rgs = reinterpret_cast<float*>(D2l + LO * kC * NS); // kShared: [kC] γ_i, then [kC] e^{G_C−G_i}
   float* rks = rgs + kC;
   pdl_trigger();
   pdl_wait();
   const GdnDims& d = p.d;
-  const int nblk = kHD / kNB;
-  const int j = blockIdx.x / nblk, cb = blockIdx.x % nblk, c0 = cb * kNB;
+  const int nblk = kHD / NB;
+  const int j = blockIdx.x / nblk, cb = blockIdx.x % nblk, c0 = cb * NB;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
   const int lr = lane & 7, q = lane >> 3;
   const int nch = p.b.nch;
@@ -1261,9 +1282,9 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
       cp_async16(Wh + so, p.b.Wh + go);
       if (!kOne) cp_async16(Wl + so, p.b.Wl + go);
     }
-    for (int idx = tid; idx < kC * (kNB / 4); idx += blockDim.x) {
-      const int r = idx / (kNB / 4), ch = idx % (kNB / 4);
-      cp_async16(Us + r * kNS + 4 * ch, p.b.U + (rb + r) * kHD + c0 + 4 * ch);
+    for (int idx = tid; idx < kC * (NB / 4); idx += blockDim.x) {
+      const int r = idx / (NB / 4), ch = idx % (NB / 4);
+      cp_async16(Us + r * NS + 4 * ch, p.b.U + (rb + r) * kHD + c0 + 4 * ch);
     }
     if (kShared && tid < kC / 2) {   // row factors: 16 × 16 bytes each
       const int h = tid / (kC / 4), ch = tid % (kC / 4);   // array (γ, decay), 4 floats
@@ -1321,22 +1342,33 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
   issue_w(0);
   cp_async_commit();
 
-  // This warp's 16 state rows (dk) × 32 columns as an MMA accumulator: row 16·warp + gq (+8),
+  // This warp's 16 state rows (dk) × NB columns as an MMA accumulator: row 16·warp + gq (+8),
   // columns 8·nt + 2·tq (+1).
   float* Sg = p.S + int64_t(j) * kHD * kHD;
-  float acc_s[4][4];
+  float acc_s[NT][4];
 #pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
+  for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       acc_s[nt][e] = Sg[(16 * warp + gq + 8 * (e >> 1)) * kHD + c0 + 8 * nt + 2 * tq + (e & 1)];
 
-  const int mt = warp & 3, nh = warp >> 2;   // Δ and O: 16 tokens × 16 columns
+  const int mt = warp & 3, nh = warp >> 2;   // Δ and O: 16 tokens × 8·NW columns from column 8·NW·nh
   const int aoff = (16 * mt + lr + 8 * (q & 1)) * kRS + 8 * (q >> 1);   // A rows × k (ldmatrix)
   const int poff = (16 * mt + lr + 8 * (q & 1)) * kPS + 8 * (q >> 1);
-  const int boff = (lr + 8 * (q & 1)) * kNS + 16 * nh + 8 * (q >> 1);   // B [k][n] (ldmatrix.trans)
+  // B [k][n] (ldmatrix.trans): NW = 2, a 16 × 16 block (two n8 tiles of one k-step); NW = 1, the
+  // warp's 8 columns over 32 k rows (one n8 tile of two k-steps).
+  const int boff = NW == 2 ? (lr + 8 * (q & 1)) * NS + 16 * nh + 8 * (q >> 1) : (lr + 8 * q) * NS + 8 * nh;
   const int koff = (lr + 8 * (q >> 1)) * kRS + 16 * warp + 8 * (q & 1);  // A = K'ᵀ from [token][dk] (.trans)
-  const int doff = (lr + 8 * (q & 1)) * kNS + 8 * (q >> 1);             // B = Δ, all 32 columns
+  const int doff = (lr + 8 * (q & 1)) * NS + 8 * (q >> 1);              // B = Δ, all NB columns
+  // B fragments (hi, lo) of a [k][n] tile for k-steps kk (and kk + 1 with NW = 1) at `base`.
+  auto ldb = [&](const bf16* bh, const bf16* bl, int kk, uint32_t* fh, uint32_t* fl) {
+    if constexpr (NW == 2) {
+      ldsm_x4_t(fh[0], fh[1], fh[2], fh[3], bh + boff + 16 * kk * NS);
+      if constexpr (!kOne) ldsm_x4_t(fl[0], fl[1], fl[2], fl[3], bl + boff + 16 * kk * NS);
+    } else {
+      ldsm_x4_t(fh[0], fh[1], fh[2], fh[3], bh + boff + 16 * kk * NS);   // kOne: no lo
+    }
+  };
 
   for (int c = 0; c < nch; ++c) {
     const int t0 = c * kC, n = min(kC, p.T - t0);
@@ -1344,10 +1376,10 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
     const float gc = p.b.gC[int64_t(j) * nch + c];
     __syncthreads();   // chunk c-1 is done with S, Δ, diag(γ)Q and K'/P buffer (c+1)&1
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)   // S_c (hi / lo) as the B operand of this chunk
+    for (int nt = 0; nt < NT; ++nt)   // S_c (hi / lo) as the B operand of this chunk
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int o = (16 * warp + gq + 8 * r) * kNS + 8 * nt + 2 * tq;
+        const int o = (16 * warp + gq + 8 * r) * NS + 8 * nt + 2 * tq;
         store_split2x<kOne>(Sh + o, Sl + o, acc_s[nt][2 * r], acc_s[nt][2 * r + 1]);
       }
     issue_q(c);
@@ -1357,38 +1389,46 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
     cp_async_wait<2>();   // everything but q(c) and b(c+1): W/U of chunk c, K'/P of chunk c
     __syncthreads();
 
-    // Phase 1: Δ = U − W S (zero on rows past T: U and W are). The warp's S fragments (16 columns,
-    // hi in sf[kk][0..3], lo in sf[kk][4..7]) stay in registers for diag(γ)Q S in phase 2.
+    // Phase 1: Δ = U − W S (zero on rows past T: U and W are). The warp's S fragments (NW n8 tiles:
+    // hi in sf[kk][2·nt], sf[kk][2·nt + 1], lo 4 further) stay in registers for diag(γ)Q S in phase 2.
     uint32_t sf[kHD / 16][8] = {};
     {
-      float aD[2][4];
+      float aD[NW][4];
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < NW; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) aD[nt][e] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < kHD / 16; ++kk) {
-        uint32_t* sh = sf[kk];
-        uint32_t* sl = sf[kk] + 4;
+        if constexpr (NW == 2) {
+          ldb(Sh, Sl, kk, sf[kk], sf[kk] + 4);
+        } else if (kk % 2 == 0) {
+          uint32_t f[4];
+          ldb(Sh, Sl, kk, f, nullptr);
+          sf[kk][0] = f[0];
+          sf[kk][1] = f[1];
+          sf[kk + 1][0] = f[2];
+          sf[kk + 1][1] = f[3];
+        }
+        const uint32_t* sh = sf[kk];
+        const uint32_t* sl = sf[kk] + 4;
         uint32_t wh[4], wl[4] = {};
-        ldsm_x4_t(sh[0], sh[1], sh[2], sh[3], Sh + boff + 16 * kk * kNS);
-        if constexpr (!kOne) ldsm_x4_t(sl[0], sl[1], sl[2], sl[3], Sl + boff + 16 * kk * kNS);
         ldsm_x4(wh[0], wh[1], wh[2], wh[3], Wh + aoff + 16 * kk);
         if constexpr (!kOne) ldsm_x4(wl[0], wl[1], wl[2], wl[3], Wl + aoff + 16 * kk);
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) mma_bf16x<kOne>(aD[nt], wh, wl, sh[2 * nt], sh[2 * nt + 1], sl[2 * nt], sl[2 * nt + 1]);
+        for (int nt = 0; nt < NW; ++nt) mma_bf16x<kOne>(aD[nt], wh, wl, sh[2 * nt], sh[2 * nt + 1], sl[2 * nt], sl[2 * nt + 1]);
       }
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < NW; ++nt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int i = 16 * mt + gq + 8 * r, col = 16 * nh + 8 * nt + 2 * tq;
-          const float2 uv = *reinterpret_cast<const float2*>(Us + i * kNS + col);
+          const int i = 16 * mt + gq + 8 * r, col = 8 * NW * nh + 8 * nt + 2 * tq;
+          const float2 uv = *reinterpret_cast<const float2*>(Us + i * NS + col);
           const float d0 = uv.x - aD[nt][2 * r], d1 = uv.y - aD[nt][2 * r + 1];
-          store_split2x<kOne>(Dh + i * kNS + col, Dl + i * kNS + col, d0, d1);
+          store_split2x<kOne>(Dh + i * NS + col, Dl + i * NS + col, d0, d1);
           if (kShared) {
             const float f = rks[i];
-            store_split2x<kOne>(D2h + i * kNS + col, D2l + i * kNS + col, d0 * f, d1 * f);
+            store_split2x<kOne>(D2h + i * NS + col, D2l + i * NS + col, d0 * f, d1 * f);
           }
         }
     }
@@ -1403,13 +1443,13 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
     // k-step of the second), then O += P Δ.
     const bf16* kh = Kh0 + (c & 1) * kC * kRS;
     const bf16* kl = Kl0 + (c & 1) * kC * kRS;
-    float aO[2][4];
+    float aO[NW][4];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+    for (int nt = 0; nt < NW; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) aO[nt][e] = 0.f;
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_s[nt][e] *= gc;
 #pragma unroll
@@ -1423,23 +1463,23 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
         ldsm_x4(qh[0], qh[1], qh[2], qh[3], Qh + aoff + 16 * kk);
         if constexpr (!kOne) ldsm_x4(ql[0], ql[1], ql[2], ql[3], Ql + aoff + 16 * kk);
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) mma_bf16x<kOne>(aO[nt], qh, ql, sh[2 * nt], sh[2 * nt + 1], sl[2 * nt], sl[2 * nt + 1]);
+        for (int nt = 0; nt < NW; ++nt) mma_bf16x<kOne>(aO[nt], qh, ql, sh[2 * nt], sh[2 * nt + 1], sl[2 * nt], sl[2 * nt + 1]);
       }
       uint32_t ah[4], al[4] = {};
       ldsm_x4_t(ah[0], ah[1], ah[2], ah[3], kh + koff + 16 * ks * kRS);
       if constexpr (!kOne) ldsm_x4_t(al[0], al[1], al[2], al[3], kl + koff + 16 * ks * kRS);
 #pragma unroll
-      for (int np = 0; np < 2; ++np) {
+      for (int np = 0; np < NB / 16; ++np) {
         uint32_t dh[4], dl[4] = {};
-        ldsm_x4_t(dh[0], dh[1], dh[2], dh[3], (kShared ? D2h : Dh) + doff + 16 * ks * kNS + 16 * np);
-        if constexpr (!kOne) ldsm_x4_t(dl[0], dl[1], dl[2], dl[3], (kShared ? D2l : Dl) + doff + 16 * ks * kNS + 16 * np);
+        ldsm_x4_t(dh[0], dh[1], dh[2], dh[3], (kShared ? D2h : Dh) + doff + 16 * ks * NS + 16 * np);
+        if constexpr (!kOne) ldsm_x4_t(dl[0], dl[1], dl[2], dl[3], (kShared ? D2l : Dl) + doff + 16 * ks * NS + 16 * np);
         mma_bf16x<kOne>(acc_s[2 * np], ah, al, dh[0], dh[1], dl[0], dl[1]);
         mma_bf16x<kOne>(acc_s[2 * np + 1], ah, al, dh[2], dh[3], dl[2], dl[3]);
       }
     }
     if (kShared) {   // O = diag(γ) (Q̂ S) so far
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
+      for (int nt = 0; nt < NW; ++nt) {
         aO[nt][0] *= rg0;
         aO[nt][1] *= rg0;
         aO[nt][2] *= rg1;
@@ -1449,22 +1489,36 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
     // O += P Δ over the tokens s ≤ i (P is zero above the diagonal: k-steps past mt are skipped).
     const bf16* ph = Ph0 + (c & 1) * kC * kPS;
     const bf16* pl = Pl0 + (c & 1) * kC * kPS;
+    (void)pl;
+    if constexpr (NW == 2) {
 #pragma unroll
-    for (int ks = 0; ks < kC / 16; ++ks) {
-      if (ks > mt) break;
-      uint32_t pah[4], pal[4] = {}, dh[4], dl[4] = {};
-      ldsm_x4(pah[0], pah[1], pah[2], pah[3], ph + poff + 16 * ks);
-      if constexpr (!kOne) ldsm_x4(pal[0], pal[1], pal[2], pal[3], pl + poff + 16 * ks);
-      ldsm_x4_t(dh[0], dh[1], dh[2], dh[3], Dh + boff + 16 * ks * kNS);
-      if constexpr (!kOne) ldsm_x4_t(dl[0], dl[1], dl[2], dl[3], Dl + boff + 16 * ks * kNS);
+      for (int ks = 0; ks < kC / 16; ++ks) {
+        if (ks > mt) break;
+        uint32_t pah[4], pal[4] = {}, dh[4], dl[4] = {};
+        ldsm_x4(pah[0], pah[1], pah[2], pah[3], ph + poff + 16 * ks);
+        if constexpr (!kOne) ldsm_x4(pal[0], pal[1], pal[2], pal[3], pl + poff + 16 * ks);
+        ldb(Dh, Dl, ks, dh, dl);
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) mma_bf16x<kOne>(aO[nt], pah, pal, dh[2 * nt], dh[2 * nt + 1], dl[2 * nt], dl[2 * nt + 1]);
+        for (int nt = 0; nt < 2; ++nt) mma_bf16x<kOne>(aO[nt], pah, pal, dh[2 * nt], dh[2 * nt + 1], dl[2 * nt], dl[2 * nt + 1]);
+      }
+    } else {   // Δ fragments of k-steps 2·kp and 2·kp + 1 from one load
+#pragma unroll
+      for (int kp = 0; kp < kC / 32; ++kp) {
+        if (2 * kp > mt) break;
+        uint32_t pah[4], dh[4];
+        ldb(Dh, Dl, 2 * kp, dh, nullptr);
+        ldsm_x4(pah[0], pah[1], pah[2], pah[3], ph + poff + 32 * kp);
+        mma_bf16(aO[0], pah[0], pah[1], pah[2], pah[3], dh[0], dh[1]);
+        if (2 * kp + 1 > mt) break;
+        ldsm_x4(pah[0], pah[1], pah[2], pah[3], ph + poff + 32 * kp + 16);
+        mma_bf16(aO[0], pah[0], pah[1], pah[2], pah[3], dh[2], dh[3]);
+      }
     }
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+    for (int nt = 0; nt < NW; ++nt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int i = 16 * mt + gq + 8 * r, col = 16 * nh + 8 * nt + 2 * tq;
+        const int i = 16 * mt + gq + 8 * r, col = 8 * NW * nh + 8 * nt + 2 * tq;
         if (i < n)
           *reinterpret_cast<float2*>(p.y + int64_t(t0 + i) * value_dim + j * kHD + c0 + col) =
               make_float2(aO[nt][2 * r], aO[nt][2 * r + 1]);
@@ -1473,7 +1527,7 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan2_kernel(const __grid_co
   cp_async_wait<0>();
 
 #pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
+  for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       Sg[(16 * warp + gq + 8 * (e >> 1)) * kHD + c0 + 8 * nt + 2 * tq + (e & 1)] = acc_s[nt][e];
@@ -1768,6 +1822,10 @@ bool& gdn_chunk_one() {
   static bool on = true;
   return on;
 }
+bool& gdn_scan_nb16() {
+  static bool on = true;
+  return on;
+}
 // P24 applies to P11's default pair (gdn_chunk_intra2_kernel<0> + gdn_chunk_scan2_kernel<false>) only.
 static bool gdn_p24_active() {
   const int p11 = gdn_chunk_p11();
@@ -1854,8 +1912,13 @@ void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s) {
   CUDA_LAUNCH_CHECK();
 }
 
+void gdn_prefill_norm(const GdnDims& d, const float* norm_w, const float* z, int T, float* y, cudaStream_t s) {
+  launch(gdn_norm_kernel, dim3(T, d.nv), dim3(kHD), 0, s, d, norm_w, z, T, y);
+  CUDA_LAUNCH_CHECK();
+}
+
 void gdn_chunked_scan(const GdnDims& d, const float* norm_w, float* conv_state, float* S, const float* qkv,
-                      const float* z, int T, float* work, float* y, cudaStream_t s) {
+                      const float* z, int T, float* work, float* y, cudaStream_t s, bool norm) {
   LILY_CHECK(gdn_prefill_ok(d), "gdn prefill: unsupported shapes");
   const ChunkBufs b = chunk_bufs(d, T, work);
   static bool attr_set = false;
@@ -1863,7 +1926,9 @@ void gdn_chunked_scan(const GdnDims& d, const float* norm_w, float* conv_state, 
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCScanSmem)));
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan2_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCScanSmem)));
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan2_kernel<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(kCScanSmem)));
+                                    int(cscan2_smem<false, true, kNB>())));
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan2_kernel<false, true, kNB27>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCScan27Smem)));
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan2_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kCScan2SharedSmem)));
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan3_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCScan3Smem)));
@@ -1871,14 +1936,16 @@ void gdn_chunked_scan(const GdnDims& d, const float* norm_w, float* conv_state, 
   }
   CScanArgs a{d, conv_state, S, qkv, T, b, y};
   const int p11 = gdn_chunk_p11();
-  if (gdn_p24_active()) launch(gdn_chunk_scan2_kernel<false, true>, dim3(d.nv * (kHD / kNB)), dim3(256), kCScanSmem, s, a);   // P24
+  if (gdn_p24_active() && gdn_scan_nb16())   // P27
+    launch(gdn_chunk_scan2_kernel<false, true, kNB27>, dim3(d.nv * (kHD / kNB27)), dim3(256), kCScan27Smem, s, a);
+  else if (gdn_p24_active())   // P24
+    launch(gdn_chunk_scan2_kernel<false, true>, dim3(d.nv * (kHD / kNB)), dim3(256), cscan2_smem<false, true, kNB>(), s, a);
   else if (p11 & 16) launch(gdn_chunk_scan3_kernel, dim3(d.nv * (kHD / kNB)), dim3(256), kCScan3Smem, s, a);   // P11 scan3
   else if (p11 == 7) launch(gdn_chunk_scan2_kernel<true>, dim3(d.nv * (kHD / kNB)), dim3(256), kCScan2SharedSmem, s, a);
   else if (p11 & 2) launch(gdn_chunk_scan2_kernel<false>, dim3(d.nv * (kHD / kNB)), dim3(256), kCScanSmem, s, a);   // P11
   else launch(gdn_chunk_scan_kernel, dim3(d.nv * (kHD / kNB)), dim3(256), kCScanSmem, s, a);
   CUDA_LAUNCH_CHECK();
-  launch(gdn_norm_kernel, dim3(T, d.nv), dim3(kHD), 0, s, d, norm_w, z, T, y);
-  CUDA_LAUNCH_CHECK();
+  if (norm) gdn_prefill_norm(d, norm_w, z, T, y, s);
 }
 
 }  // namespace lily::cuda

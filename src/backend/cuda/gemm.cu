@@ -897,6 +897,55 @@ __global__ void __launch_bounds__(1024) rmsnorm_convert_kernel(float* h, const f
   for (int c8 = tid; c8 < n / 8; c8 += blockDim.x) convert_a_chunk(ys, row, n, c8, f16, up, xa, xh, xl);
 }
 
+// P28: the GDN output's gated RMSNorm (gdn_norm_kernel: per token and 128-wide value head,
+// y · rsqrt(mean y² + eps) · w · silu(z)) and convert_a_kernel in one pass, one block of nv warps per
+// row, warp h = head h. Lane l holds the head's columns l, l + 32, l + 64, l + 96, so each of its four
+// warp sums is one of gdn_norm_kernel's per-warp sums, combined in block_sum's order ((r0 + r2) +
+// (r1 + r3): its final butterfly over lanes 0-3): the outputs are bit-identical. The normalised row
+// stays in shared memory for the conversion; out (f32) is written only when given.
+__global__ void __launch_bounds__(1024) gdn_norm_convert_kernel(const float* __restrict__ y, const float* __restrict__ z,
+                                                                const float* __restrict__ w, int nv, float eps,
+                                                                float* __restrict__ out, int f16,
+                                                                uint16_t* __restrict__ xa, float* __restrict__ rs,
+                                                                uint16_t* __restrict__ xh, uint16_t* __restrict__ xl) {
+  __shared__ float red[32];
+  __shared__ __align__(16) float ys[4096];
+  pdl_trigger();
+  pdl_wait();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, n = nv * 128;
+  const int64_t row = blockIdx.x, base = row * n + warp * 128;
+  float o[4], zz[4], r[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    o[u] = y[base + lane + 32 * u];
+    zz[u] = z[base + lane + 32 * u];
+  }
+#pragma unroll
+  for (int u = 0; u < 4; ++u) r[u] = warp_sum(o[u] * o[u]);
+  const float sc = rsqrtf(((r[0] + r[2]) + (r[1] + r[3])) / float(128) + eps);
+  float amax = 0.f;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int c = lane + 32 * u;
+    const float v = o[u] * sc * w[c] * siluf_(zz[u]);
+    ys[warp * 128 + c] = v;
+    if (out) out[base + c] = v;
+    amax = fmaxf(amax, fabsf(v));
+  }
+  amax = warp_max(amax);
+  if (lane == 0) red[warp] = amax;
+  __syncthreads();   // ys and red complete
+  float up = 1.f;
+  if (f16) {
+    amax = red[0];
+    for (int k = 1; k < nv; ++k) amax = fmaxf(amax, red[k]);
+    const int se = f16_row_exp(amax);
+    up = pow2f(se);
+    if (tid == 0) rs[row] = pow2f(-se);
+  }
+  for (int c8 = tid; c8 < n / 8; c8 += blockDim.x) convert_a_chunk(ys, row, n, c8, f16, up, xa, xh, xl);
+}
+
 // P1 off: W -> bf16 or fp16 [rows, cols] in mma k-order with the fused path's rounding (bf16: the
 // f32 s·q + b rounded; fp16: one fp16 FMA of q with s·2^8 and b·2^8, as dq4_pair).
 __global__ void dequant_kernel(const QMat w, int f16, uint16_t* __restrict__ wb) {
@@ -1209,6 +1258,91 @@ int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split,
                     static_cast<void*>(x.xl)})
       CUDA_CHECK(cudaFree(p));
   for (float* p : {r, w, dw}) CUDA_CHECK(cudaFree(p));
+  return diff;
+}
+
+bool gemm_gdn_norm_convert_ok(int nv, int dv) { return dv == 128 && nv >= 1 && nv <= 32; }
+
+void gemm_gdn_norm_convert(const float* y, const float* z, const float* w, int nv, int dv, int T, float eps,
+                           float* out, const GemmA& o, cudaStream_t s) {
+  LILY_CHECK(gemm_gdn_norm_convert_ok(nv, dv), "gemm_gdn_norm_convert: value heads of 128, at most 32");
+  LILY_CHECK(!o.f16 || (o.a && o.rs), "gemm_gdn_norm_convert: fp16 needs the row scales");
+  uint16_t* hi = o.f16 || !o.a ? const_cast<uint16_t*>(o.hi) : nullptr;   // as gemm_convert_a
+  launch(gdn_norm_convert_kernel, dim3(unsigned(T)), dim3(unsigned(32 * nv)), 0, s, y, z, w, nv, eps, out, int(o.f16),
+         const_cast<uint16_t*>(o.a), const_cast<float*>(o.rs), hi, const_cast<uint16_t*>(o.lo));
+  CUDA_LAUNCH_CHECK();
+}
+
+int64_t gemm_gdn_norm_convert_probe(int nv, int T, bool f16, bool split, unsigned seed) {
+  const int n = nv * 128;
+  std::mt19937 g(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto host = [&](int64_t cnt, float sc) {
+    std::vector<float> v(static_cast<size_t>(cnt));
+    for (float& x : v) x = sc * nd(g);
+    return v;
+  };
+  const int64_t tn = int64_t(T) * n;
+  const std::vector<float> y0 = host(tn, 2.f), z0 = host(tn, 1.5f), w0 = host(128, 0.5f);
+  auto dev = [](const std::vector<float>& v) {
+    float* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, v.size() * 4));
+    CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    return p;
+  };
+  struct Out {
+    float *y, *rs;
+    uint16_t *xa, *xh, *xl;
+  } o[2];
+  float* z = dev(z0);
+  float* w = dev(w0);
+  float* out = dev(std::vector<float>(size_t(tn), 0.f));
+  for (Out& x : o) {
+    x.y = dev(y0);
+    x.rs = dev(std::vector<float>(size_t(T), 0.f));
+    for (uint16_t** b : {&x.xa, &x.xh, &x.xl}) {
+      CUDA_CHECK(cudaMalloc(b, size_t(tn) * 2));
+      CUDA_CHECK(cudaMemset(*b, 0, size_t(tn) * 2));
+    }
+  }
+  auto operand = [&](const Out& x) {
+    GemmA a;
+    a.f16 = f16;
+    a.a = x.xa;
+    a.rs = f16 ? x.rs : nullptr;
+    a.hi = split ? x.xh : nullptr;
+    a.lo = split ? x.xl : nullptr;
+    return a;
+  };
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  GdnDims d{};
+  d.nk = nv;
+  d.nv = nv;
+  d.dk = d.dv = 128;
+  d.eps = 1e-6f;
+  gdn_prefill_norm(d, w, z, T, o[0].y, s);   // reference: in place, then the conversion
+  gemm_convert_a(o[0].y, T, n, operand(o[0]), s);
+  gemm_gdn_norm_convert(o[1].y, z, w, nv, 128, T, 1e-6f, out, operand(o[1]), s);
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  CUDA_CHECK(cudaStreamDestroy(s));
+  int64_t diff = 0;
+  auto cmp = [&](const void* a, const void* b, int64_t bytes) {
+    std::vector<uint8_t> x(static_cast<size_t>(bytes)), yv(static_cast<size_t>(bytes));
+    CUDA_CHECK(cudaMemcpy(x.data(), a, size_t(bytes), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(yv.data(), b, size_t(bytes), cudaMemcpyDeviceToHost));
+    for (int64_t i = 0; i < bytes; ++i) diff += x[size_t(i)] != yv[size_t(i)];
+  };
+  cmp(o[0].y, out, tn * 4);   // the normalised rows
+  cmp(o[0].rs, o[1].rs, int64_t(T) * 4);
+  cmp(o[0].xa, o[1].xa, tn * 2);
+  cmp(o[0].xh, o[1].xh, tn * 2);
+  cmp(o[0].xl, o[1].xl, tn * 2);
+  for (Out& x : o)
+    for (void* p : {static_cast<void*>(x.y), static_cast<void*>(x.rs), static_cast<void*>(x.xa),
+                    static_cast<void*>(x.xh), static_cast<void*>(x.xl)})
+      CUDA_CHECK(cudaFree(p));
+  for (float* p : {z, w, out}) CUDA_CHECK(cudaFree(p));
   return diff;
 }
 

@@ -114,6 +114,15 @@ void gemm_rmsnorm_convert(float* h, const float* r, const float* w, int n, int T
 // P25 test entry (synchronous): the fused kernel against rmsnorm + gemm_convert_a on the same random
 // inputs; returns the number of differing bytes over h, out, rs, the dot, xa, xh, xl (0 = identical).
 int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split, bool dot, unsigned seed);
+// P28: the GDN output's gated RMSNorm (gdn_prefill_norm on the raw y [T, nv·128], z, w) and
+// gemm_convert_a of its result in one kernel per row, bit-identical to the two; y is only read, out
+// (optional) receives the f32 normalised rows. dv == 128, nv <= 32 (_ok).
+bool gemm_gdn_norm_convert_ok(int nv, int dv);
+void gemm_gdn_norm_convert(const float* y, const float* z, const float* w, int nv, int dv, int T, float eps,
+                           float* out, const GemmA& o, cudaStream_t s);
+// P28 test entry (synchronous): the fused kernel against gdn_prefill_norm + gemm_convert_a on the same
+// random inputs; returns the number of differing bytes over the f32 rows, rs, xa, xh, xl.
+int64_t gemm_gdn_norm_convert_probe(int nv, int T, bool f16, bool split, unsigned seed);
 // Ablation P1 off (4-bit only): W dequantised once into bf16/fp16 [rows, cols] in the mma k-order.
 int64_t gemm_dequant_bytes(const QMat& w);
 void gemm_dequant(const QMat& w, bool f16, uint16_t* wb, cudaStream_t s);

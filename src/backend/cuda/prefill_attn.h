@@ -111,8 +111,13 @@ int& gdn_chunk_p11();
 // rounded to bf16, fp32 accumulation; the state stays fp32) instead of split bf16 (three MMAs), and
 // the per-chunk pass writes only the hi planes. Default on; --ablate P24 = split.
 bool& gdn_chunk_one();
+// P27 (with P24): the chunk scan with 16 state columns per CTA (256 CTAs, two per SM: two
+// independent chunk chains per SM) instead of 32 (128 CTAs, one per SM). Default on; --ablate P27.
+bool& gdn_scan_nb16();
+// norm = false: y is left raw (o = Sᵀq̂ per head) for gdn_prefill_norm or P28's fused conversion.
 void gdn_chunked_scan(const GdnDims& d, const float* norm_w, float* conv_state, float* S, const float* qkv,
-                      const float* z, int T, float* work, float* y, cudaStream_t s);
+                      const float* z, int T, float* work, float* y, cudaStream_t s, bool norm = true);
+// (gdn_prefill_norm: cuda_ops.h)
 
 // ---- attention_prefill.cu --------------------------------------------------------------------
 // Shapes the flash kernel handles (head_dim 256, 8 query heads per KV head); others use attention().
