@@ -772,7 +772,7 @@ int run(const Options& o) {
     // P28: the fused GDN gated norm + operand conversion, bit-identical to gdn_prefill_norm + gemm_convert_a.
     if (!p14)
       for (const auto& cs : std::vector<std::array<int, 4>>{{32, 1, 1, 0}, {32, 300, 1, 0}, {32, 77, 0, 1},
-                                                            {32, 64, 1, 1}, {8, 33, 1, 0}, {4, 16, 0, 0}}) {
+                                                            {32, 64, 1, 1}, {8, 33, 1, 0}, {4, 16, 0, 0}, {16, 9, 1, 0}}) {
         const int64_t d = lily::cuda::gemm_gdn_norm_convert_probe(cs[0], cs[1], cs[2], cs[3], 11u + cs[1]);
         char line[200];
         std::snprintf(line, sizeof line, "%-4s P28 gdn norm+convert nv=%d T=%d f16=%d hi/lo=%d: %lld bytes differ",

@@ -68,35 +68,38 @@ __global__ void __launch_bounds__(kHD) gdn_prep_kernel(const __grid_constant__ P
 }
 
 // P9: the same pass with a CTA's work in flight at once: the conv weights before the PDL wait, the
-// kPrepTok + K - 1 raw inputs of its 8 tokens loaded together (one memory round trip instead of one
-// per token), the 8 tokens' q/k sums of squares reduced with one barrier instead of two per token,
-// and the gates of the 8 tokens computed by 8 threads. Same arithmetic per value.
+// TOK + K - 1 raw inputs of its TOK tokens loaded together (one memory round trip instead of one
+// per token), the TOK tokens' q/k sums of squares reduced with one barrier instead of two per token,
+// and the gates of the TOK tokens computed by TOK threads. Same arithmetic per value.
+// TOK tokens per CTA: 8, or 32 with P29 (the K − 1 halo rows re-read by the next CTA: 1.09× the raw
+// input instead of 1.375×, and a quarter of the CTAs).
 constexpr int kPrepMaxK = 9;   // gdn_prefill_ok: conv kernel <= 9
+template <int TOK>
 __global__ void __launch_bounds__(kHD) gdn_prep_batched_kernel(const __grid_constant__ PrepArgs p) {
-  __shared__ float red[kPrepTok][kHD / 32];
+  __shared__ float red[TOK][kHD / 32];
   pdl_trigger();
   const GdnDims& d = p.d;
   const int K = d.kconv;
   const int64_t CD = d.conv_dim;
   const int blk0 = blockIdx.y * kHD, ch = blk0 + threadIdx.x;
   const int key_dim = d.nk * d.dk;
-  const int t0 = blockIdx.x * kPrepTok;
+  const int t0 = blockIdx.x * TOK;
   float w[kPrepMaxK];
 #pragma unroll
   for (int tap = 0; tap < kPrepMaxK; ++tap) w[tap] = tap < K ? p.conv_w[int64_t(ch) * K + tap] : 0.f;
   pdl_wait();
-  constexpr int W = kPrepTok + kPrepMaxK - 1;   // window: raw inputs of tokens t0 - (K-1) ...
+  constexpr int W = TOK + kPrepMaxK - 1;   // window: raw inputs of tokens t0 - (K-1) ...
   float x[W];
 #pragma unroll
   for (int i = 0; i < W; ++i) {
     const int tt = t0 - (K - 1) + i;
     x[i] = 0.f;
-    if (tt < p.T && tt - t0 < kPrepTok)   // i < kPrepTok + K - 1, and within the call
+    if (tt < p.T && tt - t0 < TOK)   // i < TOK + K - 1, and within the call
       x[i] = tt >= 0 ? p.qkv[int64_t(tt) * CD + ch] : p.conv_state[int64_t(tt + K - 1) * CD + ch];
   }
-  float u[kPrepTok];
+  float u[TOK];
 #pragma unroll
-  for (int j = 0; j < kPrepTok; ++j) {
+  for (int j = 0; j < TOK; ++j) {
     float acc = 0.f;
 #pragma unroll
     for (int tap = 0; tap < kPrepMaxK; ++tap)
@@ -106,24 +109,24 @@ __global__ void __launch_bounds__(kHD) gdn_prep_batched_kernel(const __grid_cons
   if (blk0 < 2 * key_dim) {   // q or k head (uniform over the block)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
-    for (int j = 0; j < kPrepTok; ++j) {
+    for (int j = 0; j < TOK; ++j) {
       const float ss = warp_sum(u[j] * u[j]);
       if (lane == 0) red[j][warp] = ss;
     }
     __syncthreads();
     const float qs = blk0 < key_dim ? rsqrtf(float(d.dk)) : 1.f;
 #pragma unroll
-    for (int j = 0; j < kPrepTok; ++j) {
+    for (int j = 0; j < TOK; ++j) {
       float ss = 0.f;
 #pragma unroll
       for (int q = 0; q < kHD / 32; ++q) ss += red[j][q];
       u[j] *= rsqrtf(ss + 1e-6f) * qs;
     }
-  } else if (threadIdx.x < kPrepTok && t0 + int(threadIdx.x) < p.T) {   // gates of token t0 + thread
+  } else if (threadIdx.x < TOK && t0 + int(threadIdx.x) < p.T) {   // gates of token t0 + thread
     prep_gates(p, t0 + int(threadIdx.x), (blk0 - 2 * key_dim) / d.dv);
   }
 #pragma unroll
-  for (int j = 0; j < kPrepTok; ++j)
+  for (int j = 0; j < TOK; ++j)
     if (t0 + j < p.T) p.u[int64_t(t0 + j) * CD + ch] = u[j];
 }
 
@@ -1822,6 +1825,10 @@ bool& gdn_chunk_one() {
   static bool on = true;
   return on;
 }
+bool& gdn_prep_tok32() {
+  static bool on = true;
+  return on;
+}
 bool& gdn_scan_nb16() {
   static bool on = true;
   return on;
@@ -1854,7 +1861,9 @@ void gdn_prefill_prep(const GdnDims& d, const float* conv_w, const float* A_log,
   float* g = beta + int64_t(T) * d.nv;
   PrepArgs p{d, conv_w, A_log, dt_bias, conv_state, qkv, a, b, T, u, beta, g};
   const dim3 grid((T + kPrepTok - 1) / kPrepTok, d.conv_dim / kHD);
-  if (gdn_prep_batched_enabled()) launch(gdn_prep_batched_kernel, grid, dim3(kHD), 0, s, p);   // P9
+  if (gdn_prep_batched_enabled() && gdn_prep_tok32())   // P29
+    launch(gdn_prep_batched_kernel<32>, dim3((T + 31) / 32, d.conv_dim / kHD), dim3(kHD), 0, s, p);
+  else if (gdn_prep_batched_enabled()) launch(gdn_prep_batched_kernel<kPrepTok>, grid, dim3(kHD), 0, s, p);   // P9
   else launch(gdn_prep_kernel, grid, dim3(kHD), 0, s, p);
   CUDA_LAUNCH_CHECK();
 }

@@ -23,6 +23,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -898,47 +899,60 @@ __global__ void __launch_bounds__(1024) rmsnorm_convert_kernel(float* h, const f
 }
 
 // P28: the GDN output's gated RMSNorm (gdn_norm_kernel: per token and 128-wide value head,
-// y · rsqrt(mean y² + eps) · w · silu(z)) and convert_a_kernel in one pass, one block of nv warps per
-// row, warp h = head h. Lane l holds the head's columns l, l + 32, l + 64, l + 96, so each of its four
-// warp sums is one of gdn_norm_kernel's per-warp sums, combined in block_sum's order ((r0 + r2) +
+// y · rsqrt(mean y² + eps) · w · silu(z)) and convert_a_kernel in one pass, one block of min(nv, 8)
+// warps per row; warp w takes heads w, w + W, ... (nv / W of them, all their loads issued at once:
+// 8 rows in flight per SM). Lane l holds a head's columns l, l + 32, l + 64, l + 96, so each of its
+// four warp sums is one of gdn_norm_kernel's per-warp sums, combined in block_sum's order ((r0 + r2) +
 // (r1 + r3): its final butterfly over lanes 0-3): the outputs are bit-identical. The normalised row
 // stays in shared memory for the conversion; out (f32) is written only when given.
-__global__ void __launch_bounds__(1024) gdn_norm_convert_kernel(const float* __restrict__ y, const float* __restrict__ z,
-                                                                const float* __restrict__ w, int nv, float eps,
-                                                                float* __restrict__ out, int f16,
-                                                                uint16_t* __restrict__ xa, float* __restrict__ rs,
-                                                                uint16_t* __restrict__ xh, uint16_t* __restrict__ xl) {
-  __shared__ float red[32];
+constexpr int kGnMaxHeadsPerWarp = 4;
+__global__ void __launch_bounds__(256) gdn_norm_convert_kernel(const float* __restrict__ y, const float* __restrict__ z,
+                                                               const float* __restrict__ w, int nv, float eps,
+                                                               float* __restrict__ out, int f16,
+                                                               uint16_t* __restrict__ xa, float* __restrict__ rs,
+                                                               uint16_t* __restrict__ xh, uint16_t* __restrict__ xl) {
+  __shared__ float red[8];
   __shared__ __align__(16) float ys[4096];
   pdl_trigger();
   pdl_wait();
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, n = nv * 128;
-  const int64_t row = blockIdx.x, base = row * n + warp * 128;
-  float o[4], zz[4], r[4];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nw = blockDim.x >> 5, hp = nv / nw, n = nv * 128;
+  const int64_t row = blockIdx.x;
+  float o[kGnMaxHeadsPerWarp][4], zz[kGnMaxHeadsPerWarp][4];
 #pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    o[u] = y[base + lane + 32 * u];
-    zz[u] = z[base + lane + 32 * u];
-  }
+  for (int i = 0; i < kGnMaxHeadsPerWarp; ++i)
+    if (i < hp) {
+      const int64_t base = row * n + (warp + i * nw) * 128;
 #pragma unroll
-  for (int u = 0; u < 4; ++u) r[u] = warp_sum(o[u] * o[u]);
-  const float sc = rsqrtf(((r[0] + r[2]) + (r[1] + r[3])) / float(128) + eps);
+      for (int u = 0; u < 4; ++u) {
+        o[i][u] = y[base + lane + 32 * u];
+        zz[i][u] = z[base + lane + 32 * u];
+      }
+    }
   float amax = 0.f;
 #pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    const int c = lane + 32 * u;
-    const float v = o[u] * sc * w[c] * siluf_(zz[u]);
-    ys[warp * 128 + c] = v;
-    if (out) out[base + c] = v;
-    amax = fmaxf(amax, fabsf(v));
-  }
+  for (int i = 0; i < kGnMaxHeadsPerWarp; ++i)
+    if (i < hp) {
+      float r[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) r[u] = warp_sum(o[i][u] * o[i][u]);
+      const float sc = rsqrtf(((r[0] + r[2]) + (r[1] + r[3])) / float(128) + eps);
+      const int h0 = (warp + i * nw) * 128;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int c = lane + 32 * u;
+        const float v = o[i][u] * sc * w[c] * siluf_(zz[i][u]);
+        ys[h0 + c] = v;
+        if (out) out[row * n + h0 + c] = v;
+        amax = fmaxf(amax, fabsf(v));
+      }
+    }
   amax = warp_max(amax);
   if (lane == 0) red[warp] = amax;
   __syncthreads();   // ys and red complete
   float up = 1.f;
   if (f16) {
     amax = red[0];
-    for (int k = 1; k < nv; ++k) amax = fmaxf(amax, red[k]);
+    for (int k = 1; k < nw; ++k) amax = fmaxf(amax, red[k]);
     const int se = f16_row_exp(amax);
     up = pow2f(se);
     if (tid == 0) rs[row] = pow2f(-se);
@@ -1261,14 +1275,16 @@ int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split,
   return diff;
 }
 
-bool gemm_gdn_norm_convert_ok(int nv, int dv) { return dv == 128 && nv >= 1 && nv <= 32; }
+bool gemm_gdn_norm_convert_ok(int nv, int dv) {
+  return dv == 128 && nv >= 1 && nv <= 8 * kGnMaxHeadsPerWarp && (nv <= 8 || nv % 8 == 0);
+}
 
 void gemm_gdn_norm_convert(const float* y, const float* z, const float* w, int nv, int dv, int T, float eps,
                            float* out, const GemmA& o, cudaStream_t s) {
-  LILY_CHECK(gemm_gdn_norm_convert_ok(nv, dv), "gemm_gdn_norm_convert: value heads of 128, at most 32");
+  LILY_CHECK(gemm_gdn_norm_convert_ok(nv, dv), "gemm_gdn_norm_convert: value heads of 128, at most 8 or a multiple of 8 up to 32");
   LILY_CHECK(!o.f16 || (o.a && o.rs), "gemm_gdn_norm_convert: fp16 needs the row scales");
   uint16_t* hi = o.f16 || !o.a ? const_cast<uint16_t*>(o.hi) : nullptr;   // as gemm_convert_a
-  launch(gdn_norm_convert_kernel, dim3(unsigned(T)), dim3(unsigned(32 * nv)), 0, s, y, z, w, nv, eps, out, int(o.f16),
+  launch(gdn_norm_convert_kernel, dim3(unsigned(T)), dim3(unsigned(32 * std::min(nv, 8))), 0, s, y, z, w, nv, eps, out, int(o.f16),
          const_cast<uint16_t*>(o.a), const_cast<float*>(o.rs), hi, const_cast<uint16_t*>(o.lo));
   CUDA_LAUNCH_CHECK();
 }

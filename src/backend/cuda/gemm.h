@@ -116,7 +116,7 @@ void gemm_rmsnorm_convert(float* h, const float* r, const float* w, int n, int T
 int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split, bool dot, unsigned seed);
 // P28: the GDN output's gated RMSNorm (gdn_prefill_norm on the raw y [T, nv·128], z, w) and
 // gemm_convert_a of its result in one kernel per row, bit-identical to the two; y is only read, out
-// (optional) receives the f32 normalised rows. dv == 128, nv <= 32 (_ok).
+// (optional) receives the f32 normalised rows. dv == 128, nv <= 8 or a multiple of 8 up to 32 (_ok).
 bool gemm_gdn_norm_convert_ok(int nv, int dv);
 void gemm_gdn_norm_convert(const float* y, const float* z, const float* w, int nv, int dv, int T, float eps,
                            float* out, const GemmA& o, cudaStream_t s);
