@@ -40,6 +40,8 @@ void gemm_moe_raw(int kernel, int bm, bool swiglu, const uint16_t* a, const floa
                   const int* dst, const float* scale, float* y, uint16_t* act, int8_t* act_exp);
 // backend/cuda/gemm.h: the P25 test entry (fused rmsnorm + conversion vs the two kernels), synchronous
 int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split, bool dot, unsigned seed);
+// backend/cuda/gemm.h: the P30 test entry (segmented GEMM vs one output), synchronous
+int64_t gemm_segmented_probe(int T, int K, int nseg, const int* rows, unsigned seed);
 // backend/cuda/gemm.h: the P28 test entry (fused GDN gated norm + conversion vs the two kernels), synchronous
 int64_t gemm_gdn_norm_convert_probe(int nv, int T, bool f16, bool split, unsigned seed);
 }  // namespace lily::cuda
@@ -777,6 +779,19 @@ int run(const Options& o) {
         char line[200];
         std::snprintf(line, sizeof line, "%-4s P28 gdn norm+convert nv=%d T=%d f16=%d hi/lo=%d: %lld bytes differ",
                       d == 0 ? "PASS" : "FAIL", cs[0], cs[1], cs[2], cs[3], (long long)d);
+        std::printf("%s\n", line);
+        (d == 0 ? tally.pass : tally.fail) += 1;
+        if (d != 0) tally.failed.push_back(line);
+      }
+    // P30: stacked projections with per-matrix outputs == the slices of one stacked product.
+    if (!p14)
+      for (const auto& rs : std::vector<std::vector<int>>{{8192, 4096, 32, 32}, {8192, 512, 512}, {4096, 32, 32}}) {
+        const int64_t d = lily::cuda::gemm_segmented_probe(4096, 2048, int(rs.size()), rs.data(), 5u + unsigned(rs[1]));
+        std::string segs;
+        for (int r : rs) segs += (segs.empty() ? "" : "+") + std::to_string(r);
+        char line[200];
+        std::snprintf(line, sizeof line, "%-4s P30 segmented GEMM T=4096 K=2048 rows %s: %lld token rows differ",
+                      d == 0 ? "PASS" : "FAIL", segs.c_str(), (long long)d);
         std::printf("%s\n", line);
         (d == 0 ? tally.pass : tally.fail) += 1;
         if (d != 0) tally.failed.push_back(line);

@@ -638,6 +638,7 @@ class CudaBackend final : public Backend {
     // P12's products: 2 (default) = S and P·V on wgmma, 1 = S only, 0 = both on mma.sync (64-key tiles).
     attn_prefill_wg_mode() = env_int("LILY_ATTN_WG", 2);
     p25_ = !abl_.has("P25");   // P25: prefill rmsnorm fused with the GEMM / MoE operand conversion
+    p30_ = !abl_.has("P30");   // P30: dense projections of one input stacked into one GEMM
     p28_ = !abl_.has("P28");   // P28: prefill GDN gated norm fused with the out-projection's conversion
     slot16_ = !abl_.has("P16");   // P16: prefill MoE (token, slot) rows in fp16 between the down GEMM and the combine
     p1_off_ = abl_.has("P1");   // P1: separate dequantisation pass into bf16 before the GEMM
@@ -802,6 +803,36 @@ class CudaBackend final : public Backend {
     uint16_t* p = static_cast<uint16_t*>(alloc_bytes(bytes));
     const std::string shape = std::to_string(w.rows) + "x" + std::to_string(w.cols);
     timed("gemm.dequant.kept " + shape, 2.5 * w.rows * w.cols, [&] { gemm_dequant(w, f16, p, s_); });
+    cache[key] = p;
+    return p;
+  }
+  // P30: the P21 copies of jobs [i, e) (same input, same cols) stacked by rows in one buffer, made
+  // once and kept (keyed by the first matrix's codes, the total rows and the count). Null as for
+  // kept_dequant.
+  uint16_t* kept_dequant_stack(const std::vector<GemvJob>& jobs, size_t i, size_t e, bool f16) {
+    if (!p21_ || capturing_) return nullptr;
+    int rows = 0;
+    for (size_t k = i; k < e; ++k) rows += jobs[k].w.rows;
+    const int cols = jobs[i].w.cols;
+    auto& cache = kept_stack_[f16 ? 1 : 0];
+    const auto key = std::make_tuple(jobs[i].w.data, rows, int(e - i));
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+    const int64_t bytes = int64_t(rows) * cols * 2;
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    if (int64_t(free_b) - bytes < (int64_t(p21_reserve_mb_) << 20)) {
+      cache[key] = nullptr;
+      return nullptr;
+    }
+    uint16_t* p = static_cast<uint16_t*>(alloc_bytes(bytes));
+    int64_t off = 0;
+    for (size_t k = i; k < e; ++k) {
+      const QMat& w = jobs[k].w;
+      const std::string shape = std::to_string(w.rows) + "x" + std::to_string(w.cols);
+      timed("gemm.dequant.kept " + shape, 2.5 * w.rows * w.cols, [&] { gemm_dequant(w, f16, p + off, s_); });
+      off += int64_t(w.rows) * cols;
+    }
     cache[key] = p;
     return p;
   }
@@ -1088,12 +1119,37 @@ class CudaBackend final : public Backend {
         launch_gn(p);
       }
     }
-    for (size_t i = 0; i < jobs.size(); ++i) {
+    for (size_t i = 0; i < jobs.size();) {
       const GemvJob& j = jobs[i];
       const int f = first[i];
       const GemmA x = operand(size_t(f));
       if (f == int(i) && f != fused && f != fused_gn)
         timed("gemm.convert", 6.0 * T * j.w.cols, [&] { gemm_convert_a(j.x, T, j.w.cols, x, s_); });
+      // P30: the jobs from i on that read the same input (all 4-bit with P21 copies) as one GEMM over
+      // their copies stacked by rows, each product to its own output.
+      size_t e = i;
+      int rows = 0;
+      if (p30_ && f16 && !p1_off_)
+        while (e < jobs.size() && e - i < size_t(kGemmMaxSegs) && first[e] == f && dequant_first(jobs[e].w) &&
+               jobs[e].w.cols == j.w.cols && jobs[e].w.rows % 2 == 0)
+          rows += jobs[e++].w.rows;
+      if (e - i >= 2 && gemm_segmented_ok(T, rows, j.w.cols, f16)) {
+        if (const uint16_t* wb = kept_dequant_stack(jobs, i, e, f16)) {
+          int seg_rows[kGemmMaxSegs];
+          float* seg_y[kGemmMaxSegs];
+          std::string shape = "gemm ";
+          double wbytes = 0;
+          for (size_t k = i; k < e; ++k) {
+            seg_rows[k - i] = jobs[k].w.rows;
+            seg_y[k - i] = jobs[k].y;
+            shape += (k > i ? "+" : "") + std::to_string(jobs[k].w.rows) + "x" + std::to_string(jobs[k].w.cols);
+            wbytes += double(jobs[k].w.rows) * jobs[k].w.cols * 0.5 + jobs[k].w.rows * (jobs[k].w.cols / 16.0);
+          }
+          timed(shape, wbytes, [&] { gemm_segmented(x, T, j.w.cols, wb, int(e - i), seg_rows, seg_y, s_); });
+          i = e;
+          continue;
+        }
+      }
       const std::string shape = std::to_string(j.w.rows) + "x" + std::to_string(j.w.cols);
       uint16_t* wb = nullptr;
       if (dequant_first(j.w)) {
@@ -1105,6 +1161,7 @@ class CudaBackend final : public Backend {
       }
       const double wbytes = double(j.w.rows) * j.w.cols * (j.w.type == kQ4 ? 0.5 : 1) + j.w.rows * (j.w.cols / 16.0);
       timed("gemm " + shape, wbytes, [&] { gemm(j.w, x, T, j.y, j.w.rows, false, wb, 0, s_); });
+      ++i;
     }
   }
   // Prefill MoE (P2, P3) when the weights suit it; false: use the decode kernels.
@@ -1146,6 +1203,8 @@ class CudaBackend final : public Backend {
   bool p21_ = true;                 // P21: keep P8's 16-bit copies (kept_dequant)
   int p21_reserve_mb_ = 8192;       // P21: device memory left free (LILY_P21_RESERVE_MB)
   std::map<std::tuple<const void*, int, int>, uint16_t*> kept_[2];   // P21: [bf16, fp16] copies by (codes, rows, cols)
+  std::map<std::tuple<const void*, int, int>, uint16_t*> kept_stack_[2];   // P30: by (first codes, rows, count)
+  bool p30_ = true;   // P30: the dense projections of one input as one GEMM
   struct {
     MoeDev m;
     int T;

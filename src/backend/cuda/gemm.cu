@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -85,6 +86,12 @@ struct GemmArgs {
   const int* dst;
   const float* scale;
   int y16;                      // P16, scatter mode on the mma.sync kernel: y holds fp16 (saturated), ldy in halves
+  // P30 (plain store mode, P13 kernel only): nseg > 0 splits the output columns into segments; column
+  // n of segment q (seg_n0[q] <= n < seg_n0[q + 1]) is written to seg_y[q] + row · seg_ld[q] + n - seg_n0[q].
+  int nseg;
+  int seg_n0[kGemmMaxSegs];
+  float* seg_y[kGemmMaxSegs];
+  int64_t seg_ld[kGemmMaxSegs];
 };
 
 // fp16 with saturation at ±65504 (a finite value never becomes inf; NaN stays NaN), as the fp16 KV cache.
@@ -1426,6 +1433,91 @@ void gemm(const QMat& w, const GemmA& x, int T, float* y, int64_t ldy, bool accu
     return;
   }
   launch_any(bt, am, bm, bn, a, (T + bm - 1) / bm, gn, s);
+}
+
+bool gemm_segmented_ok(int T, int N, int K, bool f16) { return f16 && wg16_takes(T, N, K); }
+
+void gemm_segmented(const GemmA& x, int T, int K, const uint16_t* wb, int nseg, const int* rows, float* const* ys,
+                    cudaStream_t s) {
+  LILY_CHECK(nseg >= 1 && nseg <= kGemmMaxSegs, "gemm_segmented: 1..4 segments");
+  LILY_CHECK(x.f16 && x.a && x.rs && wb, "gemm_segmented: fp16 activations and a 16-bit weight copy");
+  GemmArgs a{};
+  a.K = K;
+  a.M = T;
+  a.a = x.a;
+  a.a_scale = x.rs;
+  a.b.n_groups = 1;
+  a.b.w[0].type = kBF;
+  a.b.w[0].data = wb;
+  a.b.w[0].cols = K;
+  a.mode = kStore;
+  a.nseg = nseg;
+  int n = 0;
+  for (int q = 0; q < nseg; ++q) {
+    LILY_CHECK(rows[q] > 0 && rows[q] % 2 == 0, "gemm_segmented: segments of an even number of rows");
+    a.seg_n0[q] = n;
+    a.seg_y[q] = ys[q];
+    a.seg_ld[q] = rows[q];
+    n += rows[q];
+  }
+  a.N = n;
+  a.b.w[0].rows = n;
+  a.y = ys[0];
+  a.ldy = rows[0];
+  LILY_CHECK(wg16_takes(T, n, K), "gemm_segmented: shape not on the P13 kernel");
+  launch_wg16(a, wg16_tma(), s);
+}
+
+int64_t gemm_segmented_probe(int T, int K, int nseg, const int* rows, unsigned seed) {
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> ud(-1.f, 1.f);
+  int N = 0;
+  for (int q = 0; q < nseg; ++q) N += rows[q];
+  std::vector<uint16_t> ha(size_t(T) * K), hb(size_t(N) * K);
+  for (uint16_t& v : ha) v = __half_as_ushort(__float2half(ud(g)));
+  for (uint16_t& v : hb) v = __half_as_ushort(__float2half(ud(g)));
+  std::vector<float> hrs(static_cast<size_t>(T));
+  for (float& v : hrs) v = std::ldexp(1.f, int(g() % 5) - 2);
+  uint16_t *a = nullptr, *b = nullptr;
+  float *rs = nullptr, *whole = nullptr;
+  CUDA_CHECK(cudaMalloc(&a, ha.size() * 2));
+  CUDA_CHECK(cudaMalloc(&b, hb.size() * 2));
+  CUDA_CHECK(cudaMalloc(&rs, hrs.size() * 4));
+  CUDA_CHECK(cudaMalloc(&whole, size_t(T) * N * 4));
+  CUDA_CHECK(cudaMemcpy(a, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(b, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(rs, hrs.data(), hrs.size() * 4, cudaMemcpyHostToDevice));
+  std::vector<float*> ys(static_cast<size_t>(nseg));
+  for (float*& y : ys) {
+    const size_t q = size_t(&y - ys.data());
+    CUDA_CHECK(cudaMalloc(&y, size_t(T) * rows[q] * 4));
+    CUDA_CHECK(cudaMemset(y, 0xff, size_t(T) * rows[q] * 4));   // NaN: every element must be written
+  }
+  GemmA x;
+  x.f16 = true;
+  x.a = a;
+  x.rs = rs;
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  gemm_segmented(x, T, K, b, nseg, rows, ys.data(), s);
+  gemm_segmented(x, T, K, b, 1, &N, &whole, s);   // the same GEMM, one output
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  CUDA_CHECK(cudaStreamDestroy(s));
+  std::vector<float> hw(static_cast<size_t>(T) * N);
+  CUDA_CHECK(cudaMemcpy(hw.data(), whole, hw.size() * 4, cudaMemcpyDeviceToHost));
+  int64_t diff = 0;
+  int n0 = 0;
+  for (int q = 0; q < nseg; ++q) {
+    std::vector<float> hy(static_cast<size_t>(T) * rows[q]);
+    CUDA_CHECK(cudaMemcpy(hy.data(), ys[size_t(q)], hy.size() * 4, cudaMemcpyDeviceToHost));
+    for (int t = 0; t < T; ++t)
+      diff += std::memcmp(&hy[size_t(t) * rows[q]], &hw[size_t(t) * N + n0], size_t(rows[q]) * 4) != 0;
+    n0 += rows[q];
+    CUDA_CHECK(cudaFree(ys[size_t(q)]));
+  }
+  for (void* p : {static_cast<void*>(a), static_cast<void*>(b), static_cast<void*>(rs), static_cast<void*>(whole)})
+    CUDA_CHECK(cudaFree(p));
+  return diff;
 }
 
 void gemm_f16_raw(int kernel, const uint16_t* a16, const float* rs, int T, int K, const uint16_t* b16, int N,

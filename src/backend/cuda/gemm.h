@@ -127,6 +127,17 @@ int64_t gemm_gdn_norm_convert_probe(int nv, int T, bool f16, bool split, unsigne
 int64_t gemm_dequant_bytes(const QMat& w);
 void gemm_dequant(const QMat& w, bool f16, uint16_t* wb, cudaStream_t s);
 
+// P30: several 4-bit matrices that read the same x, as one GEMM over their 16-bit copies stacked by
+// rows (wb: rows[0] + rows[1] + ... rows of K, the P21 copies made into one buffer), matrix q's
+// product written to ys[q] (row stride rows[q]). fp16 activations, the P13 kernel only (_ok).
+constexpr int kGemmMaxSegs = 4;
+bool gemm_segmented_ok(int T, int N, int K, bool f16);
+void gemm_segmented(const GemmA& x, int T, int K, const uint16_t* wb, int nseg, const int* rows, float* const* ys,
+                    cudaStream_t s);
+// P30 test entry (synchronous): random fp16 x and stacked weights through gemm_segmented with the
+// given segments and with one segment of all rows; returns the number of token rows whose segment
+// output differs in any byte from the slice of the one-output product (0 = identical).
+int64_t gemm_segmented_probe(int T, int K, int nseg, const int* rows, unsigned seed);
 // y[T, w.rows] (row stride ldy) = x · Wᵀ, or += when `accumulate`. wb: the P1-off copy of a 4-bit W
 // (same precision as x; nullptr: fused dequantisation). bm: M-tile 32/64/128, 0 = chosen from T
 // and the grid size (LILY_GEMM_BM overrides).

@@ -201,19 +201,39 @@ __global__ void __launch_bounds__(kW16Threads, 1)
     int bx, by;
     wg16_tile(int(blockIdx.x) + i * int(gridDim.x), gm, bx, by);
     const int pos0 = bx * kW16BM, rows = min(kW16BM, M - pos0), n0 = by * kW16BN;
+    // P30: with output segments, column n of segment q (seg_n0[q] <= n < seg_n0[q + 1]) goes to
+    // seg_y[q] at column n - seg_n0[q]. A tile inside one segment keeps the plain path.
+    int sg = 0;
+    for (int q = 1; q < a.nseg; ++q)
+      if (n0 >= a.seg_n0[q]) sg = q;
+    const bool mixed = sg + 1 < a.nseg && n0 + kW16BN > a.seg_n0[sg + 1];
+    float* const ybase = a.nseg ? a.seg_y[sg] : a.y;
+    const int64_t ld = a.nseg ? a.seg_ld[sg] : a.ldy;
+    const int nb = a.nseg ? a.seg_n0[sg] : 0;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int m = wgc * 64 + warp * 16 + g + 8 * h;
       if (m >= rows) continue;
       const int64_t pos = pos0 + m;
       const float sc = a.a_scale[pos] * kInvW;   // gemm_kernel's row_factor (AM 1, no gather)
-      float* yrow = a.y + pos * a.ldy;
+      float* yrow = ybase + pos * ld;
 #pragma unroll
       for (int j = 0; j < kW16BN / 8; ++j) {
         const int n = n0 + 8 * j + 2 * t;
         const float v0 = sc * acc[4 * j + 2 * h], v1 = sc * acc[4 * j + 2 * h + 1];
-        if (n + 1 < N && (a.ldy & 1) == 0) {
-          float2* p = reinterpret_cast<float2*>(yrow + n);
+        if (mixed) {   // segment starts are even: n and n + 1 share one
+          if (n < N) {
+            int q = sg;
+            while (q + 1 < a.nseg && n >= a.seg_n0[q + 1]) ++q;
+            float* yq = a.seg_y[q] + pos * a.seg_ld[q] + (n - a.seg_n0[q]);
+            yq[0] = v0;
+            if (n + 1 < N) yq[1] = v1;
+          }
+          continue;
+        }
+        const int col = n - nb;
+        if (n + 1 < N && (ld & 1) == 0) {
+          float2* p = reinterpret_cast<float2*>(yrow + col);
           if (a.mode == kAccum) {
             const float2 o = *p;
             *p = make_float2(o.x + v0, o.y + v1);
@@ -221,8 +241,8 @@ __global__ void __launch_bounds__(kW16Threads, 1)
             *p = make_float2(v0, v1);
           }
         } else {
-          if (n < N) yrow[n] = a.mode == kAccum ? yrow[n] + v0 : v0;
-          if (n + 1 < N) yrow[n + 1] = a.mode == kAccum ? yrow[n + 1] + v1 : v1;
+          if (n < N) yrow[col] = a.mode == kAccum ? yrow[col] + v0 : v0;
+          if (n + 1 < N) yrow[col + 1] = a.mode == kAccum ? yrow[col + 1] + v1 : v1;
         }
       }
     }
