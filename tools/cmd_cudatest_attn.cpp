@@ -281,7 +281,6 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                    {"P4c chunked (all T)", {"P24"}, "0", "16", 3, "1"},
                                    {"P4c P24 one bf16 MMA", {}, "0", "16", 5, "1"},
                                    {"P4c P24, P27 off", {"P27"}, "0", "16", 5, "1"},
-                                   {"P4c P24, P29 off", {"P29"}, "0", "16", 5, "1"},
                                    {"P4 scan nc=1, P9 off", {"P9"}, "1", "16", 0, "0"},
                                    {"P4c chunked, P9 off", {"P9", "P24"}, "0", "16", 3, "1"},
                                    {"P4c chunked, P11 off", {"P11"}, "0", "16", 3, "1"},

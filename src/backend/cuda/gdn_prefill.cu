@@ -71,8 +71,8 @@ __global__ void __launch_bounds__(kHD) gdn_prep_kernel(const __grid_constant__ P
 // TOK + K - 1 raw inputs of its TOK tokens loaded together (one memory round trip instead of one
 // per token), the TOK tokens' q/k sums of squares reduced with one barrier instead of two per token,
 // and the gates of the TOK tokens computed by TOK threads. Same arithmetic per value.
-// TOK tokens per CTA: 8, or 32 with P29 (the K − 1 halo rows re-read by the next CTA: 1.09× the raw
-// input instead of 1.375×, and a quarter of the CTAs).
+// TOK tokens per CTA (kPrepTok; 32 measured no faster in session 12: 0.127 ms per 4K call either way,
+// so the halo re-reads, 1.375× the raw input at 8, are not what bounds it).
 constexpr int kPrepMaxK = 9;   // gdn_prefill_ok: conv kernel <= 9
 template <int TOK>
 __global__ void __launch_bounds__(kHD) gdn_prep_batched_kernel(const __grid_constant__ PrepArgs p) {
@@ -1825,10 +1825,6 @@ bool& gdn_chunk_one() {
   static bool on = true;
   return on;
 }
-bool& gdn_prep_tok32() {
-  static bool on = true;
-  return on;
-}
 bool& gdn_scan_nb16() {
   static bool on = true;
   return on;
@@ -1861,9 +1857,7 @@ void gdn_prefill_prep(const GdnDims& d, const float* conv_w, const float* A_log,
   float* g = beta + int64_t(T) * d.nv;
   PrepArgs p{d, conv_w, A_log, dt_bias, conv_state, qkv, a, b, T, u, beta, g};
   const dim3 grid((T + kPrepTok - 1) / kPrepTok, d.conv_dim / kHD);
-  if (gdn_prep_batched_enabled() && gdn_prep_tok32())   // P29
-    launch(gdn_prep_batched_kernel<32>, dim3((T + 31) / 32, d.conv_dim / kHD), dim3(kHD), 0, s, p);
-  else if (gdn_prep_batched_enabled()) launch(gdn_prep_batched_kernel<kPrepTok>, grid, dim3(kHD), 0, s, p);   // P9
+  if (gdn_prep_batched_enabled()) launch(gdn_prep_batched_kernel<kPrepTok>, grid, dim3(kHD), 0, s, p);   // P9
   else launch(gdn_prep_kernel, grid, dim3(kHD), 0, s, p);
   CUDA_LAUNCH_CHECK();
 }

@@ -68,7 +68,7 @@ __device__ __forceinline__ void wg16_tile(int t, int gm, int& bx, int& by) {
   bx = t - by * gm;
 }
 
-template <bool TMA>
+template <bool TMA, bool SEG = false>
 __global__ void __launch_bounds__(kW16Threads, 1)
     gemm_wg16_kernel(const __grid_constant__ GemmArgs a, const __grid_constant__ W16Maps maps) {
   using C = W16Cfg;
@@ -201,15 +201,16 @@ __global__ void __launch_bounds__(kW16Threads, 1)
     int bx, by;
     wg16_tile(int(blockIdx.x) + i * int(gridDim.x), gm, bx, by);
     const int pos0 = bx * kW16BM, rows = min(kW16BM, M - pos0), n0 = by * kW16BN;
-    // P30: with output segments, column n of segment q (seg_n0[q] <= n < seg_n0[q + 1]) goes to
-    // seg_y[q] at column n - seg_n0[q]. A tile inside one segment keeps the plain path.
+    // P30 (SEG): with output segments, column n of segment q (seg_n0[q] <= n < seg_n0[q + 1]) goes
+    // to seg_y[q] at column n - seg_n0[q]. A tile inside one segment keeps the plain path.
     int sg = 0;
-    for (int q = 1; q < a.nseg; ++q)
-      if (n0 >= a.seg_n0[q]) sg = q;
-    const bool mixed = sg + 1 < a.nseg && n0 + kW16BN > a.seg_n0[sg + 1];
-    float* const ybase = a.nseg ? a.seg_y[sg] : a.y;
-    const int64_t ld = a.nseg ? a.seg_ld[sg] : a.ldy;
-    const int nb = a.nseg ? a.seg_n0[sg] : 0;
+    if constexpr (SEG)
+      for (int q = 1; q < a.nseg; ++q)
+        if (n0 >= a.seg_n0[q]) sg = q;
+    const bool mixed = SEG && sg + 1 < a.nseg && n0 + kW16BN > a.seg_n0[sg + 1];
+    float* const ybase = SEG ? a.seg_y[sg] : a.y;
+    const int64_t ld = SEG ? a.seg_ld[sg] : a.ldy;
+    const int nb = SEG ? a.seg_n0[sg] : 0;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int m = wgc * 64 + warp * 16 + g + 8 * h;
@@ -221,7 +222,7 @@ __global__ void __launch_bounds__(kW16Threads, 1)
       for (int j = 0; j < kW16BN / 8; ++j) {
         const int n = n0 + 8 * j + 2 * t;
         const float v0 = sc * acc[4 * j + 2 * h], v1 = sc * acc[4 * j + 2 * h + 1];
-        if (mixed) {   // segment starts are even: n and n + 1 share one
+        if (SEG && mixed) {   // segment starts are even: n and n + 1 share one
           if (n < N) {
             int q = sg;
             while (q + 1 < a.nseg && n >= a.seg_n0[q + 1]) ++q;
@@ -270,11 +271,11 @@ void wg16_map(CUtensorMap* m, const void* p, int K, int rows, int box_rows) {
 }
 
 // One CTA per SM (193 KB of shared memory), each walking tiles blockIdx.x + i·gridDim.x.
-template <bool TMA>
+template <bool TMA, bool SEG>
 void launch_wg16_t(const GemmArgs& a, cudaStream_t s) {
   static bool attr = false;
   if (!attr) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg16_kernel<TMA>, cudaFuncAttributeMaxDynamicSharedMemorySize, W16Cfg::SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg16_kernel<TMA, SEG>, cudaFuncAttributeMaxDynamicSharedMemorySize, W16Cfg::SMEM));
     attr = true;
   }
   W16Maps maps;
@@ -287,10 +288,16 @@ void launch_wg16_t(const GemmArgs& a, cudaStream_t s) {
   // LILY_GEMM_WG16_GRID (tests): fewer CTAs, i.e. more tiles per CTA.
   const int cap = env_int("LILY_GEMM_WG16_GRID", 0);
   const int grid = std::min(tiles, cap > 0 ? cap : sm_count());
-  launch(gemm_wg16_kernel<TMA>, dim3(grid), dim3(kW16Threads), size_t(W16Cfg::SMEM), s, a, maps);
+  launch(gemm_wg16_kernel<TMA, SEG>, dim3(grid), dim3(kW16Threads), size_t(W16Cfg::SMEM), s, a, maps);
   CUDA_LAUNCH_CHECK();
 }
 void launch_wg16(const GemmArgs& a, bool tma, cudaStream_t s) {
-  if (tma) launch_wg16_t<true>(a, s);
-  else launch_wg16_t<false>(a, s);
+  if (a.nseg > 0) {   // P30
+    if (tma) launch_wg16_t<true, true>(a, s);
+    else launch_wg16_t<false, true>(a, s);
+  } else if (tma) {
+    launch_wg16_t<true, false>(a, s);
+  } else {
+    launch_wg16_t<false, false>(a, s);
+  }
 }

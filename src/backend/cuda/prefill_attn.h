@@ -114,8 +114,6 @@ bool& gdn_chunk_one();
 // P27 (with P24): the chunk scan with 16 state columns per CTA (256 CTAs, two per SM: two
 // independent chunk chains per SM) instead of 32 (128 CTAs, one per SM). Default on; --ablate P27.
 bool& gdn_scan_nb16();
-// P29 (with P9): the GDN prep pass on 32 tokens per CTA instead of 8. Default on; --ablate P29.
-bool& gdn_prep_tok32();
 // norm = false: y is left raw (o = Sᵀq̂ per head) for gdn_prefill_norm or P28's fused conversion.
 void gdn_chunked_scan(const GdnDims& d, const float* norm_w, float* conv_state, float* S, const float* qkv,
                       const float* z, int T, float* work, float* y, cudaStream_t s, bool norm = true);
