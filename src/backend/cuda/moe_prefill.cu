@@ -67,14 +67,10 @@ Layout layout(const MoeDev& m, int T) {
 }
 
 // Warp per token: softmax over E logits (f32), top-K by probability (lowest id on ties),
-// renormalised weights; per-expert counts for the grouping. xr (P31, the logits came from the fp16
-// router copy): the K selected experts' logits are recomputed in f32 from x [T, H] and the router
-// rows (the warp's dot per expert) and the weights are the softmax of those, so only the selection
-// sees the fp16 rounding.
+// renormalised weights; per-expert counts for the grouping.
 template <int NJ>
 __global__ void moe_topk_kernel(const float* __restrict__ logits, int T, int E, int K, int32_t* __restrict__ ids,
-                                float* __restrict__ wts, int* counts, int* hist, const float* __restrict__ xr,
-                                const QMat rq, int H) {
+                                float* __restrict__ wts, int* counts, int* hist) {
   pdl_trigger();
   pdl_wait();
   const int lane = threadIdx.x & 31, t = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
@@ -126,20 +122,6 @@ __global__ void moe_topk_kernel(const float* __restrict__ logits, int T, int E, 
 #pragma unroll
     for (int j = 0; j < NJ; ++j)
       if (j * 32 + lane == bi) p[j] = -1.f;
-  }
-  if (xr) {   // P31: exact logits of the selected experts, their softmax
-    const float* x = xr + int64_t(t) * H;
-    float lk = -FLT_MAX;
-    for (int k = 0; k < K; ++k) {
-      const int e = __shfl_sync(0xffffffffu, myi, k);
-      float d = 0.f;
-      for (int c = lane; c < H; c += 32) d = fmaf(x[c], qm_at(rq, e, c), d);
-      d = warp_sum(d);
-      if (lane == k) lk = d;
-    }
-    const float mk = warp_max(lane < K ? lk : -FLT_MAX);
-    myv = lane < K ? expf(lk - mk) : 0.f;
-    top = warp_sum(myv);
   }
   if (lane < K) {
     ids[int64_t(t) * K + lane] = myi;
@@ -356,7 +338,7 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
   // P19: the one-row shared-expert gate rides on the conversion's read of x (same f32 dot as the GEMV).
   const bool sg_fused = o.sg_in_convert && m.shared_gate.rows == 1 && m.shared_gate.cols == m.H;
   // P31: with the router's fp16 copy the split planes are only for an 8-bit shared-gate GEMM.
-  const bool r16 = o.router16 && f16 && !o.host_routing;
+  const bool r16 = o.router16 && f16;
   if (r16 && sg_fused) xa.hi = xa.lo = nullptr;
   if ((o.stages & (1 | 32)) && o.pre_norm.h)   // P25: x = rmsnorm(h) written and converted in one pass
     gemm_rmsnorm_convert(o.pre_norm.h, o.pre_norm.r, o.pre_norm.w, m.H, T, o.pre_norm.eps, const_cast<float*>(x), xa, s,
@@ -375,9 +357,8 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
   if (o.stages & 2) {
     CUDA_CHECK(cudaMemsetAsync(counts, 0, 4 * (m.E + 1), s));
     const dim3 gt((T + 7) / 8), bt(256);
-    const float* xr = r16 ? x : nullptr;   // P31
-    if (m.E <= 256) launch(moe_topk_kernel<8>, gt, bt, 0, s, logits, T, m.E, m.K, ids, wts, counts, m.hist, xr, m.router, m.H);
-    else launch(moe_topk_kernel<16>, gt, bt, 0, s, logits, T, m.E, m.K, ids, wts, counts, m.hist, xr, m.router, m.H);
+    if (m.E <= 256) launch(moe_topk_kernel<8>, gt, bt, 0, s, logits, T, m.E, m.K, ids, wts, counts, m.hist);
+    else launch(moe_topk_kernel<16>, gt, bt, 0, s, logits, T, m.E, m.K, ids, wts, counts, m.hist);
     CUDA_LAUNCH_CHECK();
     if (o.host_routing) {
       host_plan(m, T, bm, w, l, s);
