@@ -637,7 +637,6 @@ class CudaBackend final : public Backend {
     // P12's products: 2 (default) = S and P·V on wgmma, 1 = S only, 0 = both on mma.sync (64-key tiles).
     attn_prefill_wg_mode() = env_int("LILY_ATTN_WG", 2);
     p25_ = !abl_.has("P25");   // P25: prefill rmsnorm fused with the GEMM / MoE operand conversion
-    p31_ = !abl_.has("P31");   // P31: prefill router GEMM on its fp16 copy instead of split bf16
     p30_ = !abl_.has("P30");   // P30: dense projections of one input stacked into one GEMM
     p28_ = !abl_.has("P28");   // P28: prefill GDN gated norm fused with the out-projection's conversion
     slot16_ = !abl_.has("P16");   // P16: prefill MoE (token, slot) rows in fp16 between the down GEMM and the combine
@@ -1173,7 +1172,6 @@ class CudaBackend final : public Backend {
     o.host_routing = p2_off_;
     o.slot16 = slot16_;
     o.sg_in_convert = !abl_.has("P19");   // P19: shared-expert gate in the router's operand conversion
-    if (p31_ && gemm_f16() && m.router.type == kQ8) o.router16 = kept_dequant(m.router, true);   // P31
     if (pn.h) o.pre_norm = {pn.h, pn.r, pn.w, pn.eps};   // P25 (x = pn.out)
     if (!profiling_ || capturing_) {
       timed("moe_prefill", 0, [&] { cuda::moe_prefill(m, x, T, out, ws, o, s_); });   // (skip= applies)
@@ -1206,7 +1204,6 @@ class CudaBackend final : public Backend {
   std::map<std::tuple<const void*, int, int>, uint16_t*> kept_[2];   // P21: [bf16, fp16] copies by (codes, rows, cols)
   std::map<std::tuple<const void*, int, int>, uint16_t*> kept_stack_[2];   // P30: by (first codes, rows, count)
   bool p30_ = true;   // P30: the dense projections of one input as one GEMM
-  bool p31_ = true;   // P31: the prefill router GEMM on a kept fp16 copy (one MMA per product)
   struct {
     MoeDev m;
     int T;

@@ -977,12 +977,7 @@ __global__ void dequant_kernel(const QMat w, int f16, uint16_t* __restrict__ wb)
   const int64_t row = i / (w.cols / 8);
   const int c8 = int(i % (w.cols / 8)), G = c8 >> 3, L0 = (c8 & 7) * 8;
   uint32_t o[4];
-  if (f16 && w.type == kQ8) {   // P31 (the router): (q·s + b)·2^8 rounded once to fp16
-#pragma unroll
-    for (int u = 0; u < 4; ++u)
-      o[u] = h2_bits(__floats2half2_rn(qm_at(w, row, G * 64 + gemm_kperm(L0 + 2 * u)) * float(1 << kGemmF16WExp),
-                                       qm_at(w, row, G * 64 + gemm_kperm(L0 + 2 * u + 1)) * float(1 << kGemmF16WExp)));
-  } else if (f16) {
+  if (f16) {
     const uint32_t* codes = static_cast<const uint32_t*>(w.data) + row * (w.cols / 8) + G * 8;
     const __half s = __float2half_rn(qm_sb(w, w.scales, row, G) * float(1 << kGemmF16WExp));
     const __half b = __float2half_rn(qm_sb(w, w.biases, row, G) * float(1 << kGemmF16WExp));
@@ -1385,12 +1380,10 @@ void gemm_dequant(const QMat& w, bool f16, uint16_t* wb, cudaStream_t s) {
 void gemm(const QMat& w, const GemmA& x, int T, float* y, int64_t ldy, bool accumulate, const uint16_t* wb, int bm,
           cudaStream_t s) {
   LILY_CHECK(gemm_ok(w), "gemm: unsupported weight matrix");
-  // 8-bit weights: split activations, or (P31) a 16-bit copy wb read with the plain operand.
-  const bool split8 = w.type == kQ8 && !wb;
-  LILY_CHECK(!split8 || (x.lo && (x.f16 ? x.hi : x.a)), "gemm: 8-bit weights need the split activations");
-  LILY_CHECK(split8 || (x.a && (!x.f16 || x.rs)), "gemm: missing activations");
+  LILY_CHECK(w.type != kQ8 || (x.lo && !wb && (x.f16 ? x.hi : x.a)), "gemm: 8-bit weights need the split activations");
+  LILY_CHECK(w.type == kQ8 || (x.a && (!x.f16 || x.rs)), "gemm: missing activations");
   int bt = w.type, am = kAmBf16;
-  if (!split8) am = x.f16 ? kAmF16 : kAmBf16;
+  if (w.type != kQ8) am = x.f16 ? kAmF16 : kAmBf16;
   if (wb) bt = kBF;
   if (!bm) bm = env_int("LILY_GEMM_BM", 0);
   const bool bm_forced = bm == 32 || bm == 64 || bm == 128;
@@ -1424,7 +1417,7 @@ void gemm(const QMat& w, const GemmA& x, int T, float* y, int64_t ldy, bool accu
   a.mode = accumulate ? kAccum : kStore;
   a.y = y;
   a.ldy = ldy;
-  if (split8) {
+  if (w.type == kQ8) {
     a.a = x.f16 ? x.hi : x.a;
     a.a_lo = x.lo;
   } else {

@@ -198,10 +198,6 @@ struct MoePrefillOpts {
                                 // 128 shared-expert gate
   bool slot16 = true;           // P16: the down GEMM's (token, slot) rows in fp16 (off: f32)
   bool sg_in_convert = true;    // P19: the shared-expert gate's dot in the operand conversion (off: own GEMV)
-  // P31: the router's fp16 copy (gemm_dequant of the 8-bit router, kept by the caller): the router GEMM
-  // reads the experts' fp16 operand (one MMA per product) instead of the bf16 hi / lo split (three),
-  // and the conversion writes no hi / lo planes when nothing else needs them. Null: split precision.
-  const uint16_t* router16 = nullptr;
   // P25: x is produced by this rmsnorm (not launched yet): the router stage's conversion runs it too
   // (gemm_rmsnorm_convert; h += r first when r is set). Unset: x is ready.
   struct PreNorm {

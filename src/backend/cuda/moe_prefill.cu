@@ -337,15 +337,12 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
 
   // P19: the one-row shared-expert gate rides on the conversion's read of x (same f32 dot as the GEMV).
   const bool sg_fused = o.sg_in_convert && m.shared_gate.rows == 1 && m.shared_gate.cols == m.H;
-  // P31: with the router's fp16 copy the split planes are only for an 8-bit shared-gate GEMM.
-  const bool r16 = o.router16 && f16;
-  if (r16 && sg_fused) xa.hi = xa.lo = nullptr;
   if ((o.stages & (1 | 32)) && o.pre_norm.h)   // P25: x = rmsnorm(h) written and converted in one pass
     gemm_rmsnorm_convert(o.pre_norm.h, o.pre_norm.r, o.pre_norm.w, m.H, T, o.pre_norm.eps, const_cast<float*>(x), xa, s,
                          sg_fused ? &m.shared_gate : nullptr, sg_fused ? sg : nullptr);
   else if (o.stages & (1 | 32))
     gemm_convert_a(x, T, m.H, xa, s, sg_fused ? &m.shared_gate : nullptr, sg_fused ? sg : nullptr);
-  if (o.stages & (1 | 64)) gemm(m.router, xa, T, logits, m.E, false, r16 ? o.router16 : nullptr, 0, s);
+  if (o.stages & (1 | 64)) gemm(m.router, xa, T, logits, m.E, false, nullptr, 0, s);
   if ((o.stages & (1 | 128)) && !sg_fused) {
     if (gemm_takes(m.shared_gate, T)) {
       gemm(m.shared_gate, xa, T, sg, 1, false, nullptr, 0, s);
