@@ -1204,82 +1204,94 @@ void gemm_rmsnorm_convert(float* h, const float* r, const float* w, int n, int T
   CUDA_LAUNCH_CHECK();
 }
 
-int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split, bool dot, unsigned seed) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  auto host = [&](int64_t cnt, float sc) {
-    std::vector<float> v(static_cast<size_t>(cnt));
-    for (float& x : v) x = sc * nd(g);
-    return v;
-  };
-  const int64_t tn = int64_t(T) * n;
-  const std::vector<float> h0 = host(tn, 3.f), r0 = host(tn, 1.f), w0 = host(n, 0.5f), d0 = host(n, 0.05f);
-  auto dev = [](const std::vector<float>& v) {
-    float* p = nullptr;
-    CUDA_CHECK(cudaMalloc(&p, v.size() * 4));
+namespace {
+// Host side of the conversion test entries (P25, P28): device buffers freed with the object, random
+// inputs, one side's conversion outputs, byte comparison.
+struct ProbeBufs {
+  std::mt19937 g;
+  std::normal_distribution<float> nd{0.f, 1.f};
+  std::vector<void*> owned;
+  explicit ProbeBufs(unsigned seed) : g(seed) {}
+  ~ProbeBufs() {
+    for (void* p : owned) CUDA_CHECK(cudaFree(p));
+  }
+  void* zeros(int64_t bytes) {
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, size_t(bytes)));
+    CUDA_CHECK(cudaMemset(p, 0, size_t(bytes)));
+    owned.push_back(p);
+    return p;
+  }
+  float* zeros_f(int64_t n) { return static_cast<float*>(zeros(n * 4)); }
+  float* copy(const std::vector<float>& v) {
+    float* p = zeros_f(int64_t(v.size()));
     CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
     return p;
-  };
-  struct Out {
-    float *h, *out, *rs, *dy;
-    uint16_t *xa, *xh, *xl;
-  } o[2];
-  float* r = dev(r0);
-  float* w = dev(w0);
-  float* dw = dev(d0);
+  }
+  std::vector<float> randn(int64_t n, float sc) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = sc * nd(g);
+    return v;
+  }
+};
+// One side's conversion outputs for T rows of tn / T values.
+struct ConvOut {
+  float* rs;
+  uint16_t *xa, *xh, *xl;
+  ConvOut(ProbeBufs& b, int64_t tn, int T)
+      : rs(b.zeros_f(T)),
+        xa(static_cast<uint16_t*>(b.zeros(tn * 2))),
+        xh(static_cast<uint16_t*>(b.zeros(tn * 2))),
+        xl(static_cast<uint16_t*>(b.zeros(tn * 2))) {}
+  GemmA operand(bool f16, bool split) const {
+    GemmA a;
+    a.f16 = f16;
+    a.a = xa;
+    a.rs = f16 ? rs : nullptr;
+    a.hi = split ? xh : nullptr;
+    a.lo = split ? xl : nullptr;
+    return a;
+  }
+};
+int64_t bytes_differ(const void* a, const void* b, int64_t bytes) {
+  std::vector<uint8_t> x(static_cast<size_t>(bytes)), y(static_cast<size_t>(bytes));
+  CUDA_CHECK(cudaMemcpy(x.data(), a, size_t(bytes), cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(y.data(), b, size_t(bytes), cudaMemcpyDeviceToHost));
+  int64_t d = 0;
+  for (size_t i = 0; i < x.size(); ++i) d += x[i] != y[i];
+  return d;
+}
+int64_t conv_differ(const ConvOut& a, const ConvOut& b, int64_t tn, int T) {
+  return bytes_differ(a.rs, b.rs, int64_t(T) * 4) + bytes_differ(a.xa, b.xa, tn * 2) +
+         bytes_differ(a.xh, b.xh, tn * 2) + bytes_differ(a.xl, b.xl, tn * 2);
+}
+}  // namespace
+
+int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split, bool dot, unsigned seed) {
+  ProbeBufs b(seed);
+  const int64_t tn = int64_t(T) * n;
+  const std::vector<float> h0 = b.randn(tn, 3.f);
+  float* r = b.copy(b.randn(tn, 1.f));
+  float* w = b.copy(b.randn(n, 0.5f));
   QMat q;
   q.type = kF32;
   q.rows = 1;
   q.cols = n;
-  q.data = dw;
-  for (Out& x : o) {
-    x.h = dev(h0);
-    x.out = dev(std::vector<float>(size_t(tn), 0.f));
-    x.rs = dev(std::vector<float>(size_t(T), 0.f));
-    x.dy = dev(std::vector<float>(size_t(T), 0.f));
-    for (uint16_t** b : {&x.xa, &x.xh, &x.xl}) {
-      CUDA_CHECK(cudaMalloc(b, size_t(tn) * 2));
-      CUDA_CHECK(cudaMemset(*b, 0, size_t(tn) * 2));
-    }
-  }
-  auto operand = [&](const Out& x) {
-    GemmA a;
-    a.f16 = f16;
-    a.a = x.xa;
-    a.rs = f16 ? x.rs : nullptr;
-    a.hi = split ? x.xh : nullptr;
-    a.lo = split ? x.xl : nullptr;
-    return a;
-  };
+  q.data = b.copy(b.randn(n, 0.05f));
+  float* h[2] = {b.copy(h0), b.copy(h0)};
+  float* out[2] = {b.zeros_f(tn), b.zeros_f(tn)};
+  float* dy[2] = {b.zeros_f(T), b.zeros_f(T)};
+  const ConvOut c0(b, tn, T), c1(b, tn, T);
   cudaStream_t s;
   CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  rmsnorm(o[0].h, add ? r : nullptr, w, n, T, 1e-6f, o[0].out, s);
-  gemm_convert_a(o[0].out, T, n, operand(o[0]), s, dot ? &q : nullptr, dot ? o[0].dy : nullptr);
-  gemm_rmsnorm_convert(o[1].h, add ? r : nullptr, w, n, T, 1e-6f, o[1].out, operand(o[1]), s, dot ? &q : nullptr,
-                       dot ? o[1].dy : nullptr);
+  rmsnorm(h[0], add ? r : nullptr, w, n, T, 1e-6f, out[0], s);
+  gemm_convert_a(out[0], T, n, c0.operand(f16, split), s, dot ? &q : nullptr, dot ? dy[0] : nullptr);
+  gemm_rmsnorm_convert(h[1], add ? r : nullptr, w, n, T, 1e-6f, out[1], c1.operand(f16, split), s,
+                       dot ? &q : nullptr, dot ? dy[1] : nullptr);
   CUDA_CHECK(cudaStreamSynchronize(s));
   CUDA_CHECK(cudaStreamDestroy(s));
-  int64_t diff = 0;
-  auto cmp = [&](const void* a, const void* b, int64_t bytes) {
-    std::vector<uint8_t> x(static_cast<size_t>(bytes)), y(static_cast<size_t>(bytes));
-    CUDA_CHECK(cudaMemcpy(x.data(), a, size_t(bytes), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(y.data(), b, size_t(bytes), cudaMemcpyDeviceToHost));
-    for (int64_t i = 0; i < bytes; ++i) diff += x[size_t(i)] != y[size_t(i)];
-  };
-  cmp(o[0].h, o[1].h, tn * 4);
-  cmp(o[0].out, o[1].out, tn * 4);
-  cmp(o[0].rs, o[1].rs, int64_t(T) * 4);
-  cmp(o[0].dy, o[1].dy, int64_t(T) * 4);
-  cmp(o[0].xa, o[1].xa, tn * 2);
-  cmp(o[0].xh, o[1].xh, tn * 2);
-  cmp(o[0].xl, o[1].xl, tn * 2);
-  for (Out& x : o)
-    for (void* p : {static_cast<void*>(x.h), static_cast<void*>(x.out), static_cast<void*>(x.rs),
-                    static_cast<void*>(x.dy), static_cast<void*>(x.xa), static_cast<void*>(x.xh),
-                    static_cast<void*>(x.xl)})
-      CUDA_CHECK(cudaFree(p));
-  for (float* p : {r, w, dw}) CUDA_CHECK(cudaFree(p));
-  return diff;
+  return bytes_differ(h[0], h[1], tn * 4) + bytes_differ(out[0], out[1], tn * 4) +
+         bytes_differ(dy[0], dy[1], int64_t(T) * 4) + conv_differ(c0, c1, tn, T);
 }
 
 bool gemm_gdn_norm_convert_ok(int nv, int dv) {
@@ -1297,46 +1309,16 @@ void gemm_gdn_norm_convert(const float* y, const float* z, const float* w, int n
 }
 
 int64_t gemm_gdn_norm_convert_probe(int nv, int T, bool f16, bool split, unsigned seed) {
+  ProbeBufs b(seed);
   const int n = nv * 128;
-  std::mt19937 g(seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  auto host = [&](int64_t cnt, float sc) {
-    std::vector<float> v(static_cast<size_t>(cnt));
-    for (float& x : v) x = sc * nd(g);
-    return v;
-  };
   const int64_t tn = int64_t(T) * n;
-  const std::vector<float> y0 = host(tn, 2.f), z0 = host(tn, 1.5f), w0 = host(128, 0.5f);
-  auto dev = [](const std::vector<float>& v) {
-    float* p = nullptr;
-    CUDA_CHECK(cudaMalloc(&p, v.size() * 4));
-    CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
-    return p;
-  };
-  struct Out {
-    float *y, *rs;
-    uint16_t *xa, *xh, *xl;
-  } o[2];
-  float* z = dev(z0);
-  float* w = dev(w0);
-  float* out = dev(std::vector<float>(size_t(tn), 0.f));
-  for (Out& x : o) {
-    x.y = dev(y0);
-    x.rs = dev(std::vector<float>(size_t(T), 0.f));
-    for (uint16_t** b : {&x.xa, &x.xh, &x.xl}) {
-      CUDA_CHECK(cudaMalloc(b, size_t(tn) * 2));
-      CUDA_CHECK(cudaMemset(*b, 0, size_t(tn) * 2));
-    }
-  }
-  auto operand = [&](const Out& x) {
-    GemmA a;
-    a.f16 = f16;
-    a.a = x.xa;
-    a.rs = f16 ? x.rs : nullptr;
-    a.hi = split ? x.xh : nullptr;
-    a.lo = split ? x.xl : nullptr;
-    return a;
-  };
+  const std::vector<float> y0 = b.randn(tn, 2.f);
+  float* z = b.copy(b.randn(tn, 1.5f));
+  float* w = b.copy(b.randn(128, 0.5f));
+  float* y[2] = {b.copy(y0), b.copy(y0)};
+  float* y_raw = b.copy(y0);   // the fused kernel must leave its input raw
+  float* out = b.zeros_f(tn);
+  const ConvOut c0(b, tn, T), c1(b, tn, T);
   cudaStream_t s;
   CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   GdnDims d{};
@@ -1344,29 +1326,12 @@ int64_t gemm_gdn_norm_convert_probe(int nv, int T, bool f16, bool split, unsigne
   d.nv = nv;
   d.dk = d.dv = 128;
   d.eps = 1e-6f;
-  gdn_prefill_norm(d, w, z, T, o[0].y, s);   // reference: in place, then the conversion
-  gemm_convert_a(o[0].y, T, n, operand(o[0]), s);
-  gemm_gdn_norm_convert(o[1].y, z, w, nv, 128, T, 1e-6f, out, operand(o[1]), s);
+  gdn_prefill_norm(d, w, z, T, y[0], s);   // reference: in place, then the conversion
+  gemm_convert_a(y[0], T, n, c0.operand(f16, split), s);
+  gemm_gdn_norm_convert(y[1], z, w, nv, 128, T, 1e-6f, out, c1.operand(f16, split), s);
   CUDA_CHECK(cudaStreamSynchronize(s));
   CUDA_CHECK(cudaStreamDestroy(s));
-  int64_t diff = 0;
-  auto cmp = [&](const void* a, const void* b, int64_t bytes) {
-    std::vector<uint8_t> x(static_cast<size_t>(bytes)), yv(static_cast<size_t>(bytes));
-    CUDA_CHECK(cudaMemcpy(x.data(), a, size_t(bytes), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(yv.data(), b, size_t(bytes), cudaMemcpyDeviceToHost));
-    for (int64_t i = 0; i < bytes; ++i) diff += x[size_t(i)] != yv[size_t(i)];
-  };
-  cmp(o[0].y, out, tn * 4);   // the normalised rows
-  cmp(o[0].rs, o[1].rs, int64_t(T) * 4);
-  cmp(o[0].xa, o[1].xa, tn * 2);
-  cmp(o[0].xh, o[1].xh, tn * 2);
-  cmp(o[0].xl, o[1].xl, tn * 2);
-  for (Out& x : o)
-    for (void* p : {static_cast<void*>(x.y), static_cast<void*>(x.rs), static_cast<void*>(x.xa),
-                    static_cast<void*>(x.xh), static_cast<void*>(x.xl)})
-      CUDA_CHECK(cudaFree(p));
-  for (float* p : {z, w, out}) CUDA_CHECK(cudaFree(p));
-  return diff;
+  return bytes_differ(y[0], out, tn * 4) + bytes_differ(y[1], y_raw, tn * 4) + conv_differ(c0, c1, tn, T);
 }
 
 int64_t gemm_dequant_bytes(const QMat& w) { return int64_t(w.rows) * w.cols * 2; }

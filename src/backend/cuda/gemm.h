@@ -121,7 +121,8 @@ bool gemm_gdn_norm_convert_ok(int nv, int dv);
 void gemm_gdn_norm_convert(const float* y, const float* z, const float* w, int nv, int dv, int T, float eps,
                            float* out, const GemmA& o, cudaStream_t s);
 // P28 test entry (synchronous): the fused kernel against gdn_prefill_norm + gemm_convert_a on the same
-// random inputs; returns the number of differing bytes over the f32 rows, rs, xa, xh, xl.
+// random inputs; returns the number of differing bytes over the f32 rows, rs, xa, xh, xl, plus any
+// byte of the fused kernel's input y that it changed.
 int64_t gemm_gdn_norm_convert_probe(int nv, int T, bool f16, bool split, unsigned seed);
 // Ablation P1 off (4-bit only): W dequantised once into bf16/fp16 [rows, cols] in the mma k-order.
 int64_t gemm_dequant_bytes(const QMat& w);
