@@ -786,51 +786,43 @@ class CudaBackend final : public Backend {
   // graph capture, or when the copy would leave less than LILY_P21_RESERVE_MB (default 8192) of device
   // memory free. Same kernel, same bits as the per-chunk copy.
   uint16_t* kept_dequant(const QMat& w, bool f16) {
-    if (!p21_ || capturing_) return nullptr;
-    auto& cache = kept_[f16 ? 1 : 0];
-    const auto key = std::make_tuple(w.data, w.rows, w.cols);
-    auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
-    const int64_t bytes = gemm_dequant_bytes(w);
-    size_t free_b = 0, total_b = 0;
-    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    const int64_t reserve = int64_t(p21_reserve_mb_) << 20;
-    if (int64_t(free_b) - bytes < reserve) {
-      cache[key] = nullptr;   // not again for this matrix
-      return nullptr;
-    }
-    uint16_t* p = static_cast<uint16_t*>(alloc_bytes(bytes));
-    const std::string shape = std::to_string(w.rows) + "x" + std::to_string(w.cols);
-    timed("gemm.dequant.kept " + shape, 2.5 * w.rows * w.cols, [&] { gemm_dequant(w, f16, p, s_); });
-    cache[key] = p;
-    return p;
+    return kept_copy(kept_[f16 ? 1 : 0], std::make_tuple(w.data, w.rows, w.cols), &w, 1, f16);
   }
   // P30: the P21 copies of jobs [i, e) (same input, same cols) stacked by rows in one buffer, made
   // once and kept (keyed by the first matrix's codes, the total rows and the count). Null as for
   // kept_dequant.
   uint16_t* kept_dequant_stack(const std::vector<GemvJob>& jobs, size_t i, size_t e, bool f16) {
-    if (!p21_ || capturing_) return nullptr;
+    std::vector<QMat> ws;
     int rows = 0;
-    for (size_t k = i; k < e; ++k) rows += jobs[k].w.rows;
-    const int cols = jobs[i].w.cols;
-    auto& cache = kept_stack_[f16 ? 1 : 0];
-    const auto key = std::make_tuple(jobs[i].w.data, rows, int(e - i));
+    for (size_t k = i; k < e; ++k) {
+      ws.push_back(jobs[k].w);
+      rows += jobs[k].w.rows;
+    }
+    return kept_copy(kept_stack_[f16 ? 1 : 0], std::make_tuple(jobs[i].w.data, rows, int(e - i)), ws.data(),
+                     int(ws.size()), f16);
+  }
+  // The 16-bit copies of the n matrices ws (same cols) stacked by rows, cached under key; null (and
+  // not tried again) when P21 is off, during capture, or when it would leave less than the reserve.
+  using KeptKey = std::tuple<const void*, int, int>;
+  uint16_t* kept_copy(std::map<KeptKey, uint16_t*>& cache, const KeptKey& key, const QMat* ws, int n, bool f16) {
+    if (!p21_ || capturing_) return nullptr;
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
-    const int64_t bytes = int64_t(rows) * cols * 2;
+    int64_t bytes = 0;
+    for (int k = 0; k < n; ++k) bytes += gemm_dequant_bytes(ws[k]);
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     if (int64_t(free_b) - bytes < (int64_t(p21_reserve_mb_) << 20)) {
-      cache[key] = nullptr;
+      cache[key] = nullptr;   // not again for this key
       return nullptr;
     }
     uint16_t* p = static_cast<uint16_t*>(alloc_bytes(bytes));
     int64_t off = 0;
-    for (size_t k = i; k < e; ++k) {
-      const QMat& w = jobs[k].w;
+    for (int k = 0; k < n; ++k) {
+      const QMat& w = ws[k];
       const std::string shape = std::to_string(w.rows) + "x" + std::to_string(w.cols);
       timed("gemm.dequant.kept " + shape, 2.5 * w.rows * w.cols, [&] { gemm_dequant(w, f16, p + off, s_); });
-      off += int64_t(w.rows) * cols;
+      off += gemm_dequant_bytes(w) / 2;
     }
     cache[key] = p;
     return p;
@@ -1201,8 +1193,8 @@ class CudaBackend final : public Backend {
   int p8_min_t_ = 512;              // P8: dense GEMMs dequantise first from this many tokens
   bool p21_ = true;                 // P21: keep P8's 16-bit copies (kept_dequant)
   int p21_reserve_mb_ = 8192;       // P21: device memory left free (LILY_P21_RESERVE_MB)
-  std::map<std::tuple<const void*, int, int>, uint16_t*> kept_[2];   // P21: [bf16, fp16] copies by (codes, rows, cols)
-  std::map<std::tuple<const void*, int, int>, uint16_t*> kept_stack_[2];   // P30: by (first codes, rows, count)
+  std::map<KeptKey, uint16_t*> kept_[2];         // P21: [bf16, fp16] copies by (codes, rows, cols)
+  std::map<KeptKey, uint16_t*> kept_stack_[2];   // P30: by (first codes, rows, count)
   bool p30_ = true;   // P30: the dense projections of one input as one GEMM
   struct {
     MoeDev m;
