@@ -68,38 +68,37 @@ __global__ void __launch_bounds__(kHD) gdn_prep_kernel(const __grid_constant__ P
 }
 
 // P9: the same pass with a CTA's work in flight at once: the conv weights before the PDL wait, the
-// TOK + K - 1 raw inputs of its TOK tokens loaded together (one memory round trip instead of one
-// per token), the TOK tokens' q/k sums of squares reduced with one barrier instead of two per token,
-// and the gates of the TOK tokens computed by TOK threads. Same arithmetic per value.
-// TOK tokens per CTA (kPrepTok; 32 measured no faster in session 12: 0.127 ms per 4K call either way,
-// so the halo re-reads, 1.375× the raw input at 8, are not what bounds it).
+// kPrepTok + K - 1 raw inputs of its 8 tokens loaded together (one memory round trip instead of one
+// per token), the 8 tokens' q/k sums of squares reduced with one barrier instead of two per token,
+// and the gates of the 8 tokens computed by 8 threads. Same arithmetic per value. (32 tokens per CTA
+// measured no faster in session 12: 0.127 ms per 4K call either way, so the halo re-reads, 1.375× the
+// raw input at 8, are not what bounds it.)
 constexpr int kPrepMaxK = 9;   // gdn_prefill_ok: conv kernel <= 9
-template <int TOK>
 __global__ void __launch_bounds__(kHD) gdn_prep_batched_kernel(const __grid_constant__ PrepArgs p) {
-  __shared__ float red[TOK][kHD / 32];
+  __shared__ float red[kPrepTok][kHD / 32];
   pdl_trigger();
   const GdnDims& d = p.d;
   const int K = d.kconv;
   const int64_t CD = d.conv_dim;
   const int blk0 = blockIdx.y * kHD, ch = blk0 + threadIdx.x;
   const int key_dim = d.nk * d.dk;
-  const int t0 = blockIdx.x * TOK;
+  const int t0 = blockIdx.x * kPrepTok;
   float w[kPrepMaxK];
 #pragma unroll
   for (int tap = 0; tap < kPrepMaxK; ++tap) w[tap] = tap < K ? p.conv_w[int64_t(ch) * K + tap] : 0.f;
   pdl_wait();
-  constexpr int W = TOK + kPrepMaxK - 1;   // window: raw inputs of tokens t0 - (K-1) ...
+  constexpr int W = kPrepTok + kPrepMaxK - 1;   // window: raw inputs of tokens t0 - (K-1) ...
   float x[W];
 #pragma unroll
   for (int i = 0; i < W; ++i) {
     const int tt = t0 - (K - 1) + i;
     x[i] = 0.f;
-    if (tt < p.T && tt - t0 < TOK)   // i < TOK + K - 1, and within the call
+    if (tt < p.T && tt - t0 < kPrepTok)   // i < kPrepTok + K - 1, and within the call
       x[i] = tt >= 0 ? p.qkv[int64_t(tt) * CD + ch] : p.conv_state[int64_t(tt + K - 1) * CD + ch];
   }
-  float u[TOK];
+  float u[kPrepTok];
 #pragma unroll
-  for (int j = 0; j < TOK; ++j) {
+  for (int j = 0; j < kPrepTok; ++j) {
     float acc = 0.f;
 #pragma unroll
     for (int tap = 0; tap < kPrepMaxK; ++tap)
@@ -109,24 +108,24 @@ __global__ void __launch_bounds__(kHD) gdn_prep_batched_kernel(const __grid_cons
   if (blk0 < 2 * key_dim) {   // q or k head (uniform over the block)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
-    for (int j = 0; j < TOK; ++j) {
+    for (int j = 0; j < kPrepTok; ++j) {
       const float ss = warp_sum(u[j] * u[j]);
       if (lane == 0) red[j][warp] = ss;
     }
     __syncthreads();
     const float qs = blk0 < key_dim ? rsqrtf(float(d.dk)) : 1.f;
 #pragma unroll
-    for (int j = 0; j < TOK; ++j) {
+    for (int j = 0; j < kPrepTok; ++j) {
       float ss = 0.f;
 #pragma unroll
       for (int q = 0; q < kHD / 32; ++q) ss += red[j][q];
       u[j] *= rsqrtf(ss + 1e-6f) * qs;
     }
-  } else if (threadIdx.x < TOK && t0 + int(threadIdx.x) < p.T) {   // gates of token t0 + thread
+  } else if (threadIdx.x < kPrepTok && t0 + int(threadIdx.x) < p.T) {   // gates of token t0 + thread
     prep_gates(p, t0 + int(threadIdx.x), (blk0 - 2 * key_dim) / d.dv);
   }
 #pragma unroll
-  for (int j = 0; j < TOK; ++j)
+  for (int j = 0; j < kPrepTok; ++j)
     if (t0 + j < p.T) p.u[int64_t(t0 + j) * CD + ch] = u[j];
 }
 
@@ -1363,14 +1362,11 @@ __global__ void __launch_bounds__(256, NB == 16 ? 2 : 1) gdn_chunk_scan2_kernel(
   const int boff = NW == 2 ? (lr + 8 * (q & 1)) * NS + 16 * nh + 8 * (q >> 1) : (lr + 8 * q) * NS + 8 * nh;
   const int koff = (lr + 8 * (q >> 1)) * kRS + 16 * warp + 8 * (q & 1);  // A = K'ᵀ from [token][dk] (.trans)
   const int doff = (lr + 8 * (q & 1)) * NS + 8 * (q >> 1);              // B = Δ, all NB columns
-  // B fragments (hi, lo) of a [k][n] tile for k-steps kk (and kk + 1 with NW = 1) at `base`.
+  // B fragments (hi, lo) of the [k][n] tile bh / bl for k-step kk (NW = 2), or hi only for k-steps kk
+  // and kk + 1 (NW = 1, kOne).
   auto ldb = [&](const bf16* bh, const bf16* bl, int kk, uint32_t* fh, uint32_t* fl) {
-    if constexpr (NW == 2) {
-      ldsm_x4_t(fh[0], fh[1], fh[2], fh[3], bh + boff + 16 * kk * NS);
-      if constexpr (!kOne) ldsm_x4_t(fl[0], fl[1], fl[2], fl[3], bl + boff + 16 * kk * NS);
-    } else {
-      ldsm_x4_t(fh[0], fh[1], fh[2], fh[3], bh + boff + 16 * kk * NS);   // kOne: no lo
-    }
+    ldsm_x4_t(fh[0], fh[1], fh[2], fh[3], bh + boff + 16 * kk * NS);
+    if constexpr (NW == 2 && !kOne) ldsm_x4_t(fl[0], fl[1], fl[2], fl[3], bl + boff + 16 * kk * NS);
   };
 
   for (int c = 0; c < nch; ++c) {
@@ -1857,7 +1853,7 @@ void gdn_prefill_prep(const GdnDims& d, const float* conv_w, const float* A_log,
   float* g = beta + int64_t(T) * d.nv;
   PrepArgs p{d, conv_w, A_log, dt_bias, conv_state, qkv, a, b, T, u, beta, g};
   const dim3 grid((T + kPrepTok - 1) / kPrepTok, d.conv_dim / kHD);
-  if (gdn_prep_batched_enabled()) launch(gdn_prep_batched_kernel<kPrepTok>, grid, dim3(kHD), 0, s, p);   // P9
+  if (gdn_prep_batched_enabled()) launch(gdn_prep_batched_kernel, grid, dim3(kHD), 0, s, p);   // P9
   else launch(gdn_prep_kernel, grid, dim3(kHD), 0, s, p);
   CUDA_LAUNCH_CHECK();
 }

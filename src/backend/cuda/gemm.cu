@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -1434,38 +1435,33 @@ void gemm_segmented(const GemmA& x, int T, int K, const uint16_t* wb, int nseg, 
 }
 
 int64_t gemm_segmented_probe(int T, int K, int nseg, const int* rows, unsigned seed) {
-  std::mt19937 g(seed);
+  ProbeBufs b(seed);
   std::uniform_real_distribution<float> ud(-1.f, 1.f);
   int N = 0;
   for (int q = 0; q < nseg; ++q) N += rows[q];
-  std::vector<uint16_t> ha(size_t(T) * K), hb(size_t(N) * K);
-  for (uint16_t& v : ha) v = __half_as_ushort(__float2half(ud(g)));
-  for (uint16_t& v : hb) v = __half_as_ushort(__float2half(ud(g)));
+  auto fp16_rand = [&](int64_t n) {   // n random fp16 values on the device
+    std::vector<uint16_t> h(static_cast<size_t>(n));
+    for (uint16_t& v : h) v = __half_as_ushort(__float2half(ud(b.g)));
+    void* d = b.zeros(n * 2);
+    CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+    return static_cast<const uint16_t*>(d);
+  };
+  const uint16_t* a = fp16_rand(int64_t(T) * K);
+  const uint16_t* w = fp16_rand(int64_t(N) * K);
   std::vector<float> hrs(static_cast<size_t>(T));
-  for (float& v : hrs) v = std::ldexp(1.f, int(g() % 5) - 2);
-  uint16_t *a = nullptr, *b = nullptr;
-  float *rs = nullptr, *whole = nullptr;
-  CUDA_CHECK(cudaMalloc(&a, ha.size() * 2));
-  CUDA_CHECK(cudaMalloc(&b, hb.size() * 2));
-  CUDA_CHECK(cudaMalloc(&rs, hrs.size() * 4));
-  CUDA_CHECK(cudaMalloc(&whole, size_t(T) * N * 4));
-  CUDA_CHECK(cudaMemcpy(a, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemcpy(b, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemcpy(rs, hrs.data(), hrs.size() * 4, cudaMemcpyHostToDevice));
-  std::vector<float*> ys(static_cast<size_t>(nseg));
-  for (float*& y : ys) {
-    const size_t q = size_t(&y - ys.data());
-    CUDA_CHECK(cudaMalloc(&y, size_t(T) * rows[q] * 4));
-    CUDA_CHECK(cudaMemset(y, 0xff, size_t(T) * rows[q] * 4));   // NaN: every element must be written
-  }
+  for (float& v : hrs) v = std::ldexp(1.f, int(b.g() % 5) - 2);
   GemmA x;
   x.f16 = true;
   x.a = a;
-  x.rs = rs;
+  x.rs = b.copy(hrs);
+  std::vector<float*> ys(static_cast<size_t>(nseg));
+  for (int q = 0; q < nseg; ++q)   // NaN: every element must be written
+    ys[size_t(q)] = b.copy(std::vector<float>(size_t(T) * rows[q], std::numeric_limits<float>::quiet_NaN()));
+  float* whole = b.zeros_f(int64_t(T) * N);
   cudaStream_t s;
   CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  gemm_segmented(x, T, K, b, nseg, rows, ys.data(), s);
-  gemm_segmented(x, T, K, b, 1, &N, &whole, s);   // the same GEMM, one output
+  gemm_segmented(x, T, K, w, nseg, rows, ys.data(), s);
+  gemm_segmented(x, T, K, w, 1, &N, &whole, s);   // the same GEMM, one output
   CUDA_CHECK(cudaStreamSynchronize(s));
   CUDA_CHECK(cudaStreamDestroy(s));
   std::vector<float> hw(static_cast<size_t>(T) * N);
@@ -1478,10 +1474,7 @@ int64_t gemm_segmented_probe(int T, int K, int nseg, const int* rows, unsigned s
     for (int t = 0; t < T; ++t)
       diff += std::memcmp(&hy[size_t(t) * rows[q]], &hw[size_t(t) * N + n0], size_t(rows[q]) * 4) != 0;
     n0 += rows[q];
-    CUDA_CHECK(cudaFree(ys[size_t(q)]));
   }
-  for (void* p : {static_cast<void*>(a), static_cast<void*>(b), static_cast<void*>(rs), static_cast<void*>(whole)})
-    CUDA_CHECK(cudaFree(p));
   return diff;
 }
 
