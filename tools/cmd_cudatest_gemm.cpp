@@ -1093,21 +1093,36 @@ int run(const Options& o) {
       };
       // Rows of 4: mma.sync, P14, P15 for gate/up only, P15 for both, at one tile setting (P15 at 128
       // runs P18's kernel, or with P18 off, the last row of 4, P17's).
-      const BV vs[16] = {{"mma.sync auto", "0", ""},    {"wgmma auto", "1", ""},    {"P15 gu auto", "2", ""},
+      const BV vs[17] = {{"mma.sync auto", "0", ""},    {"wgmma auto", "1", ""},    {"P15 gu auto", "2", ""},
                          {"P15 rs auto", "3", ""},       {"mma.sync t64", "0", "64"}, {"wgmma t64", "1", "64"},
                          {"P15 gu t64", "2", "64"},      {"P15 rs t64", "3", "64"},   {"mma.sync t128", "0", "128"},
                          {"wgmma t128", "1", "128"},     {"P15 gu t128", "2", "128"}, {"P15 rs t128", "3", "128"},
                          {"-P18 gu auto", "2", ""},      {"-P18 rs auto", "3", ""},   {"-P18 gu t128", "2", "128"},
-                         {"-P18 rs t128", "3", "128"}};
-      constexpr int NV = 16;
+                         {"-P18 rs t128", "3", "128"}, {"-P32 gu auto", "2", ""}};
+      constexpr int NV = 17;
       auto set_variant = [&](int i) {
         setenv("LILY_MOE_WG", vs[i].wg, 1);
         setenv("LILY_MOE_TILE", vs[i].tile, 1);
-        set_abl(i >= 12 ? std::vector<std::string>{"P1w", "P18"} : std::vector<std::string>{"P1w"});
+        set_abl(i == 16  ? std::vector<std::string>{"P1w", "P32"}
+                : i >= 12 ? std::vector<std::string>{"P1w", "P18"}
+                          : std::vector<std::string>{"P1w"});
       };
+      // LILY_P14_BENCH_ONLY=2,16: only these rows (device-time budgets).
+      std::vector<bool> run_v(NV, true);
+      if (const char* only_v = std::getenv("LILY_P14_BENCH_ONLY")) {
+        std::fill(run_v.begin(), run_v.end(), false);
+        for (const char* p = only_v; *p;) {
+          char* end = nullptr;
+          const long v = std::strtol(p, &end, 10);
+          if (end == p) break;
+          if (v >= 0 && v < NV) run_v[v] = true;
+          p = *end ? end + 1 : end;
+        }
+      }
       std::vector<double> best(NV, 1e30);
       for (int round = 0; round < 3; ++round)
         for (int i = 0; i < NV; ++i) {
+          if (!run_v[i]) continue;
           set_variant(i);
           const double ms =
               median(cuda_tools::time_ops(*gpu, [&] { gpu->moe(c, dev.layers[0].mlp, xd, T, yd); }, 3, 20));
@@ -1116,11 +1131,14 @@ int run(const Options& o) {
           std::fflush(stdout);
         }
       for (int i = 0; i < NV; ++i) {
+        if (!run_v[i]) continue;
         const double tf = flop / (best[i] * 1e-3) / 1e12;
+        const int base = i < 12 ? i - i % 4 : 0;   // the row's mma.sync counterpart
         std::printf("P14 moe T=%-4d %-14s %8.3f ms (best of 3)  %6.1f TFLOP/s  %5.3fx mma.sync\n", T, vs[i].name,
-                    best[i], tf, best[i < 12 ? i - i % 4 : 0] / best[i]);
+                    best[i], tf, run_v[base] ? best[base] / best[i] : 0.0);
       }
       for (int i = 0; i < NV; ++i) {
+        if (!run_v[i]) continue;
         set_variant(i);
         gpu->moe(c, dev.layers[0].mlp, xd, T, yd);   // warm
         cuda_tools::set_profiling(*gpu, true);

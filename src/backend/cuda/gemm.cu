@@ -1125,6 +1125,10 @@ bool gemm_moe_p17() { return g_moe_p17; }
 bool g_moe_p18 = true;
 void gemm_set_moe_p18(bool on) { g_moe_p18 = on; }
 bool gemm_moe_p18() { return g_moe_p18; }
+// P32: the P18 kernel's step loop with running counters / pointers, one-LOP3 unpacking (same bits).
+bool g_moe_p32 = true;
+void gemm_set_moe_p32(bool on) { g_moe_p32 = on; }
+bool gemm_moe_p32() { return g_moe_p32; }
 int gemm_moe_wg() {
   const int forced = env_int("LILY_MOE_WG", -1);
   return forced >= 0 ? forced : (g_moe_p15 ? 2 : 0);

@@ -87,6 +87,9 @@ bool gemm_moe_p17();
 // P18: the P17 kernel with 4 consumer warpgroups, 256 weight rows per CTA (half the activation reads).
 void gemm_set_moe_p18(bool on);
 bool gemm_moe_p18();
+// P32: the P18 kernel's step loop in fewer instructions (running counters and pointers, one-LOP3 unpacking).
+void gemm_set_moe_p32(bool on);
+bool gemm_moe_p32();
 int gemm_small_n(int T);
 // gemm_ok(w) and w.rows >= gemm_small_n(T): the prefill matmul path for W at T tokens.
 bool gemm_takes(const QMat& w, int T);

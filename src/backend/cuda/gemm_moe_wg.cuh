@@ -399,7 +399,7 @@ constexpr bool mw_rs_map_ok() {
 }
 static_assert(mw_rs_map_ok(), "P15: A fragment nibbles must match the activation k-order");
 
-template <int BM, int NS = 6, int NH = 2, int NC = 2>
+template <int BM, int NS = 6, int NH = 2, int NC = 2, int NSB = 3>
 struct MrCfg {
   static constexpr int NCT = 128 * NC;           // consumer threads (NC warpgroups)
   static constexpr int RW = 64 * NH * NC;        // weight rows per CTA (NH m64 blocks per consumer warpgroup)
@@ -407,7 +407,7 @@ struct MrCfg {
   static constexpr int X_BYTES = BM * 128;       // fp16 activations, BM rows x 64 k (1024-aligned)
   static constexpr int C_BYTES = RW * 32;        // packed codes, RW rows x 32 bytes
   static constexpr int STAGE = X_BYTES + C_BYTES;
-  static constexpr int SBS = 3;                  // scale-block slots: block b (steps 8b..8b+7) in slot b % 3
+  static constexpr int SBS = NSB;                // scale-block slots: block b (steps 8b..8b+7) in slot b % SBS
   static constexpr int OFF_SB = S * STAGE;                         // [SBS slots][2 kinds][256 rows][8] bf16
   static constexpr int OFF_GF = OFF_SB + SBS * 2 * RW * 16;        // AM 2: [BM][16] fp16 factors
   static constexpr int OFF_RF = OFF_GF + BM * (kMaxGrpK / 64) * 2;   // [BM] f32 epilogue factors (mw_row_factors)
@@ -683,6 +683,23 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
   mw_epilogue<BM, AM, C::SVLD, NH>(a, acc0, acc1, smem, srf, by, pos0, rows, ct, wgc, warp, g, t);
 }
 
+// P32 helpers (the P18 kernel's step loop with fewer instructions; same values, same bits).
+// A weight pair as dq4_pair<true>, with the fp16 magic 0x64006400 in a register the compiler cannot see
+// through, so that mask and magic are one LOP3 ((w >> 4p) & 0xF000F | magic) instead of two (a SASS
+// LOP3 takes one immediate). The pair's scale and bias come packed for two rows (low half: row Rw,
+// high half: row Rw + 8) and reach the HFMA2 through its operand selectors (.H0_H0 / .H1_H1).
+__device__ __forceinline__ uint32_t dq4_pair_m(uint32_t w, int p, __half2 s, __half2 b, uint32_t magic) {
+  const uint32_t v = ((w >> (4 * p)) & 0x000F000Fu) | magic;
+  const __half2 q = __hsub2(bits_h2(v), bits_h2(0x64006400u));
+  return h2_bits(__hfma2(q, s, b));
+}
+// wgmma descriptor halves (wg_desc): the high word is a constant; the low word of a 32-byte k16 step
+// inside a 1,024-aligned stage is the stage's plus 2·i (the 14-bit address field cannot carry: shared
+// addresses are < 2^18).
+__device__ __forceinline__ uint64_t wg_desc_lo(uint32_t lo) {
+  return (uint64_t(wg_desc(0) >> 32) << 32) | lo;
+}
+
 // P18: the P17 configuration (M-tile 128, tokens as wgmma N = 128, one m64n128 block per warpgroup)
 // with FOUR warpgroups and no producer warpgroup: 256 weight rows per CTA, so each gathered activation
 // row copied into shared memory feeds twice the weight rows of P17 and the kernel reads half the
@@ -695,10 +712,10 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
 // thread at 96, where ptxas serialises the wgmmas, C7512, even with setmaxnreg). A fragments: one
 // buffer per half step (k16 sub-steps 0-1 and 2-3) and one wgmma group per half, so half j of step kg
 // is unpacked once half j of step kg - 1 has retired.
-template <int AM>
+template <int AM, bool P32 = false>
 __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_constant__ GemmArgs a) {
   constexpr int BM = 128;
-  using C = MrCfg<BM, 6, 1, 4>;
+  using C = MrCfg<BM, P32 ? 8 : 6, 1, 4, P32 ? 2 : 3>;   // P32: an 8-stage ring, 2 scale-block slots
   constexpr int RW = C::RW, S = C::S, NCT = C::NCT, LEAD = S - 2;
   static_assert(AM == kAmF16 || AM == kAmF16Grp, "P18: fp16 operands only");
   static_assert(BM * 8 == 2 * NCT && RW * 2 == NCT, "P18: 2 activation chunks and 1 code chunk per thread");
@@ -756,7 +773,8 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_const
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar_full + 8 * s) : "memory");
   };
   __syncthreads();   // barriers initialised, row factors written
-  for (int q = 0; q < LEAD && q < nk; ++q) issue(q);
+  if constexpr (!P32)
+    for (int q = 0; q < LEAD && q < nk; ++q) issue(q);
 
   const int wgc = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
   constexpr int R = BM / 2;
@@ -765,44 +783,141 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_const
   for (int i = 0; i < R; ++i) acc0[i] = 0.f;
   uint32_t af[2][2][4];   // [half][sub-step][fragment register]
   const int rowb = 64 * wgc + 16 * warp + g;
-  for (int kg = 0; kg < nk; ++kg) {
-    const int s = kg % S;
-    mr_arrive_stage<BM, AM, NCT>(smem, C::STAGE, sgf, bar_full, S, kg, tid);
-    uint2 wv[2];
-    uint32_t s2[2], b2[2];
-    mr_load_codes<RW>(smem + s * C::STAGE + C::X_BYTES,
-                      reinterpret_cast<const uint16_t*>(smem + C::OFF_SB + ((kg >> 3) % C::SBS) * (2 * RW * 16)), rowb,
-                      kg, t, wv, s2, b2);
-    const uint32_t xa = sm0 + s * C::STAGE;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      wg_wait<1>();   // half j of step kg - 1 has retired: af[j] is free
-      wg_fence_regs<R>(acc0);
-      mr_fence_u32<8>(&af[j][0][0]);
-      if (j == 1 && kg > 0) mbar_arrive(bar_empty + 8 * ((kg - 1) % S));   // all of step kg - 1 retired
-      const uint32_t w0 = j ? wv[0].y : wv[0].x, w1 = j ? wv[1].y : wv[1].x;
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int i = 2 * j + u;
-        af[j][u][0] = dq4_pair<true>(w0, (2 * i) & 3, s2[0], b2[0]);
-        af[j][u][1] = dq4_pair<true>(w1, (2 * i) & 3, s2[1], b2[1]);
-        af[j][u][2] = dq4_pair<true>(w0, (2 * i + 1) & 3, s2[0], b2[0]);
-        af[j][u][3] = dq4_pair<true>(w1, (2 * i + 1) & 3, s2[1], b2[1]);
+  if constexpr (P32) {
+    // P32: the same schedule in fewer instructions per step: an 8-stage ring (S = 8, LEAD = 6: stage and
+    // parity are masks and shifts, not q % 6 and q / 6 on the uniform datapath; two scale-block slots,
+    // enough for S <= 9, so the slot is a bit, not (q >> 3) % 3), source pointers advanced
+    // per step instead of base + q·stride, per-thread shared-memory offsets computed once, descriptors as
+    // the stage's low word + 2·i, mask and fp16 magic in one LOP3, the scale / bias conversions packed
+    // per row pair. Same operands, same fp16 roundings, same wgmma order: the same bits.
+    static_assert((S & (S - 1)) == 0, "P32: power-of-two ring");
+    // The magic in a register ptxas cannot fold (K >= 0, so bit 31 is clear): one LOP3 per pair.
+    const uint32_t magic = 0x64006400u ^ (uint32_t(a.K) & 0x80000000u);
+    const uint16_t* ap0 = asrc[0];
+    const uint16_t* ap1 = asrc[1];
+    const uint8_t* cp = csrc;
+    const uint8_t* bp = bsrc;
+    int iq = 0;   // next step to issue
+    auto issue2 = [&]() {
+      const int s = iq & (S - 1);
+      if (iq >= S) mr_wait(bar_empty + 8 * s, ((iq / S) + 1) & 1);
+      const uint32_t st = sm0 + s * C::STAGE;
+      cp_async16(st + xoff0, ap0, aval[0]);
+      cp_async16(st + xoff1, ap1, aval[1]);
+      cp_async16(st + coff, cp, cval);
+      if ((iq & 7) == 0) {
+        cp_async16(sm0 + soff + ((iq >> 3) % C::SBS) * (2 * RW * 16), bp, bval);
+        bp += 16;
       }
-      mr_fence_u32<8>(&af[j][0][0]);
-      wg_fence();
-      wgmma_rs_tile<BM>(acc0, af[j][0], wg_desc(xa + 32 * (2 * j)));
-      wgmma_rs_tile<BM>(acc0, af[j][1], wg_desc(xa + 32 * (2 * j + 1)));
-      wg_commit();
+      asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar_full + 8 * s) : "memory");
+      ap0 += kBK;
+      ap1 += kBK;
+      cp += 32;
+      ++iq;
+    };
+    for (int q = 0; q < LEAD && q < nk; ++q) issue2();
+    // This thread's rows Rw = rowb and Rw + 8: codes at stage + X_BYTES + Rw·32 + t·8 (+ 256), scale of
+    // group k8 at OFF_SB + slot·2·RW·16 + Rw·16 + 2·k8 (+ 128; the bias RW·16 further).
+    const uint8_t* crd = smem + C::X_BYTES + rowb * 32 + t * 8;
+    const uint8_t* srd = smem + C::OFF_SB + rowb * 16;
+    for (int kg = 0; kg < nk; ++kg) {
+      const int s = kg & (S - 1);
+      mr_wait(bar_full + 8 * s, (kg / S) & 1);
+      if constexpr (AM == kAmF16Grp) {
+        uint8_t* xs = smem + s * C::STAGE;
+#pragma unroll
+        for (int j = 0; j < BM * 8 / NCT; ++j) {
+          const int idx = tid + NCT * j, m = idx >> 3;
+          grp_scale_chunk(xs + swz(m, idx & 7), sgf, m, kg);
+        }
+        fence_proxy_async();
+        named_sync(1, NCT);
+      } else {
+        fence_proxy_async();
+      }
+      uint2 wv[2];
+      __half2 sp, bq;
+      {
+        const uint8_t* cs = crd + s * C::STAGE;
+        wv[0] = *reinterpret_cast<const uint2*>(cs);
+        wv[1] = *reinterpret_cast<const uint2*>(cs + 256);
+        const uint16_t* sb = reinterpret_cast<const uint16_t*>(srd + ((kg >> 3) % C::SBS) * (2 * RW * 16)) + (kg & 7);
+        const float s0 = __uint_as_float(uint32_t(sb[0]) << 16) * float(1 << kGemmF16WExp);
+        const float s1 = __uint_as_float(uint32_t(sb[64]) << 16) * float(1 << kGemmF16WExp);
+        const float b0 = __uint_as_float(uint32_t(sb[RW * 8]) << 16) * float(1 << kGemmF16WExp);
+        const float b1 = __uint_as_float(uint32_t(sb[RW * 8 + 64]) << 16) * float(1 << kGemmF16WExp);
+        sp = __floats2half2_rn(s0, s1);
+        bq = __floats2half2_rn(b0, b1);
+      }
+      const __half2 s0 = __low2half2(sp), s1 = __high2half2(sp), b0 = __low2half2(bq), b1 = __high2half2(bq);
+      const uint32_t dlo = uint32_t(wg_desc(sm0 + s * C::STAGE));
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        wg_wait<1>();   // half j of step kg - 1 has retired: af[j] is free
+        wg_fence_regs<R>(acc0);
+        mr_fence_u32<8>(&af[j][0][0]);
+        if (j == 1 && kg > 0) mbar_arrive(bar_empty + 8 * ((kg - 1) & (S - 1)));   // all of step kg - 1 retired
+        const uint32_t w0 = j ? wv[0].y : wv[0].x, w1 = j ? wv[1].y : wv[1].x;
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int i = 2 * j + u;
+          af[j][u][0] = dq4_pair_m(w0, (2 * i) & 3, s0, b0, magic);
+          af[j][u][1] = dq4_pair_m(w1, (2 * i) & 3, s1, b1, magic);
+          af[j][u][2] = dq4_pair_m(w0, (2 * i + 1) & 3, s0, b0, magic);
+          af[j][u][3] = dq4_pair_m(w1, (2 * i + 1) & 3, s1, b1, magic);
+        }
+        mr_fence_u32<8>(&af[j][0][0]);
+        wg_fence();
+        wgmma_rs_tile<BM>(acc0, af[j][0], wg_desc_lo(dlo + 2 * (2 * j)));
+        wgmma_rs_tile<BM>(acc0, af[j][1], wg_desc_lo(dlo + 2 * (2 * j + 1)));
+        wg_commit();
+      }
+      if (iq < nk) issue2();   // step kg + LEAD into the slot of step kg - 2 (released during step kg - 1)
     }
-    // Refill: step kg + LEAD goes into the slot of step kg + LEAD - S = kg - 2, which every thread
-    // released during its step kg - 1.
-    if (kg + LEAD < nk) issue(kg + LEAD);
+    wg_wait<0>();
+    wg_fence_regs<R>(acc0);
+    mr_fence_u32<16>(&af[0][0][0]);
+    mw_epilogue<BM, AM, C::SVLD, 1, 4>(a, acc0, acc1, smem, srf, by, pos0, rows, tid, wgc, warp, g, t);
+  } else {
+    for (int kg = 0; kg < nk; ++kg) {
+      const int s = kg % S;
+      mr_arrive_stage<BM, AM, NCT>(smem, C::STAGE, sgf, bar_full, S, kg, tid);
+      uint2 wv[2];
+      uint32_t s2[2], b2[2];
+      mr_load_codes<RW>(smem + s * C::STAGE + C::X_BYTES,
+                        reinterpret_cast<const uint16_t*>(smem + C::OFF_SB + ((kg >> 3) % C::SBS) * (2 * RW * 16)), rowb,
+                        kg, t, wv, s2, b2);
+      const uint32_t xa = sm0 + s * C::STAGE;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        wg_wait<1>();   // half j of step kg - 1 has retired: af[j] is free
+        wg_fence_regs<R>(acc0);
+        mr_fence_u32<8>(&af[j][0][0]);
+        if (j == 1 && kg > 0) mbar_arrive(bar_empty + 8 * ((kg - 1) % S));   // all of step kg - 1 retired
+        const uint32_t w0 = j ? wv[0].y : wv[0].x, w1 = j ? wv[1].y : wv[1].x;
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int i = 2 * j + u;
+          af[j][u][0] = dq4_pair<true>(w0, (2 * i) & 3, s2[0], b2[0]);
+          af[j][u][1] = dq4_pair<true>(w1, (2 * i) & 3, s2[1], b2[1]);
+          af[j][u][2] = dq4_pair<true>(w0, (2 * i + 1) & 3, s2[0], b2[0]);
+          af[j][u][3] = dq4_pair<true>(w1, (2 * i + 1) & 3, s2[1], b2[1]);
+        }
+        mr_fence_u32<8>(&af[j][0][0]);
+        wg_fence();
+        wgmma_rs_tile<BM>(acc0, af[j][0], wg_desc(xa + 32 * (2 * j)));
+        wgmma_rs_tile<BM>(acc0, af[j][1], wg_desc(xa + 32 * (2 * j + 1)));
+        wg_commit();
+      }
+      // Refill: step kg + LEAD goes into the slot of step kg + LEAD - S = kg - 2, which every thread
+      // released during its step kg - 1.
+      if (kg + LEAD < nk) issue(kg + LEAD);
+    }
+    wg_wait<0>();
+    wg_fence_regs<R>(acc0);
+    mr_fence_u32<16>(&af[0][0][0]);
+    mw_epilogue<BM, AM, C::SVLD, 1, 4>(a, acc0, acc1, smem, srf, by, pos0, rows, tid, wgc, warp, g, t);
   }
-  wg_wait<0>();
-  wg_fence_regs<R>(acc0);
-  mr_fence_u32<16>(&af[0][0][0]);
-  mw_epilogue<BM, AM, C::SVLD, 1, 4>(a, acc0, acc1, smem, srf, by, pos0, rows, tid, wgc, warp, g, t);
 }
 
 // Grid (weight-row blocks, worst-case tiles): the 256-row blocks of one tile run next to each
@@ -830,15 +945,16 @@ void launch_moe_rs_t(const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t 
          size_t(MrCfg<BM, NS, NH>::SMEM), s, a);
   CUDA_LAUNCH_CHECK();
 }
-template <int AM>
+template <int AM, bool P32>
 void launch_moe_rs4_t(const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t s) {
-  using C = MrCfg<128, 6, 1, 4>;
+  using C = MrCfg<128, P32 ? 8 : 6, 1, 4, P32 ? 2 : 3>;
   static bool attr = false;
   if (!attr) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_moe_rs4_kernel<AM>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_moe_rs4_kernel<AM, P32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    C::SMEM));
     attr = true;
   }
-  launch(gemm_moe_rs4_kernel<AM>, dim3(grid_n, max_tiles), dim3(C::NCT), size_t(C::SMEM), s, a);
+  launch(gemm_moe_rs4_kernel<AM, P32>, dim3(grid_n, max_tiles), dim3(C::NCT), size_t(C::SMEM), s, a);
   CUDA_LAUNCH_CHECK();
 }
 // mode 1: P14, mode 2: P15. bm: the tile list's M-tile (32 runs the 64 kernel: rows <= 32 of 64).
@@ -850,8 +966,14 @@ bool launch_moe_wg(int mode, int am, int bm, const GemmArgs& a, int max_tiles, i
     if (bm == 128) {   // P17: m64n128k16, 128 weight rows per CTA (one m64 block per consumer warpgroup)
       if (gemm_moe_p18()) {   // P18: 4 warpgroups, 256 weight rows per CTA
         const int gn = a.swiglu ? a.N / 128 : (a.N + 255) / 256;
-        if (am == kAmF16Grp) launch_moe_rs4_t<kAmF16Grp>(a, max_tiles, gn, s);
-        else launch_moe_rs4_t<kAmF16>(a, max_tiles, gn, s);
+        if (gemm_moe_p32()) {   // P32: the same kernel's step loop in fewer instructions
+          if (am == kAmF16Grp) launch_moe_rs4_t<kAmF16Grp, true>(a, max_tiles, gn, s);
+          else launch_moe_rs4_t<kAmF16, true>(a, max_tiles, gn, s);
+        } else if (am == kAmF16Grp) {
+          launch_moe_rs4_t<kAmF16Grp, false>(a, max_tiles, gn, s);
+        } else {
+          launch_moe_rs4_t<kAmF16, false>(a, max_tiles, gn, s);
+        }
         return true;
       }
       const int gn = a.swiglu ? a.N / 64 : (a.N + 127) / 128;
