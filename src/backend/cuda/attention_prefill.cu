@@ -419,7 +419,7 @@ __device__ __forceinline__ void wgf_rs_n256_t(float* d, uint32_t a0, uint32_t a1
 // mma.sync with V fragments by ldmatrix.trans from the swizzled tile); PVW_SWAP (diagnostic,
 // LILY_ATTN_WG=3): V's descriptor with LBO and SBO exchanged, to tell in one device run which reading
 // of the N-major stride fields holds if WG=2 fails.
-template <bool PVW, bool PVW_SWAP = false>
+template <bool PVW, bool PVW_SWAP = false, bool P33 = true>
 __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_wg_kernel(const __grid_constant__ FlashArgs a) {
   constexpr int BK = kBK2;
   extern __shared__ __align__(1024) unsigned char smwg[];
@@ -471,17 +471,29 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_wg_kernel(const __grid
   cp_async_commit();
 
   // Q tile to fp16 × log2 e in the swizzled layout (row = warp*16 + token); rows past T are zero.
+  // P33: eight float4 loads in flight per thread (off: one at a time, each waited for — ~8 % of the
+  // kernel's stall samples at T = 4,096 in session 13's ncu run).
   const float kLog2e = 1.4426950408889634f;
-  for (int idx = tid; idx < kGQ * kBQ * (kHD / 4); idx += blockDim.x) {
-    const int row = idx / (kHD / 4), c4 = idx % (kHD / 4);
-    const int t = t0 + (row & (kBQ - 1)), hh = kvh * kGQ + row / kBQ;
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (t < a.T) v = reinterpret_cast<const float4*>(a.qbuf + (int64_t(t) * heads + hh) * kHD)[c4];
-    uint2 pk;
-    pk.x = pack16<true>(v.x * kLog2e, v.y * kLog2e);
-    pk.y = pack16<true>(v.z * kLog2e, v.w * kLog2e);
-    const int U = c4 >> 1;
-    *reinterpret_cast<uint2*>(sm + (U >> 3) * (kGQ * kBQ * 128) + wgf_swz(row, U & 7) + (c4 & 1) * 8) = pk;
+  constexpr int kQUnits = kGQ * kBQ * (kHD / 4), kQBatch = P33 ? 8 : 1;
+  static_assert(kQUnits % (kQBatch * kGQ * 32) == 0, "Q tile: whole batches per thread");
+  for (int i0 = tid; i0 < kQUnits; i0 += kQBatch * kGQ * 32) {
+    float4 v[kQBatch];
+#pragma unroll
+    for (int u = 0; u < kQBatch; ++u) {
+      const int idx = i0 + u * kGQ * 32, row = idx / (kHD / 4), c4 = idx % (kHD / 4);
+      const int t = t0 + (row & (kBQ - 1)), hh = kvh * kGQ + row / kBQ;
+      v[u] = t < a.T ? reinterpret_cast<const float4*>(a.qbuf + (int64_t(t) * heads + hh) * kHD)[c4]
+                     : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < kQBatch; ++u) {
+      const int idx = i0 + u * kGQ * 32, row = idx / (kHD / 4), c4 = idx % (kHD / 4);
+      uint2 pk;
+      pk.x = pack16<true>(v[u].x * kLog2e, v[u].y * kLog2e);
+      pk.y = pack16<true>(v[u].z * kLog2e, v[u].w * kLog2e);
+      const int U = c4 >> 1;
+      *reinterpret_cast<uint2*>(sm + (U >> 3) * (kGQ * kBQ * 128) + wgf_swz(row, U & 7) + (c4 & 1) * 8) = pk;
+    }
   }
 
   float oacc[kHD / 8][4];
@@ -618,12 +630,20 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_wg_kernel(const __grid
       const float inv = 1.f / lrow[r];
       const float* gate = a.q + (int64_t(t) * heads + h) * 2 * kHD + kHD;
       float* out = a.o + (int64_t(t) * heads + h) * kHD;
+      // P33: the gate in batches of 8 loads issued before the batch's stores (off: interleaved, each
+      // load waits for its predecessor's store — out may alias the gate for the compiler).
+      constexpr int GB = P33 ? 8 : 1;
 #pragma unroll
-      for (int n = 0; n < kHD / 8; ++n) {
-        const int e = 8 * n + 2 * tq;
-        const float2 gv = *reinterpret_cast<const float2*>(gate + e);
-        *reinterpret_cast<float2*>(out + e) =
-            make_float2(oacc[n][2 * r] * inv * sigmoidf_(gv.x), oacc[n][2 * r + 1] * inv * sigmoidf_(gv.y));
+      for (int n0 = 0; n0 < kHD / 8; n0 += GB) {
+        float2 gv[GB];
+#pragma unroll
+        for (int u = 0; u < GB; ++u) gv[u] = *reinterpret_cast<const float2*>(gate + 8 * (n0 + u) + 2 * tq);
+#pragma unroll
+        for (int u = 0; u < GB; ++u) {
+          const int n = n0 + u;
+          *reinterpret_cast<float2*>(out + 8 * n + 2 * tq) = make_float2(
+              oacc[n][2 * r] * inv * sigmoidf_(gv[u].x), oacc[n][2 * r + 1] * inv * sigmoidf_(gv[u].y));
+        }
       }
     } else {
       float* pb = a.part + ((int64_t(t) * heads + h) * a.splits + split) * kPart;
@@ -704,6 +724,10 @@ bool& attn_prefill_qreg_enabled() {
   static bool on = false;
   return on;
 }
+bool& attn_prefill_p33_enabled() {
+  static bool on = true;
+  return on;
+}
 int& attn_prefill_wg_mode() {
   static int mode = 2;
   return mode;
@@ -756,6 +780,8 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
                                     int(kSmemWg)));
     CUDA_CHECK(cudaFuncSetAttribute(attn_flash_wg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kSmemWg)));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_flash_wg_kernel<true, false, false>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemWg)));
     CUDA_CHECK(cudaFuncSetAttribute(attn_flash_wg_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kSmemWg)));
     CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<true, false, kBK2, kStagesQ, true>,
@@ -796,8 +822,10 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
   const dim3 grid((T + kBQ - 1) / kBQ, d.kv_heads, splits);
   if (wgm == 1)
     launch(attn_flash_wg_kernel<false>, grid, dim3(kGQ * 32), kSmemWg, s, fa);
-  else if (wgm == 2)
+  else if (wgm == 2 && attn_prefill_p33_enabled())
     launch(attn_flash_wg_kernel<true>, grid, dim3(kGQ * 32), kSmemWg, s, fa);
+  else if (wgm == 2)
+    launch(attn_flash_wg_kernel<true, false, false>, grid, dim3(kGQ * 32), kSmemWg, s, fa);
   else if (wgm >= 3)
     launch(attn_flash_wg_kernel<true, true>, grid, dim3(kGQ * 32), kSmemWg, s, fa);
   else if (qreg && f16)

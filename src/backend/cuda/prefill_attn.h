@@ -141,6 +141,9 @@ bool& attn_prefill_qreg_enabled();
 // on wgmma; 1 = S on wgmma, P·V on mma.sync; 0 = both on mma.sync; 3 = 2 with V's descriptor strides
 // exchanged (diagnostic only).
 int& attn_prefill_wg_mode();
+// P33 (default on; only the wgmma kernel, mode 2): Q tile and output-gate loads batched 8 per thread
+// (off: one dependent load at a time).
+bool& attn_prefill_p33_enabled();
 void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_norm, void* kc, void* vc, bool kv16,
                        int pos0, const float* q, const float* k, const float* v, int T, float* o, float* work,
                        bool bf16_kv, bool f16, cudaStream_t s);
