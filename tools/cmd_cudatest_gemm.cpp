@@ -1093,17 +1093,19 @@ int run(const Options& o) {
       };
       // Rows of 4: mma.sync, P14, P15 for gate/up only, P15 for both, at one tile setting (P15 at 128
       // runs P18's kernel, or with P18 off, the last row of 4, P17's).
-      const BV vs[17] = {{"mma.sync auto", "0", ""},    {"wgmma auto", "1", ""},    {"P15 gu auto", "2", ""},
+      const BV vs[18] = {{"mma.sync auto", "0", ""},    {"wgmma auto", "1", ""},    {"P15 gu auto", "2", ""},
                          {"P15 rs auto", "3", ""},       {"mma.sync t64", "0", "64"}, {"wgmma t64", "1", "64"},
                          {"P15 gu t64", "2", "64"},      {"P15 rs t64", "3", "64"},   {"mma.sync t128", "0", "128"},
                          {"wgmma t128", "1", "128"},     {"P15 gu t128", "2", "128"}, {"P15 rs t128", "3", "128"},
                          {"-P18 gu auto", "2", ""},      {"-P18 rs auto", "3", ""},   {"-P18 gu t128", "2", "128"},
-                         {"-P18 rs t128", "3", "128"}, {"-P32 gu auto", "2", ""}};
-      constexpr int NV = 17;
+                         {"-P18 rs t128", "3", "128"}, {"-P32 gu auto", "2", ""},
+                         {"-P34 gu auto", "2", ""}};
+      constexpr int NV = 18;
       auto set_variant = [&](int i) {
         setenv("LILY_MOE_WG", vs[i].wg, 1);
         setenv("LILY_MOE_TILE", vs[i].tile, 1);
-        set_abl(i == 16  ? std::vector<std::string>{"P1w", "P32"}
+        set_abl(i == 17   ? std::vector<std::string>{"P1w", "P34"}
+                : i == 16 ? std::vector<std::string>{"P1w", "P32"}
                 : i >= 12 ? std::vector<std::string>{"P1w", "P18"}
                           : std::vector<std::string>{"P1w"});
       };

@@ -1129,6 +1129,10 @@ bool gemm_moe_p18() { return g_moe_p18; }
 bool g_moe_p32 = true;
 void gemm_set_moe_p32(bool on) { g_moe_p32 = on; }
 bool gemm_moe_p32() { return g_moe_p32; }
+// P34 (with P32): two 64-k steps per ring stage (4 stages): per-stage bookkeeping once per two steps.
+bool g_moe_p34 = true;
+void gemm_set_moe_p34(bool on) { g_moe_p34 = on; }
+bool gemm_moe_p34() { return g_moe_p34; }
 int gemm_moe_wg() {
   const int forced = env_int("LILY_MOE_WG", -1);
   return forced >= 0 ? forced : (g_moe_p15 ? 2 : 0);

@@ -90,6 +90,9 @@ bool gemm_moe_p18();
 // P32: the P18 kernel's step loop in fewer instructions (running counters and pointers, one-LOP3 unpacking).
 void gemm_set_moe_p32(bool on);
 bool gemm_moe_p32();
+// P34 (with P32): two 64-k steps per ring stage, the per-stage waits and bookkeeping once per two steps.
+void gemm_set_moe_p34(bool on);
+bool gemm_moe_p34();
 int gemm_small_n(int T);
 // gemm_ok(w) and w.rows >= gemm_small_n(T): the prefill matmul path for W at T tokens.
 bool gemm_takes(const QMat& w, int T);

@@ -399,13 +399,13 @@ constexpr bool mw_rs_map_ok() {
 }
 static_assert(mw_rs_map_ok(), "P15: A fragment nibbles must match the activation k-order");
 
-template <int BM, int NS = 6, int NH = 2, int NC = 2, int NSB = 3>
+template <int BM, int NS = 6, int NH = 2, int NC = 2, int NSB = 3, int KSUB = 1>
 struct MrCfg {
   static constexpr int NCT = 128 * NC;           // consumer threads (NC warpgroups)
   static constexpr int RW = 64 * NH * NC;        // weight rows per CTA (NH m64 blocks per consumer warpgroup)
   static constexpr int S = NS;                   // ring stages
-  static constexpr int X_BYTES = BM * 128;       // fp16 activations, BM rows x 64 k (1024-aligned)
-  static constexpr int C_BYTES = RW * 32;        // packed codes, RW rows x 32 bytes
+  static constexpr int X_BYTES = BM * 128 * KSUB;   // fp16 activations, KSUB blocks of BM rows x 64 k (1024-aligned)
+  static constexpr int C_BYTES = RW * 32 * KSUB;     // packed codes, KSUB blocks of RW rows x 32 bytes
   static constexpr int STAGE = X_BYTES + C_BYTES;
   static constexpr int SBS = NSB;                // scale-block slots: block b (steps 8b..8b+7) in slot b % SBS
   static constexpr int OFF_SB = S * STAGE;                         // [SBS slots][2 kinds][256 rows][8] bf16
@@ -712,10 +712,13 @@ __device__ __forceinline__ uint64_t wg_desc_lo(uint32_t lo) {
 // thread at 96, where ptxas serialises the wgmmas, C7512, even with setmaxnreg). A fragments: one
 // buffer per half step (k16 sub-steps 0-1 and 2-3) and one wgmma group per half, so half j of step kg
 // is unpacked once half j of step kg - 1 has retired.
-template <int AM, bool P32 = false>
+template <int AM, bool P32 = false, bool P34 = false>
 __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_constant__ GemmArgs a) {
   constexpr int BM = 128;
-  using C = MrCfg<BM, P32 ? 8 : 6, 1, 4, P32 ? 2 : 3>;   // P32: an 8-stage ring, 2 scale-block slots
+  // P32: an 8-stage ring, 2 scale-block slots; P34 (with P32): 4 stages of two 64-k steps each.
+  constexpr int KS = P34 ? 2 : 1;
+  using C = MrCfg<BM, P34 ? 4 : P32 ? 8 : 6, 1, 4, P32 ? 2 : 3, KS>;
+  static_assert(!P34 || P32, "P34 is a form of the P32 loop");
   constexpr int RW = C::RW, S = C::S, NCT = C::NCT, LEAD = S - 2;
   static_assert(AM == kAmF16 || AM == kAmF16Grp, "P18: fp16 operands only");
   static_assert(BM * 8 == 2 * NCT && RW * 2 == NCT, "P18: 2 activation chunks and 1 code chunk per thread");
@@ -786,93 +789,112 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_const
   if constexpr (P32) {
     // P32: the same schedule in fewer instructions per step: an 8-stage ring (S = 8, LEAD = 6: stage and
     // parity are masks and shifts, not q % 6 and q / 6 on the uniform datapath; two scale-block slots,
-    // enough for S <= 9, so the slot is a bit, not (q >> 3) % 3), source pointers advanced
-    // per step instead of base + q·stride, per-thread shared-memory offsets computed once, descriptors as
-    // the stage's low word + 2·i, mask and fp16 magic in one LOP3, the scale / bias conversions packed
-    // per row pair. Same operands, same fp16 roundings, same wgmma order: the same bits.
+    // enough for S <= 9, so the slot is a bit, not (q >> 3) % 3), source pointers advanced per step
+    // instead of base + q·stride, per-thread shared-memory offsets computed once, descriptors as the
+    // stage's low word + 2·i, mask and fp16 magic in one LOP3, the scale / bias conversions packed per
+    // row pair. P34: a ring stage holds KS = 2 consecutive 64-k steps (4 stages, the refill LEAD = 2
+    // stages = 4 steps ahead), so the barrier waits, the proxy fence, the refill's bookkeeping and the
+    // empty arrival run once per two steps. Same operands, same fp16 roundings, same wgmma order: the
+    // same bits either way.
     static_assert((S & (S - 1)) == 0, "P32: power-of-two ring");
+    // Scale block b (steps 8b .. 8b + 7, stages 8b / KS ..) goes to slot b % SBS when its first stage is
+    // issued, which waits for the release of the stage S earlier; that stage must be past block b - SBS.
+    static_assert(8 * C::SBS >= KS * S + 8 - KS, "P32: scale-block slots");
     // The magic in a register ptxas cannot fold (K >= 0, so bit 31 is clear): one LOP3 per pair.
     const uint32_t magic = 0x64006400u ^ (uint32_t(a.K) & 0x80000000u);
     const uint16_t* ap0 = asrc[0];
     const uint16_t* ap1 = asrc[1];
     const uint8_t* cp = csrc;
     const uint8_t* bp = bsrc;
-    int iq = 0;   // next step to issue
+    const int nst = nk / KS;   // stages (launch_moe_wg checks K % 128 == 0)
+    int iq = 0;                // next stage to issue
     auto issue2 = [&]() {
       const int s = iq & (S - 1);
       if (iq >= S) mr_wait(bar_empty + 8 * s, ((iq / S) + 1) & 1);
       const uint32_t st = sm0 + s * C::STAGE;
-      cp_async16(st + xoff0, ap0, aval[0]);
-      cp_async16(st + xoff1, ap1, aval[1]);
-      cp_async16(st + coff, cp, cval);
-      if ((iq & 7) == 0) {
-        cp_async16(sm0 + soff + ((iq >> 3) % C::SBS) * (2 * RW * 16), bp, bval);
+#pragma unroll
+      for (int u = 0; u < KS; ++u) {
+        cp_async16(st + u * (BM * 128) + xoff0, ap0 + u * kBK, aval[0]);
+        cp_async16(st + u * (BM * 128) + xoff1, ap1 + u * kBK, aval[1]);
+        cp_async16(st + u * (RW * 32) + coff, cp + u * 32, cval);
+      }
+      if (((iq * KS) & 7) == 0) {
+        cp_async16(sm0 + soff + (((iq * KS) >> 3) % C::SBS) * (2 * RW * 16), bp, bval);
         bp += 16;
       }
       asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar_full + 8 * s) : "memory");
-      ap0 += kBK;
-      ap1 += kBK;
-      cp += 32;
+      ap0 += KS * kBK;
+      ap1 += KS * kBK;
+      cp += KS * 32;
       ++iq;
     };
-    for (int q = 0; q < LEAD && q < nk; ++q) issue2();
-    // This thread's rows Rw = rowb and Rw + 8: codes at stage + X_BYTES + Rw·32 + t·8 (+ 256), scale of
-    // group k8 at OFF_SB + slot·2·RW·16 + Rw·16 + 2·k8 (+ 128; the bias RW·16 further).
+    for (int q = 0; q < LEAD && q < nst; ++q) issue2();
+    // This thread's rows Rw = rowb and Rw + 8: codes at stage + X_BYTES + u·RW·32 + Rw·32 + t·8 (+ 256),
+    // scale of group k8 at OFF_SB + slot·2·RW·16 + Rw·16 + 2·k8 (+ 128; the bias RW·16 further).
     const uint8_t* crd = smem + C::X_BYTES + rowb * 32 + t * 8;
     const uint8_t* srd = smem + C::OFF_SB + rowb * 16;
-    for (int kg = 0; kg < nk; ++kg) {
-      const int s = kg & (S - 1);
-      mr_wait(bar_full + 8 * s, (kg / S) & 1);
+    for (int kq = 0; kq < nst; ++kq) {
+      const int s = kq & (S - 1);
+      mr_wait(bar_full + 8 * s, (kq / S) & 1);
       if constexpr (AM == kAmF16Grp) {
-        uint8_t* xs = smem + s * C::STAGE;
 #pragma unroll
-        for (int j = 0; j < BM * 8 / NCT; ++j) {
-          const int idx = tid + NCT * j, m = idx >> 3;
-          grp_scale_chunk(xs + swz(m, idx & 7), sgf, m, kg);
+        for (int u = 0; u < KS; ++u) {
+          uint8_t* xs = smem + s * C::STAGE + u * (BM * 128);
+#pragma unroll
+          for (int j = 0; j < BM * 8 / NCT; ++j) {
+            const int idx = tid + NCT * j, m = idx >> 3;
+            grp_scale_chunk(xs + swz(m, idx & 7), sgf, m, kq * KS + u);
+          }
         }
         fence_proxy_async();
         named_sync(1, NCT);
       } else {
         fence_proxy_async();
       }
-      uint2 wv[2];
-      __half2 sp, bq;
-      {
-        const uint8_t* cs = crd + s * C::STAGE;
-        wv[0] = *reinterpret_cast<const uint2*>(cs);
-        wv[1] = *reinterpret_cast<const uint2*>(cs + 256);
-        const uint16_t* sb = reinterpret_cast<const uint16_t*>(srd + ((kg >> 3) % C::SBS) * (2 * RW * 16)) + (kg & 7);
-        const float s0 = __uint_as_float(uint32_t(sb[0]) << 16) * float(1 << kGemmF16WExp);
-        const float s1 = __uint_as_float(uint32_t(sb[64]) << 16) * float(1 << kGemmF16WExp);
-        const float b0 = __uint_as_float(uint32_t(sb[RW * 8]) << 16) * float(1 << kGemmF16WExp);
-        const float b1 = __uint_as_float(uint32_t(sb[RW * 8 + 64]) << 16) * float(1 << kGemmF16WExp);
-        sp = __floats2half2_rn(s0, s1);
-        bq = __floats2half2_rn(b0, b1);
-      }
-      const __half2 s0 = __low2half2(sp), s1 = __high2half2(sp), b0 = __low2half2(bq), b1 = __high2half2(bq);
-      const uint32_t dlo = uint32_t(wg_desc(sm0 + s * C::STAGE));
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        wg_wait<1>();   // half j of step kg - 1 has retired: af[j] is free
-        wg_fence_regs<R>(acc0);
-        mr_fence_u32<8>(&af[j][0][0]);
-        if (j == 1 && kg > 0) mbar_arrive(bar_empty + 8 * ((kg - 1) & (S - 1)));   // all of step kg - 1 retired
-        const uint32_t w0 = j ? wv[0].y : wv[0].x, w1 = j ? wv[1].y : wv[1].x;
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int i = 2 * j + u;
-          af[j][u][0] = dq4_pair_m(w0, (2 * i) & 3, s0, b0, magic);
-          af[j][u][1] = dq4_pair_m(w1, (2 * i) & 3, s1, b1, magic);
-          af[j][u][2] = dq4_pair_m(w0, (2 * i + 1) & 3, s0, b0, magic);
-          af[j][u][3] = dq4_pair_m(w1, (2 * i + 1) & 3, s1, b1, magic);
+      for (int u = 0; u < KS; ++u) {
+        const int kg = kq * KS + u;   // the 64-k step
+        uint2 wv[2];
+        __half2 sp, bq;
+        {
+          const uint8_t* cs = crd + s * C::STAGE + u * (RW * 32);
+          wv[0] = *reinterpret_cast<const uint2*>(cs);
+          wv[1] = *reinterpret_cast<const uint2*>(cs + 256);
+          const uint16_t* sb =
+              reinterpret_cast<const uint16_t*>(srd + ((kg >> 3) % C::SBS) * (2 * RW * 16)) + (kg & 7);
+          const float s0 = __uint_as_float(uint32_t(sb[0]) << 16) * float(1 << kGemmF16WExp);
+          const float s1 = __uint_as_float(uint32_t(sb[64]) << 16) * float(1 << kGemmF16WExp);
+          const float b0 = __uint_as_float(uint32_t(sb[RW * 8]) << 16) * float(1 << kGemmF16WExp);
+          const float b1 = __uint_as_float(uint32_t(sb[RW * 8 + 64]) << 16) * float(1 << kGemmF16WExp);
+          sp = __floats2half2_rn(s0, s1);
+          bq = __floats2half2_rn(b0, b1);
         }
-        mr_fence_u32<8>(&af[j][0][0]);
-        wg_fence();
-        wgmma_rs_tile<BM>(acc0, af[j][0], wg_desc_lo(dlo + 2 * (2 * j)));
-        wgmma_rs_tile<BM>(acc0, af[j][1], wg_desc_lo(dlo + 2 * (2 * j + 1)));
-        wg_commit();
+        const __half2 s0 = __low2half2(sp), s1 = __high2half2(sp), b0 = __low2half2(bq), b1 = __high2half2(bq);
+        const uint32_t dlo = uint32_t(wg_desc(sm0 + s * C::STAGE + u * (BM * 128)));
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          wg_wait<1>();   // half j of step kg - 1 has retired: af[j] is free
+          wg_fence_regs<R>(acc0);
+          mr_fence_u32<8>(&af[j][0][0]);
+          // All of stage kq - 1 retired (its last half is step kg - 1's half 1).
+          if (u == 0 && j == 1 && kq > 0) mbar_arrive(bar_empty + 8 * ((kq - 1) & (S - 1)));
+          const uint32_t w0 = j ? wv[0].y : wv[0].x, w1 = j ? wv[1].y : wv[1].x;
+#pragma unroll
+          for (int v = 0; v < 2; ++v) {
+            const int i = 2 * j + v;
+            af[j][v][0] = dq4_pair_m(w0, (2 * i) & 3, s0, b0, magic);
+            af[j][v][1] = dq4_pair_m(w1, (2 * i) & 3, s1, b1, magic);
+            af[j][v][2] = dq4_pair_m(w0, (2 * i + 1) & 3, s0, b0, magic);
+            af[j][v][3] = dq4_pair_m(w1, (2 * i + 1) & 3, s1, b1, magic);
+          }
+          mr_fence_u32<8>(&af[j][0][0]);
+          wg_fence();
+          wgmma_rs_tile<BM>(acc0, af[j][0], wg_desc_lo(dlo + 2 * (2 * j)));
+          wgmma_rs_tile<BM>(acc0, af[j][1], wg_desc_lo(dlo + 2 * (2 * j + 1)));
+          wg_commit();
+        }
       }
-      if (iq < nk) issue2();   // step kg + LEAD into the slot of step kg - 2 (released during step kg - 1)
+      if (iq < nst) issue2();   // stage kq + LEAD into the slot of stage kq - 2 (released during kq - 1)
     }
     wg_wait<0>();
     wg_fence_regs<R>(acc0);
@@ -945,16 +967,16 @@ void launch_moe_rs_t(const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t 
          size_t(MrCfg<BM, NS, NH>::SMEM), s, a);
   CUDA_LAUNCH_CHECK();
 }
-template <int AM, bool P32>
+template <int AM, bool P32, bool P34 = false>
 void launch_moe_rs4_t(const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t s) {
-  using C = MrCfg<128, P32 ? 8 : 6, 1, 4, P32 ? 2 : 3>;
+  using C = MrCfg<128, P34 ? 4 : P32 ? 8 : 6, 1, 4, P32 ? 2 : 3, P34 ? 2 : 1>;
   static bool attr = false;
   if (!attr) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_moe_rs4_kernel<AM, P32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_moe_rs4_kernel<AM, P32, P34>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     C::SMEM));
     attr = true;
   }
-  launch(gemm_moe_rs4_kernel<AM, P32>, dim3(grid_n, max_tiles), dim3(C::NCT), size_t(C::SMEM), s, a);
+  launch(gemm_moe_rs4_kernel<AM, P32, P34>, dim3(grid_n, max_tiles), dim3(C::NCT), size_t(C::SMEM), s, a);
   CUDA_LAUNCH_CHECK();
 }
 // mode 1: P14, mode 2: P15. bm: the tile list's M-tile (32 runs the 64 kernel: rows <= 32 of 64).
@@ -966,7 +988,10 @@ bool launch_moe_wg(int mode, int am, int bm, const GemmArgs& a, int max_tiles, i
     if (bm == 128) {   // P17: m64n128k16, 128 weight rows per CTA (one m64 block per consumer warpgroup)
       if (gemm_moe_p18()) {   // P18: 4 warpgroups, 256 weight rows per CTA
         const int gn = a.swiglu ? a.N / 128 : (a.N + 255) / 256;
-        if (gemm_moe_p32()) {   // P32: the same kernel's step loop in fewer instructions
+        if (gemm_moe_p32() && gemm_moe_p34()) {   // P34: two 64-k steps per ring stage
+          if (am == kAmF16Grp) launch_moe_rs4_t<kAmF16Grp, true, true>(a, max_tiles, gn, s);
+          else launch_moe_rs4_t<kAmF16, true, true>(a, max_tiles, gn, s);
+        } else if (gemm_moe_p32()) {   // P32: the same kernel's step loop in fewer instructions
           if (am == kAmF16Grp) launch_moe_rs4_t<kAmF16Grp, true>(a, max_tiles, gn, s);
           else launch_moe_rs4_t<kAmF16, true>(a, max_tiles, gn, s);
         } else if (am == kAmF16Grp) {
