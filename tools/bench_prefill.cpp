@@ -22,6 +22,7 @@
 #include "bench_common.h"
 #include "core/common.h"
 #include "core/options.h"
+#include "model/op_flops.h"
 #include "model/qwen36.h"
 #include "model/synthetic.h"
 #include "model/weights.h"
@@ -132,6 +133,7 @@ int bench_prefill_main(int argc, char** argv) {
              {"max-seconds", "0", "time budget: skip a length whose predicted time would exceed it (0 = none)"},
              {"balance-tokens", "4096", "expert load balance over one untimed prefill of this many tokens (cuda; 0 = none)"},
              {"profile-length", "0", "per-op breakdown (eager, CUDA events) of one prefill of this many tokens (cuda; 0 = none)"},
+             {"peak-tflops", "790", "matrix-rate ceiling for the breakdown's % column (bf16 on H200, measured: device KINDS.md)"},
              {"decode-tokens", "0", "after each prefill, time this many greedy tokens (0 = none)"},
              {"ids", "", "raw int32 token-id file to use as the prompt (default: random ids)"},
              {"seed", "1", "seed of the random prompt ids"},
@@ -358,12 +360,19 @@ int bench_prefill_main(int argc, char** argv) {
     cuda_tools::set_profiling(m.backend(), false);
     double total = 0;   // (take_profile sorts by time, largest first)
     for (const auto& p : prof) total += p.ms;
-    prof_lines.push_back("| op (prefill of " + std::to_string(Lp) + " tokens) | calls | ms | share |");
-    prof_lines.push_back("|---|---:|---:|---:|");
-    for (const auto& p : prof)
+    // Achieved rate of the ops with a useful-FLOP count (model/op_flops.h) against --peak-tflops.
+    const double peak = std::max(o.real("peak-tflops"), 1e-9);
+    prof_lines.push_back("| op (prefill of " + std::to_string(Lp) + " tokens) | calls | ms | share | useful TFLOP/s | % of " +
+                         fmtd("%g", peak) + " |");
+    prof_lines.push_back("|---|---:|---:|---:|---:|---:|");
+    for (const auto& p : prof) {
+      const double fl = prefill_op_flops(p.name, c, Lp, p.calls), tf = fl / (p.ms * 1e-3) / 1e12;
       prof_lines.push_back("| " + p.name + " | " + std::to_string(p.calls) + " | " + fmtd("%.3f", p.ms) + " | " +
-                           fmtd("%.1f%%", 100 * p.ms / std::max(total, 1e-9)) + " |");
-    prof_lines.push_back("| **sum of ops (eager, between events)** | | " + fmtd("%.3f", total) + " | |");
+                           fmtd("%.1f%%", 100 * p.ms / std::max(total, 1e-9)) + " | " +
+                           (fl > 0 && p.ms > 0 ? fmtd("%.1f", tf) + " | " + fmtd("%.1f%%", 100 * tf / peak) : " | ") +
+                           " |");
+    }
+    prof_lines.push_back("| **sum of ops (eager, between events)** | | " + fmtd("%.3f", total) + " | | | |");
     for (const auto& l : prof_lines) std::fprintf(stderr, "bench prefill: %s\n", l.c_str());
   }
 #endif
