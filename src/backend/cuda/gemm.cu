@@ -136,14 +136,21 @@ __device__ __forceinline__ uint32_t bf2_bits(__nv_bfloat162 v) { return *reinter
 __device__ __forceinline__ __nv_bfloat162 bits_bf2(uint32_t u) { return *reinterpret_cast<__nv_bfloat162*>(&u); }
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) { return bf2_bits(__floats2bfloat162_rn(lo, hi)); }
 
+// fp16 weight pair (nibble p, nibble p+4) of word w: (1024 + q) - 1024 is exact, then q·s + b with one
+// rounding. `magic` is 0x64006400; P32 passes it in a register ptxas cannot fold (0x64006400 ^ (K &
+// 0x80000000), K >= 0), so that mask and magic are one LOP3 (a SASS LOP3 takes one immediate). s, b: the
+// pair's scale and bias (P32: one row of a packed pair, through the HFMA2's operand selectors).
+__device__ __forceinline__ uint32_t dq4_pair_m(uint32_t w, int p, __half2 s, __half2 b, uint32_t magic) {
+  const uint32_t v = ((w >> (4 * p)) & 0x000F000Fu) | magic;
+  const __half2 q = __hsub2(bits_h2(v), bits_h2(0x64006400u));
+  return h2_bits(__hfma2(q, s, b));
+}
 // Weight pair (nibble p, nibble p+4) of word w as bf16x2 / fp16x2: (128 + q) - 128 (fp16:
 // (1024 + q) - 1024) is exact, then q·s + b with one rounding. s2, b2: the pair's scale and bias.
 template <bool F16>
 __device__ __forceinline__ uint32_t dq4_pair(uint32_t w, int p, uint32_t s2, uint32_t b2) {
   if constexpr (F16) {
-    const uint32_t v = ((w >> (4 * p)) & 0x000F000Fu) | 0x64006400u;
-    const __half2 q = __hsub2(bits_h2(v), bits_h2(0x64006400u));
-    return h2_bits(__hfma2(q, bits_h2(s2), bits_h2(b2)));
+    return dq4_pair_m(w, p, bits_h2(s2), bits_h2(b2), 0x64006400u);
   } else {
     const uint32_t v = ((w >> (4 * p)) & 0x000F000Fu) | 0x43004300u;
     const __nv_bfloat162 q = __hsub2(bits_bf2(v), bits_bf2(0x43004300u));
@@ -157,9 +164,7 @@ __device__ __forceinline__ uint32_t dq4_pair(uint32_t w, int p, uint32_t s2, uin
 template <bool F16>
 __device__ __forceinline__ uint32_t dq4_pair_sb(uint32_t w, int p, uint32_t sb) {
   if constexpr (F16) {
-    const uint32_t v = ((w >> (4 * p)) & 0x000F000Fu) | 0x64006400u;
-    const __half2 q = __hsub2(bits_h2(v), bits_h2(0x64006400u));
-    return h2_bits(__hfma2(q, __low2half2(bits_h2(sb)), __high2half2(bits_h2(sb))));
+    return dq4_pair_m(w, p, __low2half2(bits_h2(sb)), __high2half2(bits_h2(sb)), 0x64006400u);
   } else {
     const uint32_t v = ((w >> (4 * p)) & 0x000F000Fu) | 0x43004300u;
     const __nv_bfloat162 q = __hsub2(bits_bf2(v), bits_bf2(0x43004300u));

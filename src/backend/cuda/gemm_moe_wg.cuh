@@ -683,16 +683,6 @@ __global__ void __launch_bounds__(kMwThreads, 1) gemm_moe_rs_kernel(const __grid
   mw_epilogue<BM, AM, C::SVLD, NH>(a, acc0, acc1, smem, srf, by, pos0, rows, ct, wgc, warp, g, t);
 }
 
-// P32 helpers (the P18 kernel's step loop with fewer instructions; same values, same bits).
-// A weight pair as dq4_pair<true>, with the fp16 magic 0x64006400 in a register the compiler cannot see
-// through, so that mask and magic are one LOP3 ((w >> 4p) & 0xF000F | magic) instead of two (a SASS
-// LOP3 takes one immediate). The pair's scale and bias come packed for two rows (low half: row Rw,
-// high half: row Rw + 8) and reach the HFMA2 through its operand selectors (.H0_H0 / .H1_H1).
-__device__ __forceinline__ uint32_t dq4_pair_m(uint32_t w, int p, __half2 s, __half2 b, uint32_t magic) {
-  const uint32_t v = ((w >> (4 * p)) & 0x000F000Fu) | magic;
-  const __half2 q = __hsub2(bits_h2(v), bits_h2(0x64006400u));
-  return h2_bits(__hfma2(q, s, b));
-}
 // wgmma descriptor halves (wg_desc): the high word is a constant; the low word of a 32-byte k16 step
 // inside a 1,024-aligned stage is the stage's plus 2·i (the 14-bit address field cannot carry: shared
 // addresses are < 2^18).
@@ -712,12 +702,15 @@ __device__ __forceinline__ uint64_t wg_desc_lo(uint32_t lo) {
 // thread at 96, where ptxas serialises the wgmmas, C7512, even with setmaxnreg). A fragments: one
 // buffer per half step (k16 sub-steps 0-1 and 2-3) and one wgmma group per half, so half j of step kg
 // is unpacked once half j of step kg - 1 has retired.
+// The P18 kernel's ring: P18 6 stages, 3 scale-block slots; P32 an 8-stage ring, 2 slots; P34 (with P32) 4
+// stages of two 64-k steps each.
+template <bool P32, bool P34>
+using Rs4Cfg = MrCfg<128, P34 ? 4 : P32 ? 8 : 6, 1, 4, P32 ? 2 : 3, P34 ? 2 : 1>;
 template <int AM, bool P32 = false, bool P34 = false>
 __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_constant__ GemmArgs a) {
   constexpr int BM = 128;
-  // P32: an 8-stage ring, 2 scale-block slots; P34 (with P32): 4 stages of two 64-k steps each.
-  constexpr int KS = P34 ? 2 : 1;
-  using C = MrCfg<BM, P34 ? 4 : P32 ? 8 : 6, 1, 4, P32 ? 2 : 3, KS>;
+  constexpr int KS = P34 ? 2 : 1;   // 64-k steps per ring stage
+  using C = Rs4Cfg<P32, P34>;
   static_assert(!P34 || P32, "P34 is a form of the P32 loop");
   constexpr int RW = C::RW, S = C::S, NCT = C::NCT, LEAD = S - 2;
   static_assert(AM == kAmF16 || AM == kAmF16Grp, "P18: fp16 operands only");
@@ -896,10 +889,6 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_const
       }
       if (iq < nst) issue2();   // stage kq + LEAD into the slot of stage kq - 2 (released during kq - 1)
     }
-    wg_wait<0>();
-    wg_fence_regs<R>(acc0);
-    mr_fence_u32<16>(&af[0][0][0]);
-    mw_epilogue<BM, AM, C::SVLD, 1, 4>(a, acc0, acc1, smem, srf, by, pos0, rows, tid, wgc, warp, g, t);
   } else {
     for (int kg = 0; kg < nk; ++kg) {
       const int s = kg % S;
@@ -935,11 +924,11 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_const
       // released during its step kg - 1.
       if (kg + LEAD < nk) issue(kg + LEAD);
     }
-    wg_wait<0>();
-    wg_fence_regs<R>(acc0);
-    mr_fence_u32<16>(&af[0][0][0]);
-    mw_epilogue<BM, AM, C::SVLD, 1, 4>(a, acc0, acc1, smem, srf, by, pos0, rows, tid, wgc, warp, g, t);
   }
+  wg_wait<0>();
+  wg_fence_regs<R>(acc0);
+  mr_fence_u32<16>(&af[0][0][0]);
+  mw_epilogue<BM, AM, C::SVLD, 1, 4>(a, acc0, acc1, smem, srf, by, pos0, rows, tid, wgc, warp, g, t);
 }
 
 // Grid (weight-row blocks, worst-case tiles): the 256-row blocks of one tile run next to each
@@ -969,7 +958,7 @@ void launch_moe_rs_t(const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t 
 }
 template <int AM, bool P32, bool P34 = false>
 void launch_moe_rs4_t(const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t s) {
-  using C = MrCfg<128, P34 ? 4 : P32 ? 8 : 6, 1, 4, P32 ? 2 : 3, P34 ? 2 : 1>;
+  using C = Rs4Cfg<P32, P34>;
   static bool attr = false;
   if (!attr) {
     CUDA_CHECK(cudaFuncSetAttribute(gemm_moe_rs4_kernel<AM, P32, P34>, cudaFuncAttributeMaxDynamicSharedMemorySize,
