@@ -303,6 +303,7 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                    {"kv16 all T, WG1", {}, "0", "1", 1, "", "1", "0", "0", "0", "1"},
                                    {"kv16 flash WG2 (S,PV)", {}, "0", "16", 1, "", "1", "0", "0", "0", "2"},
                                    {"kv16 all T, WG2", {}, "0", "1", 1, "", "1", "0", "0", "0", "2"},
+                                   {"kv16 flash WG2, P33 off", {"P33"}, "0", "16", 1, "", "1", "0", "0", "0", "2"},
                                    // Expected to FAIL when WG2 passes: V's N-major descriptor with LBO and
                                    // SBO exchanged, so that one run tells which reading holds.
                                    {"diag WG3 (LBO<->SBO)", {}, "0", "16", 1, "", "1", "0", "0", "0", "3", true},

@@ -1011,10 +1011,13 @@ int run(const Options& o) {
         // P16 off here: P14 / P15-both write f32 slot rows, so the mma.sync case they are compared with
         // bit for bit must too (the default, P16 on, is covered by the variants above).
         set_abl(host ? std::vector<std::string>{"P1w", "P2", "P16"} : std::vector<std::string>{"P1w", "P16"});
-        // wg 4 (tile 128 only): P15 both with P18 off, i.e. P17's kernel (P18's is the default at 128).
-        for (int wg = 0; wg < 5; ++wg) {
-          if (wg == 4 && tl != "128") continue;
+        // wg 4 (tile 128 only): P15 both with P18 off, i.e. P17's kernel (P18's is the default at 128);
+        // wg 5 / 6: P15 both with P34 off (P32's one-step stages) / P32 off (P18's loop as first written).
+        for (int wg = 0; wg < 7; ++wg) {
+          if (wg >= 4 && tl != "128") continue;
           if (wg == 4) set_abl({"P1w", "P16", "P18"});
+          if (wg == 5) set_abl({"P1w", "P16", "P34"});
+          if (wg == 6) set_abl({"P1w", "P16", "P32"});
           char what[160];
           std::snprintf(what, sizeof what, "moe T=%-4d tile %-4s fp16 %s P14 %s", T, tl.empty() ? "auto" : tl.c_str(),
                         host ? "P2 off (host routing)" : "",
@@ -1022,10 +1025,12 @@ int run(const Options& o) {
                         : wg == 1 ? "wgmma (LILY_MOE_WG=1)"
                         : wg == 2 ? "P15 rs gate/up (LILY_MOE_WG=2)"
                         : wg == 3 ? "P15 rs both (LILY_MOE_WG=3)"
-                                  : "P15 rs both, P18 off (P17)");
+                        : wg == 4 ? "P15 rs both, P18 off (P17)"
+                        : wg == 5 ? "P15 rs both, P34 off (P32)"
+                                  : "P15 rs both, P32 off (P18)");
           std::printf("  running %s\n", what);
           std::fflush(stdout);
-          setenv("LILY_MOE_WG", std::to_string(wg == 4 ? 3 : wg).c_str(), 1);
+          setenv("LILY_MOE_WG", std::to_string(wg >= 4 ? 3 : wg).c_str(), 1);
           int diff = 0;
           Err e, ee;
           run_moe_case(eref[1], eref32[1], diff, e, ee);
