@@ -660,6 +660,7 @@ class CudaBackend final : public Backend {
     gemm_set_moe_p18(!abl_.has("P18"));   // P18: P17 with 4 consumer warpgroups (256 weight rows per CTA)
     gemm_set_moe_p32(!abl_.has("P32"));   // P32: P18's step loop in fewer instructions (same bits)
     gemm_set_moe_p34(!abl_.has("P34"));   // P34: P32 with two 64-k steps per ring stage (same bits)
+    gemm_set_moe_p35(!abl_.has("P35"));   // P35: down GEMM scatter rows / weights staged before the mainloop
     gemm_set_moe_p17(!abl_.has("P17"));   // P17: the P15 kernel at M-tile 128 too (gemm_moe_wg.cuh, NH = 1)
   }
   // Counting starts at the next MoE call of layer 0; counts are per layer.

@@ -85,6 +85,7 @@ struct GemmArgs {
   uint16_t* act;
   int ld_act;
   const int* dst;
+  bool pre_scatter;   // P35 (gemm_kernel, AM 2, kScatter): dst / scale read before the mainloop
   const float* scale;
   int y16;                      // P16, scatter mode on the mma.sync kernel: y holds fp16 (saturated), ldy in halves
   // P30 (plain store mode, P13 kernel only): nseg > 0 splits the output columns into segments; column
@@ -227,7 +228,7 @@ constexpr int stage_bytes() {
 // Extra shared memory of the AM = 2 mode: per row 16 group factors (fp16) and the epilogue factor.
 template <int BM, int AM>
 constexpr int grp_bytes() {
-  return AM == kAmF16Grp ? BM * (kMaxGrpK / 64) * 2 + BM * 4 : 0;
+  return AM == kAmF16Grp ? BM * (kMaxGrpK / 64) * 2 + BM * 4 + BM * 4 : 0;   // + P35's [BM] destination rows
 }
 // AM = 2, thread tid < BM of a CTA over tile rows pos0 .. pos0 + rows - 1: row tid's group factors
 // 2^(s_row - s_group) as fp16 bits in sgf[tid][*] (0 below fp16's smallest subnormal 2^-24) and its
@@ -302,6 +303,7 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
   // AM 2: [BM][16] fp16 factors 2^(s_row - s_group) and [BM] epilogue factors 2^-(s_row + 8).
   uint16_t* sgf = sbb + 2 * BN * 8;
   float* srf = reinterpret_cast<float*>(sgf + BM * (kMaxGrpK / 64));
+  int* sdst = reinterpret_cast<int*>(srf + BM);   // P35: the scatter's destination rows
 
   pdl_trigger();
   // Plain mode: the tile is known without the previous kernel's results, so the first stages' weights
@@ -466,8 +468,20 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
   // (128 wide); else to the staged A tile in shared memory (P10).
   constexpr bool kGfRegs = AM == kAmF16Grp && BN == kBN;
   static_assert(AM != kAmF16Grp || kGfRegs || kAOne, "P10 AM 2: the shared-memory scaling uses the one-pointer A plan");
+  // P35 (a.pre_scatter): the scatter epilogue's per-row destination and routing weight are read here,
+  // before the mainloop hides their latency, into shared memory (the weight folded into srf: the same
+  // single product row factor × weight); the epilogue then issues no global load between its stores
+  // (each row's a.dst / a.scale load waited for the previous row's stores: y may alias them for the
+  // compiler; ~8 % of the down GEMM's stall samples in session 13's ncu run).
+  const bool pre_scatter = AM == kAmF16Grp && a.mode == kScatter && a.pre_scatter;
   if constexpr (AM == kAmF16Grp) {
-    if (tid < BM) grp_row_factors(a, tid, pos0, rows, K, sgf, srf);
+    if (tid < BM) {
+      grp_row_factors(a, tid, pos0, rows, K, sgf, srf);
+      if (pre_scatter) {
+        sdst[tid] = tid < rows ? a.dst[pos0 + tid] : 0;
+        if (tid < rows) srf[tid] *= a.scale[pos0 + tid];
+      }
+    }
     if constexpr (!kGfRegs) __syncthreads();
   }
 
@@ -757,7 +771,9 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
       const int64_t pos = pos0 + m;
       float sc = row_factor(m);
       int64_t orow = pos;
-      if (a.mode == kScatter) {
+      if (pre_scatter) {
+        orow = sdst[m];
+      } else if (a.mode == kScatter) {
         orow = a.dst[pos];
         sc *= a.scale[pos];
       }
@@ -1135,6 +1151,10 @@ bool g_moe_p32 = true;
 void gemm_set_moe_p32(bool on) { g_moe_p32 = on; }
 bool gemm_moe_p32() { return g_moe_p32; }
 // P34 (with P32): two 64-k steps per ring stage (4 stages): per-stage bookkeeping once per two steps.
+// P35: gemm_kernel's scatter epilogue (the MoE down GEMM) with its rows' destinations and weights staged in
+// shared memory before the mainloop.
+bool g_moe_p35 = true;
+void gemm_set_moe_p35(bool on) { g_moe_p35 = on; }
 bool g_moe_p34 = true;
 void gemm_set_moe_p34(bool on) { g_moe_p34 = on; }
 bool gemm_moe_p34() { return g_moe_p34; }
@@ -1560,6 +1580,7 @@ bool gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* 
   a.n_tiles = n_tiles;
   a.mode = kScatter;
   a.dst = dst;
+  a.pre_scatter = g_moe_p35;
   a.scale = scale;
   a.y = y;
   a.ldy = ldy;

@@ -92,6 +92,8 @@ void gemm_set_moe_p32(bool on);
 bool gemm_moe_p32();
 // P34 (with P32): two 64-k steps per ring stage, the per-stage waits and bookkeeping once per two steps.
 void gemm_set_moe_p34(bool on);
+// P35: the MoE down GEMM's scatter destinations and routing weights staged in shared memory before its mainloop.
+void gemm_set_moe_p35(bool on);
 bool gemm_moe_p34();
 int gemm_small_n(int T);
 // gemm_ok(w) and w.rows >= gemm_small_n(T): the prefill matmul path for W at T tokens.
