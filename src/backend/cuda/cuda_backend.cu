@@ -591,6 +591,7 @@ class CudaBackend final : public Backend {
     lmhead_i16_enabled() = !abl_.has("D26");   // D26: lm_head on the int16 GEMV (D24) rather than D1m's mma.sync
     topk_lanes_enabled() = !abl_.has("D27");     // D27: decode MoE top-k on one warp, lanes' logits sorted in registers
     moe_persist_special_enabled() = !abl_.has("D31");   // D31: D19 default configuration as its own instance
+    moe_early_pick_enabled() = !abl_.has("D36");   // D36: D31 loads a CTA's first slot before the whole top-k
     attn_prep_fused_enabled() = !abl_.has("D28");   // D28: attention prep inside the D20 split-KV kernel (T == 1)
     batch_ = !abl_.has("D3b");
     pdl_enabled() = !abl_.has("D3");

@@ -101,6 +101,9 @@ bool& topk_lanes_enabled();
 // D31: the persistent MoE kernel (D19) in its default configuration runs as its own template instance
 // with every other path compiled out (code size; off: the generic instance).
 bool& moe_persist_special_enabled();
+// D36: in the D31 instance each CTA's warps load their first routed rows once that slot is picked (warp 0 goes on
+// picking; named barriers) instead of after the whole top-k.
+bool& moe_early_pick_enabled();
 // D28: at T == 1 on the D20 path, the attention prep (q/k norms, RoPE, KV append) runs inside the
 // split-KV kernel (off: the separate prep kernel).
 bool& attn_prep_fused_enabled();

@@ -593,7 +593,12 @@ __device__ __forceinline__ void cswap_desc(uint64_t& a, uint64_t& b) {
   a = hi;
   b = lo;
 }
-__device__ __forceinline__ void select_topk_lanes(const float* lg, int E, int K, int* sid, float* sv) {
+__device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+// arrive_at >= 0 (D36): after pick arrive_at the warp arrives on named barrier 1 (whole CTA counted), so the
+// block's other warps may read sid[arrive_at] while this warp goes on picking.
+__device__ __forceinline__ void select_topk_lanes(const float* lg, int E, int K, int* sid, float* sv,
+                                                  int arrive_at = -1) {
   const int lane = threadIdx.x & 31;
   uint64_t c[8];
 #pragma unroll
@@ -620,6 +625,10 @@ __device__ __forceinline__ void select_topk_lanes(const float* lg, int E, int K,
 #pragma unroll
     for (int j = 0; j < 7; ++j) c[j] = win ? c[j + 1] : c[j];
     c[7] = win ? 0ull : c[7];
+    if (k == arrive_at) {
+      __syncwarp();
+      named_bar_arrive(1, blockDim.x);
+    }
   }
   __syncwarp();
 }
@@ -865,7 +874,9 @@ size_t persist_smem(const MoeDev& m) {
 // K 8, H 2,048, I = Is = 512) and folds the norm and the residual (always present on this path). What pays
 // (session 9: +7 % per token) is fewer dependent instructions in latency-bound phases (constant trip counts,
 // the unrolled K = 8 picks, no dispatch branches), not instruction-cache fit: warming the caches did not help.
-template <bool F>
+// EP (D36, with F only): the block's warps wait only for the pick of their first item's slot (the same for
+// the CTA's 8 warps: gw / I) before loading it; warp 0 goes on picking meanwhile (named barriers 1 and 2).
+template <bool F, bool EP = false>
 __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const __grid_constant__ MoeArgs a,
                                                                          const __grid_constant__ GemvNorm nrm,
                                                                          int* ctr) {
@@ -1009,8 +1020,14 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     __syncthreads();
   }
   trace_mark(a, 5);
-  if (!SP && !a.topk_lanes) select_topk_block(lg, E, K, ckey, cidx, sid, sv);
-  else if (warp == 0) select_topk_lanes(lg, E, K, sid, sv);
+  static_assert(!EP || F, "D36 only in the D31 instance");
+  if (EP) {
+    if (warp == 0) select_topk_lanes(lg, E, K, sid, sv, (blockIdx.x * nwc) / I);
+  } else if (!SP && !a.topk_lanes) {
+    select_topk_block(lg, E, K, ckey, cidx, sid, sv);
+  } else if (warp == 0) {
+    select_topk_lanes(lg, E, K, sid, sv);
+  }
   if (warp == 0) {
     const float p = lane < K ? __expf(sv[lane] - sv[0]) : 0.f;   // the full softmax denominator cancels
     const float sum = warp_sum(p);
@@ -1029,15 +1046,26 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     }
     if (blockIdx.x == 0 && lane == 0) a.wts[K] = sw[K];
   }
-  __syncthreads();
-  trace_mark(a, 6);
   const int items = K * I;
   auto load_routed = [&](Q4Rows<2, 2>& q, int it) {
     const int sl = it / I, row = it % I;
     load_q4(q, stack_mat(m.gate0, m.gate_stride, m.gate_sb_stride, sid[sl]),
             stack_mat(m.up0, m.up_stride, m.up_sb_stride, sid[sl]), row);
   };
-  if (gw < items) load_routed(cur, gw);
+  if (EP) {   // D36: barrier 1 = this CTA's first slot picked, 2 = all picks and weights
+    if (warp == 0) {
+      named_bar_arrive(2, kPersistThreads);
+      if (gw < items) load_routed(cur, gw);
+    } else {
+      named_bar_sync(1, kPersistThreads);
+      if (gw < items) load_routed(cur, gw);
+      named_bar_sync(2, kPersistThreads);
+    }
+  } else {
+    __syncthreads();
+    if (gw < items) load_routed(cur, gw);
+  }
+  trace_mark(a, 6);
   for (int it = gw; it < items; it += nw) {
     Q4Rows<2, 2> nxt;
     if (it + nw < items) load_routed(nxt, it + nw);
@@ -1113,6 +1141,11 @@ bool q8router_ok(const QMat& w, int rows, int H) {
 bool moe_norm_ok(const MoeDev& m, int T, bool fast) {
   return gemv_norm_ok(m.router, T, fast) && gemv_norm_ok(m.shared_gate, T, fast) && m.router.cols == m.H &&
          m.shared_gate.cols == m.H;
+}
+
+bool& moe_early_pick_enabled() {
+  static bool on = true;
+  return on;
 }
 
 bool& moe_persist_special_enabled() {
@@ -1202,7 +1235,9 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
       CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
       CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_persist_kernel<false>, kPersistThreads, smem));
       CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_f, moe_persist_kernel<true>, kPersistThreads, smem));
-      grid = std::min({per_sm, per_sm_f, cap}) * sms;
+      int per_sm_e = 0;
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_e, moe_persist_kernel<true, true>, kPersistThreads, smem));
+      grid = std::min({per_sm, per_sm_f, per_sm_e, cap}) * sms;
       grid_smem = smem;
     }
     // D31: the default configuration's own instance (moe_persist_kernel<true>).
@@ -1210,7 +1245,12 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
                          m.K == 8 && m.I == 512 && m.Is == 512 && norm && a.res && a.topk_lanes &&
                          (a.flags & (1 | 16 | 64 | 128 | 256)) == 0;
     if (grid > 0) {
-      launch(special ? moe_persist_kernel<true> : moe_persist_kernel<false>, dim3(grid), dim3(kPersistThreads), smem,
+      // D36: the first slot's loads before the whole top-k (needs each CTA's first slot below K).
+      const bool early = special && moe_early_pick_enabled() && (int64_t(grid - 1) * (kPersistThreads / 32)) / m.I < m.K;
+      launch(early     ? moe_persist_kernel<true, true>
+             : special ? moe_persist_kernel<true>
+                       : moe_persist_kernel<false>,
+             dim3(grid), dim3(kPersistThreads), smem,
              s, a, norm ? *norm : GemvNorm{}, dec->persist);
       CUDA_LAUNCH_CHECK();
       return;
