@@ -281,6 +281,7 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                    {"P4c chunked (all T)", {"P24"}, "0", "16", 3, "1"},
                                    {"P4c P24 one bf16 MMA", {}, "0", "16", 5, "1"},
                                    {"P4c P24, P27 off", {"P27"}, "0", "16", 5, "1"},
+                                   {"P4c P24, P36 off", {"P36"}, "0", "16", 5, "1"},
                                    {"P4 scan nc=1, P9 off", {"P9"}, "1", "16", 0, "0"},
                                    {"P4c chunked, P9 off", {"P9", "P24"}, "0", "16", 3, "1"},
                                    {"P4c chunked, P11 off", {"P11"}, "0", "16", 3, "1"},
@@ -495,6 +496,7 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed, const std::stri
     float *qkv = gb.qkv, *z = gb.z, *a = gb.a, *b = gb.b, *y = gb.y;
     for (const Variant& v : {Variant{"P11 on", {}, "0", "16", 0, "1"}, Variant{"P24 off", {"P24"}, "0", "16", 0, "1"},
                              Variant{"P27 off", {"P27"}, "0", "16", 0, "1"},
+                             Variant{"P36 off", {"P36"}, "0", "16", 0, "1"},
                              Variant{"P11 off", {"P11"}, "0", "16", 0, "1"},
                              Variant{"P11 shq", {}, "0", "16", 0, "1", "1", "0", "0", "0", "", false, "7"},
                              Variant{"P11 scan3", {}, "0", "16", 0, "1", "1", "0", "0", "0", "", false, "19"},

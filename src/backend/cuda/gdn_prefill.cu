@@ -1201,11 +1201,13 @@ constexpr size_t kCScan2SharedSmem = kCScanSmem + sizeof(bf16) * 2 * kC * kNS + 
 static_assert(kCScan2SharedSmem <= 227 * 1024, "chunk scan (shared q/k): shared memory");
 
 // Shared memory of gdn_chunk_scan2_kernel<kShared, kOne, NB>: with kOne the lo planes take no space.
-template <bool kShared, bool kOne, int NB>
+// NH (P36): state-column halves per CTA, each with its own S / Δ / U tiles after the shared W / Q / K' / P.
+template <bool kShared, bool kOne, int NB, int NH = 1>
 constexpr size_t cscan2_smem() {
   constexpr size_t NS = NB + 8, LO = kOne ? 1 : 2;
-  return sizeof(bf16) * (LO * 2 * kC * kRS + LO * 2 * kC * kRS + LO * 2 * kC * kPS + LO * kHD * NS + LO * kC * NS) +
-         sizeof(float) * kC * NS + (kShared ? sizeof(bf16) * LO * kC * NS + sizeof(float) * 2 * kC : 0);
+  return sizeof(bf16) * (LO * 2 * kC * kRS + LO * 2 * kC * kRS + LO * 2 * kC * kPS) +
+         NH * (sizeof(bf16) * (LO * kHD * NS + LO * kC * NS) + sizeof(float) * kC * NS) +
+         (kShared ? sizeof(bf16) * LO * kC * NS + sizeof(float) * 2 * kC : 0);
 }
 static_assert(cscan2_smem<false, false, kNB>() == kCScanSmem && cscan2_smem<true, false, kNB>() == kCScan2SharedSmem,
               "chunk scan: shared memory layout");
@@ -1213,6 +1215,10 @@ static_assert(cscan2_smem<false, false, kNB>() == kCScanSmem && cscan2_smem<true
 constexpr int kNB27 = 16;
 constexpr size_t kCScan27Smem = cscan2_smem<false, true, kNB27>();
 static_assert(2 * (kCScan27Smem + 1024) <= 228 * 1024, "chunk scan P27: two CTAs per SM");
+// P36: P27's 16-column tiles, two halves per CTA (16 warps, 128 CTAs): the head's W / Q / K' / P tiles are
+// copied once per 32 columns instead of once per 16 (half the chunk scan's L2 reads, the scan's limit: P27 notes).
+constexpr size_t kCScan36Smem = cscan2_smem<false, true, kNB27, 2>();
+static_assert(kCScan36Smem <= 227 * 1024, "chunk scan P36: shared memory");
 
 // Bulk (TMA engine) prefetch of `bytes` (multiple of 16, 16-byte aligned) into L2: one instruction
 // per contiguous range, nothing to wait for.
@@ -1237,9 +1243,13 @@ __device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) 
 // kOne (P24): every product in one bf16 MMA; the lo planes are neither loaded nor stored (no space).
 // NB: state columns per CTA (grid nv · 128 / NB). NB = 16 (P27, kOne only): Δ, O per warp are 16 tokens
 // × 8 columns, so a warp's S (and Δ) B fragments for two k-steps come from one ldmatrix.x4.trans.
-template <bool kShared, bool kOne = false, int NB = kNB>
-__global__ void __launch_bounds__(256, NB == 16 ? 2 : 1) gdn_chunk_scan2_kernel(const __grid_constant__ CScanArgs p) {
+// NH = 2 (P36, NB = 16 only): 16 warps, warps 8h .. 8h + 7 own columns 16h .. 16h + 15 of the CTA's 32, each half
+// with its own S / Δ / U tiles; W / Q / K' / P are shared (loaded once for both).
+template <bool kShared, bool kOne = false, int NB = kNB, int NH = 1>
+__global__ void __launch_bounds__(256 * NH, NB == 16 && NH == 1 ? 2 : 1)
+    gdn_chunk_scan2_kernel(const __grid_constant__ CScanArgs p) {
   static_assert(NB == 32 || (NB == 16 && kOne && !kShared), "chunk scan: NB 32, or 16 with kOne");
+  static_assert(NH == 1 || (NH == 2 && NB == 16), "chunk scan: two halves only at NB 16");
   constexpr int NS = NB + 8;         // row stride of the NB-wide tiles
   constexpr int NT = NB / 8;         // n8 tiles of the state update per warp
   constexpr int NW = NB / 16;        // n8 tiles of Δ / O per warp (columns 8·NW·nh ..)
@@ -1253,7 +1263,11 @@ __global__ void __launch_bounds__(256, NB == 16 ? 2 : 1) gdn_chunk_scan2_kernel(
   bf16* Kl0 = Kh0 + 2 * kC * kRS;
   bf16* Ph0 = Kl0 + LO * 2 * kC * kRS;         // [2][kC][kPS]
   bf16* Pl0 = Ph0 + 2 * kC * kPS;
-  bf16* Sh = Pl0 + LO * 2 * kC * kPS;          // [kHD][NS] (state row = dk, column = value)
+  // This thread's half (NH = 2): its private tiles follow the shared ones.
+  const int half = NH == 2 ? int(threadIdx.x >> 8) : 0;
+  bf16* Sh = reinterpret_cast<bf16*>(reinterpret_cast<unsigned char*>(Pl0 + LO * 2 * kC * kPS) +
+                                     half * ((1 + LO) * (kHD * NS + kC * NS) * sizeof(bf16) +
+                                             kC * NS * sizeof(float)));   // [kHD][NS] (state row = dk, column = value)
   bf16* Sl = Sh + kHD * NS;
   bf16* Dh = Sl + LO * kHD * NS;               // [kC][NS] Δ (token × value column)
   bf16* Dl = Dh + kC * NS;
@@ -1265,9 +1279,10 @@ __global__ void __launch_bounds__(256, NB == 16 ? 2 : 1) gdn_chunk_scan2_kernel(
   pdl_trigger();
   pdl_wait();
   const GdnDims& d = p.d;
-  const int nblk = kHD / NB;
-  const int j = blockIdx.x / nblk, cb = blockIdx.x % nblk, c0 = cb * NB;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int nblk = kHD / (NB * NH);   // CTAs per head
+  const int j = blockIdx.x / nblk, cb = blockIdx.x % nblk, c0 = (cb * NH + half) * NB;
+  const int tid = threadIdx.x, warp = NH == 2 ? (tid >> 5) & 7 : tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+  const int htid = NH == 2 ? tid & 255 : tid;   // thread index within the half
   const int lr = lane & 7, q = lane >> 3;
   const int nch = p.b.nch;
   const int64_t hb = int64_t(j) * p.b.Tp;
@@ -1284,7 +1299,7 @@ __global__ void __launch_bounds__(256, NB == 16 ? 2 : 1) gdn_chunk_scan2_kernel(
       cp_async16(Wh + so, p.b.Wh + go);
       if (!kOne) cp_async16(Wl + so, p.b.Wl + go);
     }
-    for (int idx = tid; idx < kC * (NB / 4); idx += blockDim.x) {
+    for (int idx = htid; idx < kC * (NB / 4); idx += NH == 2 ? 256 : int(blockDim.x)) {   // each half its own U slice
       const int r = idx / (NB / 4), ch = idx % (NB / 4);
       cp_async16(Us + r * NS + 4 * ch, p.b.U + (rb + r) * kHD + c0 + 4 * ch);
     }
@@ -1825,6 +1840,10 @@ bool& gdn_scan_nb16() {
   static bool on = true;
   return on;
 }
+bool& gdn_scan_halves() {
+  static bool on = true;
+  return on;
+}
 // P24 applies to P11's default pair (gdn_chunk_intra2_kernel<0> + gdn_chunk_scan2_kernel<false>) only.
 static bool gdn_p24_active() {
   const int p11 = gdn_chunk_p11();
@@ -1928,6 +1947,8 @@ void gdn_chunked_scan(const GdnDims& d, const float* norm_w, float* conv_state, 
                                     int(cscan2_smem<false, true, kNB>())));
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan2_kernel<false, true, kNB27>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCScan27Smem)));
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan2_kernel<false, true, kNB27, 2>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCScan36Smem)));
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan2_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kCScan2SharedSmem)));
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_scan3_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kCScan3Smem)));
@@ -1935,7 +1956,10 @@ void gdn_chunked_scan(const GdnDims& d, const float* norm_w, float* conv_state, 
   }
   CScanArgs a{d, conv_state, S, qkv, T, b, y};
   const int p11 = gdn_chunk_p11();
-  if (gdn_p24_active() && gdn_scan_nb16())   // P27
+  if (gdn_p24_active() && gdn_scan_nb16() && gdn_scan_halves())   // P36
+    launch(gdn_chunk_scan2_kernel<false, true, kNB27, 2>, dim3(d.nv * (kHD / (2 * kNB27))), dim3(512), kCScan36Smem, s,
+           a);
+  else if (gdn_p24_active() && gdn_scan_nb16())   // P27
     launch(gdn_chunk_scan2_kernel<false, true, kNB27>, dim3(d.nv * (kHD / kNB27)), dim3(256), kCScan27Smem, s, a);
   else if (gdn_p24_active())   // P24
     launch(gdn_chunk_scan2_kernel<false, true>, dim3(d.nv * (kHD / kNB)), dim3(256), cscan2_smem<false, true, kNB>(), s, a);

@@ -114,6 +114,9 @@ bool& gdn_chunk_one();
 // P27 (with P24): the chunk scan with 16 state columns per CTA (256 CTAs, two per SM: two
 // independent chunk chains per SM) instead of 32 (128 CTAs, one per SM). Default on; --ablate P27.
 bool& gdn_scan_nb16();
+// P36 (with P27): two 16-column halves per CTA (16 warps, 128 CTAs) sharing one copy of the head's W / Q / K' / P
+// tiles. Default on; --ablate P36.
+bool& gdn_scan_halves();
 // norm = false: y is left raw (o = Sᵀq̂ per head) for gdn_prefill_norm or P28's fused conversion.
 void gdn_chunked_scan(const GdnDims& d, const float* norm_w, float* conv_state, float* S, const float* qkv,
                       const float* z, int T, float* work, float* y, cudaStream_t s, bool norm = true);
