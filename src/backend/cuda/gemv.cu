@@ -24,6 +24,7 @@ struct GemvLaunch {
   L2Prefetch pf;        // D13: the next launch's weights
   int stage_regs;       // D21: x staged from registers (all loads in flight at once)
   unsigned long long* trace;   // investigation aid: phase stamps (trace_stamp)
+  GemvRouterRows rt;    // D39: router rows (gemv_q4_kernel<.., RT> only)
 };
 
 // Epilogue of one output: y, plus the folded residual add (D9).
@@ -41,8 +42,12 @@ __device__ __forceinline__ int find_job(const GemvLaunch& L) {
 // cols = 1024*CPL (each lane owns CPL 16-byte chunks of a row), R rows per warp per iteration,
 // 8 warps per block; blocks of a job stride over its row groups. The first group's weight loads
 // are issued before x is staged so that their latency overlaps the staging.
-template <int CPL, int R, bool X16 = false>   // X16 (D24): x as int16 per 32 values, dp2a
-__global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__ GemvLaunch L) {
+// RT (D39, with X16, one job, R = 1): CTA b also computes router row b (and b + gridDim.x) of L.rt from
+// x (the a part, this thread's values of the staging registers) and h, holding its residual writes until
+// every CTA has read h (ticket barrier).
+template <int CPL, int R, bool X16 = false, bool RT = false>   // X16 (D24): x as int16 per 32 values, dp2a
+__global__ void __launch_bounds__(256, RT ? 2 : 3) gemv_q4_kernel(const __grid_constant__ GemvLaunch L) {
+  static_assert(!RT || (X16 && R == 1), "D39: the int16 register-staged kernel, one row per warp");
   extern __shared__ float4 sm4[];
   constexpr int cols = CPL * 1024;
   float* xsum = reinterpret_cast<float*>(sm4 + cols / 4);
@@ -68,10 +73,27 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
   };
   Q4Rows<CPL, R> cur;
   __shared__ float red[8];
+  // D39: this CTA's router row, Q_h (H = 2 float4 per thread) then Q_a (CPL float4, x's layout).
+  constexpr int HN = RT ? 2 : 0;
+  __shared__ float rred[8];
+  __shared__ unsigned long long s_gen;
+  float4 qh[HN > 0 ? HN : 1], qa[RT ? CPL : 1];
+  const int rrow = RT ? int(blockIdx.x) : 0;
+  const bool has_r = RT && rrow < L.rt.n;
   trace_stamp(L.trace, 0);
   pdl_trigger();
   l2_prefetch(L.pf);
   load(cur, bj);   // weights never change: safe before the wait
+  if constexpr (RT) {
+    if (threadIdx.x == 0) s_gen = atomicAdd(&L.rt.ctr[0], 1ull) / gridDim.x;   // this launch's number
+    if (has_r) {
+      const float4* qr = reinterpret_cast<const float4*>(L.rt.q + int64_t(rrow) * (HN * 1024 + cols));
+#pragma unroll
+      for (int k = 0; k < HN; ++k) qh[k] = __ldg(qr + threadIdx.x + 256 * k);
+#pragma unroll
+      for (int k = 0; k < CPL; ++k) qa[k] = __ldg(qr + HN * 256 + threadIdx.x + 256 * k);
+    }
+  }
   // x staged from registers, every load in flight at once; the norm gain (a weight) before the wait.
   XRegs<CPL> xr;
   float resv[R];
@@ -87,6 +109,22 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     const int rq = bj * 8 * R + warp * R;
 #pragma unroll
     for (int r = 0; r < R; ++r) resv[r] = jb.res && lane == 0 && rq + r < rows ? __ldcg(jb.res + rq + r) : 0.f;
+    if constexpr (RT) {   // D39: Q_h·h + Q_a·a, reduced over the CTA after the staging barrier
+      float part = 0.f;
+      if (has_r) {   // (the values are consumed before the barrier that precedes this CTA's arrival)
+        float4 hv[HN];
+#pragma unroll
+        for (int k = 0; k < HN; ++k) hv[k] = __ldcg(reinterpret_cast<const float4*>(L.rt.h) + threadIdx.x + 256 * k);
+#pragma unroll
+        for (int k = 0; k < HN; ++k)
+          part += qh[k].x * hv[k].x + qh[k].y * hv[k].y + qh[k].z * hv[k].z + qh[k].w * hv[k].w;
+#pragma unroll
+        for (int k = 0; k < CPL; ++k)
+          part += qa[k].x * xr.v[k].x + qa[k].y * xr.v[k].y + qa[k].z * xr.v[k].z + qa[k].w * xr.v[k].w;
+      }
+      part = warp_sum(part);
+      if (lane == 0) rred[warp] = part;
+    }
     if (L.trace) {   // investigation aid: when this thread's x has arrived
       asm volatile("" ::"f"(xr.v[0].x));
       trace_stamp(L.trace, 4);
@@ -112,6 +150,17 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     }
   }
   __syncthreads();
+  if constexpr (RT) {   // D39: h is read (its values were consumed before the barrier): count this CTA
+    if (threadIdx.x == 0) {
+      asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(L.rt.ctr + 1) : "memory");
+      if (has_r) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < 8; ++w) v += rred[w];
+        L.rt.out[rrow] = v;
+      }
+    }
+  }
   float nscale = 1.f;
   if (L.norm.w) {
     nscale = fold_norm_scale(red, 8, cols, L.norm.eps, L.norm.h, L.norm.w,
@@ -131,6 +180,20 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     else
       cur.dot(sm4, xsum, acc);
     cur = nxt;
+    if constexpr (RT) {   // D39: no residual write before every CTA of the launch has read h
+      if (g == bj) {
+        if (threadIdx.x == 0) {
+          const unsigned long long want = (s_gen + 1) * gridDim.x;
+          unsigned long long v;
+          for (;;) {
+            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(L.rt.ctr + 1) : "memory");
+            if (v >= want) break;
+            __nanosleep(32);
+          }
+        }
+        __syncthreads();
+      }
+    }
     if (lane == 0)
 #pragma unroll
       for (int r = 0; r < R; ++r)
@@ -366,6 +429,15 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
   L.T = 1;
   L.stage_regs = stage_regs_enabled() ? 1 : 0;
   L.trace = std::exchange(gemv_trace_next(), nullptr);
+  // D39: router rows on the int16 register-staged kernel of a lone 4,096-column job without a norm.
+  GemvRouterRows& rt = gemv_router_next();
+  const bool use_rt = !Q8 && CPL == 4 && R == 1 && rt.q && x16 && L.stage_regs && !norm && jobs.size() == 1 &&
+                      jobs[0].res && jobs[0].w.rows % 8 == 0;
+  if (use_rt) {
+    L.rt = rt;
+    rt.used = true;
+  }
+  rt.q = nullptr;
   if (norm) {   // D9: the first launch of the batch writes the normalised x
     L.norm = *norm;
     L.norm_out = norm_written ? nullptr : const_cast<float*>(jobs[0].x);
@@ -392,6 +464,20 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
     launch(gemv_q8_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   } else {
     const int smem = CPL * 1024 * 4 + CPL * 32 * 4;
+    // D39: one CTA per router row at least (the CTAs past the job's rows only compute theirs). All CTAs
+    // wait for each other (ticket barrier): the grid must fit in one wave, and stay the same for every
+    // launch on these counters (the tickets number launches by ticket / grid).
+    if constexpr (CPL == 4 && R == 1) {
+      if (use_rt) {
+        const int g = std::max(nb, L.rt.n);
+        static int rt_grid = 0;
+        if (!rt_grid) rt_grid = g;
+        LILY_CHECK(g == rt_grid && g <= 2 * num_sms(), "gemv: D39 router rows need one fixed, co-resident grid");
+        launch(gemv_q4_kernel<CPL, R, true, true>, dim3(g), dim3(256), smem, s, L);
+        CUDA_LAUNCH_CHECK();
+        return;
+      }
+    }
     // D24: int16 x and dp2a (needs D21's register staging).
     if (x16 && L.stage_regs) launch(gemv_q4_kernel<CPL, R, true>, dim3(nb), dim3(256), smem, s, L);
     else launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
@@ -514,6 +600,11 @@ bool& gemv_x16_enabled() {
   static bool on = true;
   return on;
 }
+GemvRouterRows& gemv_router_next() {
+  static GemvRouterRows r;
+  return r;
+}
+
 unsigned long long*& gemv_trace_next() {
   static unsigned long long* p = nullptr;
   return p;
@@ -560,6 +651,46 @@ bool routes_to_mma(const QMat& w, int T, bool fast) {
 
 bool gemv_norm_ok(const QMat& w, int T, bool fast) {
   return T == 1 && fast && !routes_to_mma(w, T, fast) && gemv_fast_ok(w);
+}
+
+// D39: Q for one layer (cuda_ops.h). CTA (x, y): columns 256x .. 256x + 255 of Q_a for rows 16y .. 16y + 15,
+// the rows' A = W_r·diag(w2) staged 256 columns at a time; CTAs x = 0 also write those A values as Q_h.
+// Every product and sum in fp32 (the dequantised weights are exact in fp32).
+__global__ void __launch_bounds__(256) router_fold_kernel(QMat wr, QMat wsg, const float* w2, QMat wo, float* q) {
+  constexpr int RB = 16;
+  __shared__ float A[RB][256];
+  const int E = wr.rows, H = wr.cols, C = wo.cols, n = E + 1;
+  const int c = blockIdx.x * 256 + threadIdx.x, e0 = blockIdx.y * RB;
+  float acc[RB] = {};
+  for (int k0 = 0; k0 < H; k0 += 256) {
+    __syncthreads();
+    for (int r = 0; r < RB; ++r) {
+      const int e = e0 + r, k = k0 + threadIdx.x;
+      float v = 0.f;
+      if (e < n && k < H) v = (e < E ? qm_at(wr, e, k) : qm_at(wsg, 0, k)) * w2[k];
+      A[r][threadIdx.x] = v;
+      if (blockIdx.x == 0 && e < n && k < H) q[int64_t(e) * (H + C) + k] = v;
+    }
+    __syncthreads();
+    if (c < C)
+      for (int kk = 0; kk < 256 && k0 + kk < H; ++kk) {
+        const float w = qm_at(wo, k0 + kk, c);
+#pragma unroll
+        for (int r = 0; r < RB; ++r) acc[r] = fmaf(A[r][kk], w, acc[r]);
+      }
+  }
+  if (c < C)
+    for (int r = 0; r < RB; ++r)
+      if (e0 + r < n) q[int64_t(e0 + r) * (H + C) + H + c] = acc[r];
+}
+
+void build_router_fold(const QMat& router, const QMat& shared_gate, const float* w2, const QMat& wo, float* q,
+                       cudaStream_t s) {
+  LILY_CHECK(router.cols == wo.rows && shared_gate.cols == router.cols && shared_gate.rows == 1,
+             "router fold: shapes (router E x H, shared gate 1 x H, out-projection H x C)");
+  router_fold_kernel<<<dim3((wo.cols + 255) / 256, (router.rows + 1 + 15) / 16), 256, 0, s>>>(router, shared_gate, w2,
+                                                                                             wo, q);
+  CUDA_LAUNCH_CHECK();
 }
 
 void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s, const GemvNorm* norm,
