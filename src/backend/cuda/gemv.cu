@@ -45,8 +45,10 @@ __device__ __forceinline__ int find_job(const GemvLaunch& L) {
 // RT (D39, with X16, one job, R = 1): CTA b also computes router row b (and b + gridDim.x) of L.rt from
 // x (the a part, this thread's values of the staging registers) and h, holding its residual writes until
 // every CTA has read h (ticket barrier).
+// The router row goes to shared memory before the PDL wait (cp.async, each thread reads back only what it
+// copied: no barrier), after the x staging area: (H + cols) floats more of dynamic shared memory.
 template <int CPL, int R, bool X16 = false, bool RT = false>   // X16 (D24): x as int16 per 32 values, dp2a
-__global__ void __launch_bounds__(256, RT ? 2 : 3) gemv_q4_kernel(const __grid_constant__ GemvLaunch L) {
+__global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__ GemvLaunch L) {
   static_assert(!RT || (X16 && R == 1), "D39: the int16 register-staged kernel, one row per warp");
   extern __shared__ float4 sm4[];
   constexpr int cols = CPL * 1024;
@@ -77,7 +79,7 @@ __global__ void __launch_bounds__(256, RT ? 2 : 3) gemv_q4_kernel(const __grid_c
   constexpr int HN = RT ? 2 : 0;
   __shared__ float rred[8];
   __shared__ unsigned long long s_gen;
-  float4 qh[HN > 0 ? HN : 1], qa[RT ? CPL : 1];
+  float4* qs = sm4 + cols / 4 + CPL * 8;   // RT: [HN + CPL][256] float4 (Q_h, then Q_a in x's layout)
   const int rrow = RT ? int(blockIdx.x) : 0;
   const bool has_r = RT && rrow < L.rt.n;
   trace_stamp(L.trace, 0);
@@ -89,9 +91,11 @@ __global__ void __launch_bounds__(256, RT ? 2 : 3) gemv_q4_kernel(const __grid_c
     if (has_r) {
       const float4* qr = reinterpret_cast<const float4*>(L.rt.q + int64_t(rrow) * (HN * 1024 + cols));
 #pragma unroll
-      for (int k = 0; k < HN; ++k) qh[k] = __ldg(qr + threadIdx.x + 256 * k);
-#pragma unroll
-      for (int k = 0; k < CPL; ++k) qa[k] = __ldg(qr + HN * 256 + threadIdx.x + 256 * k);
+      for (int k = 0; k < HN + CPL; ++k) {
+        const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(qs + threadIdx.x + 256 * k));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(qr + threadIdx.x + 256 * k) : "memory");
+      }
+      asm volatile("cp.async.commit_group;" ::: "memory");
     }
   }
   // x staged from registers, every load in flight at once; the norm gain (a weight) before the wait.
@@ -115,12 +119,17 @@ __global__ void __launch_bounds__(256, RT ? 2 : 3) gemv_q4_kernel(const __grid_c
         float4 hv[HN];
 #pragma unroll
         for (int k = 0; k < HN; ++k) hv[k] = __ldcg(reinterpret_cast<const float4*>(L.rt.h) + threadIdx.x + 256 * k);
+        asm volatile("cp.async.wait_group 0;" ::: "memory");   // this thread's own copies of the row
 #pragma unroll
-        for (int k = 0; k < HN; ++k)
-          part += qh[k].x * hv[k].x + qh[k].y * hv[k].y + qh[k].z * hv[k].z + qh[k].w * hv[k].w;
+        for (int k = 0; k < HN; ++k) {
+          const float4 q = qs[threadIdx.x + 256 * k];
+          part += q.x * hv[k].x + q.y * hv[k].y + q.z * hv[k].z + q.w * hv[k].w;
+        }
 #pragma unroll
-        for (int k = 0; k < CPL; ++k)
-          part += qa[k].x * xr.v[k].x + qa[k].y * xr.v[k].y + qa[k].z * xr.v[k].z + qa[k].w * xr.v[k].w;
+        for (int k = 0; k < CPL; ++k) {
+          const float4 q = qs[threadIdx.x + 256 * (HN + k)];
+          part += q.x * xr.v[k].x + q.y * xr.v[k].y + q.z * xr.v[k].z + q.w * xr.v[k].w;
+        }
       }
       part = warp_sum(part);
       if (lane == 0) rred[warp] = part;
@@ -432,7 +441,7 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
   // D39: router rows on the int16 register-staged kernel of a lone 4,096-column job without a norm.
   GemvRouterRows& rt = gemv_router_next();
   const bool use_rt = !Q8 && CPL == 4 && R == 1 && rt.q && x16 && L.stage_regs && !norm && jobs.size() == 1 &&
-                      jobs[0].res && jobs[0].w.rows % 8 == 0;
+                      jobs[0].res && jobs[0].w.rows == 2048;   // Q_h: H = 2,048 (the rows: one group of 8 per CTA)
   if (use_rt) {
     L.rt = rt;
     rt.used = true;
@@ -470,10 +479,11 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
     if constexpr (CPL == 4 && R == 1) {
       if (use_rt) {
         const int g = std::max(nb, L.rt.n);
+        const int smem_rt = smem + (2048 + CPL * 1024) * 4;   // the router row (H = 2,048 + cols floats)
         static int rt_grid = 0;
         if (!rt_grid) rt_grid = g;
         LILY_CHECK(g == rt_grid && g <= 2 * num_sms(), "gemv: D39 router rows need one fixed, co-resident grid");
-        launch(gemv_q4_kernel<CPL, R, true, true>, dim3(g), dim3(256), smem, s, L);
+        launch(gemv_q4_kernel<CPL, R, true, true>, dim3(g), dim3(256), smem_rt, s, L);
         CUDA_LAUNCH_CHECK();
         return;
       }

@@ -930,10 +930,12 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   __shared__ unsigned long long s_gen;
   if (tickets && threadIdx.x == 0) s_gen = atomicAdd(&tk[0], 1ull) / unsigned(G);
   static_assert(!RL || EP, "D39 only in the D36 instance");
-  // RL: shared-expert row sr on warp `warp` (1..7) of CTA blockIdx.x.
+  // RL: shared-expert row sr on warp `warp` (1..7) of CTA blockIdx.x, in its own registers (computed while
+  // the warp's first routed rows load, after the picks: warp 0 picks alone).
   const int sr = RL && warp > 0 ? int(blockIdx.x) * (nwc - 1) + warp - 1 : Is;
+  Q4Rows<2, 2> shr;
   if (RL) {
-    if (sr < Is) load_q4(cur, m.sh_gate, m.sh_up, sr);
+    if (sr < Is) load_q4(shr, m.sh_gate, m.sh_up, sr);
   } else if (gw <= E) {
     rr.load(gw == E ? m.shared_gate : m.router, gw < E ? gw : 0);
   } else if (gw < pre) {
@@ -1006,16 +1008,8 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
       grid_arrive(&ctr[0]);
     }
   }
-  // 2. shared expert gate/up rows (unweighted SwiGLU); RL: on warps 1..7 while warp 0 picks (below)
-  if (RL && warp == 0) {
-  } else if (RL) {
-    if (sr < Is) {
-      float r[2];
-      cur.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r);
-      if (lane == 0) act[K * imax + sr] = siluf_(r[0] * ns) * (r[1] * ns);
-    }
-  } else
-  for (int p = gw; p < pre; p += nw) {
+  // 2. shared expert gate/up rows (unweighted SwiGLU); RL: below, with the first routed loads in flight
+  for (int p = gw; !RL && p < pre; p += nw) {
     if (p <= E) continue;
     if (p != gw) load_q4(cur, m.sh_gate, m.sh_up, p - E - 1);
     float r[2];
@@ -1087,6 +1081,11 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     } else {
       named_bar_sync(1, kPersistThreads);
       if (gw < items) load_routed(cur, gw);
+      if (RL && sr < Is) {   // D39: the shared row while the routed rows load and warp 0 finishes its picks
+        float r[2];
+        shr.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r);
+        if (lane == 0) act[K * imax + sr] = siluf_(r[0] * ns) * (r[1] * ns);
+      }
       named_bar_sync(2, kPersistThreads);
     }
   } else {
