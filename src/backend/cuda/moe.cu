@@ -879,10 +879,8 @@ size_t persist_smem(const MoeDev& m) {
 // the CTA's 8 warps: gw / I) before loading it; warp 0 goes on picking meanwhile (named barriers 1 and 2).
 // RL (D39, with EP): the router logits come from the previous launch (a.rlog, unscaled: times the norm scale
 // here); no router rows and no logits handoff. The shared expert's rows move to warps 1..7 (warp 0 picks).
-template <bool F, bool EP = false, bool RL = false>
-__global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const __grid_constant__ MoeArgs a,
-                                                                         const __grid_constant__ GemvNorm nrm,
-                                                                         int* ctr) {
+template <bool F, bool EP, bool RL>
+__device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNorm& nrm, int* ctr) {
   extern __shared__ float4 smp[];
   __shared__ float lg[256];
   __shared__ int sid[32];
@@ -1158,6 +1156,25 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   trace_mark(a, 11);
 }
 
+template <bool F, bool EP = false>
+__global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const __grid_constant__ MoeArgs a,
+                                                                         const __grid_constant__ GemvNorm nrm,
+                                                                         int* ctr) {
+  moe_persist_body<F, EP, false>(a, nrm, ctr);
+}
+// D39's instance at most 96 registers (kRlRegs): one of its CTAs then fits on an SM beside two CTAs of the
+// out-projection launch before it (80 registers), so it starts (tickets, weight loads) before they finish.
+// LILY_D39_REGS=0 takes the uncapped build (the compiler's choice, ~100).
+constexpr int kRlRegs = 96;
+__global__ void __maxnreg__(kRlRegs)
+    moe_persist_rl_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
+  moe_persist_body<true, true, true>(a, nrm, ctr);
+}
+__global__ void __launch_bounds__(kPersistThreads, 2)
+    moe_persist_rl_free_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
+  moe_persist_body<true, true, true>(a, nrm, ctr);
+}
+
 bool q4ok(const QMat& w) { return w.type == kQ4 && !w.sb_f32 && w.gs == 64; }
 bool q8router_ok(const QMat& w, int rows, int H) {
   return w.type == kQ8 && !w.sb_f32 && w.gs == 64 && w.cols == H && w.rows == rows;
@@ -1264,8 +1281,11 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
       CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_f, moe_persist_kernel<true>, kPersistThreads, smem));
       int per_sm_e = 0, per_sm_r = 0;
       CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_e, moe_persist_kernel<true, true>, kPersistThreads, smem));
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_r, moe_persist_kernel<true, true, true>,
-                                                               kPersistThreads, smem));
+      int per_sm_r2 = 0;
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_r, moe_persist_rl_kernel, kPersistThreads, smem));
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_r2, moe_persist_rl_free_kernel, kPersistThreads,
+                                                               smem));
+      per_sm_r = std::min(per_sm_r, per_sm_r2);
       grid = std::min({per_sm, per_sm_f, per_sm_e, per_sm_r, cap}) * sms;
       grid_smem = smem;
     }
@@ -1279,7 +1299,12 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
       // D39: the logits from the out-projection launch (the shared rows on warps 1..7 of the first CTAs).
       const bool rl = early && dec->router_logits && int64_t(grid) * (kPersistThreads / 32 - 1) >= m.Is;
       a.rlog = rl ? dec->router_logits : nullptr;
-      launch(rl          ? moe_persist_kernel<true, true, true>
+      static const bool rl_free = [] {
+        const char* v = std::getenv("LILY_D39_REGS");
+        return v && *v && std::atoi(v) == 0;
+      }();
+      launch(rl && rl_free ? moe_persist_rl_free_kernel
+             : rl        ? moe_persist_rl_kernel
              : early     ? moe_persist_kernel<true, true>
              : special ? moe_persist_kernel<true>
                        : moe_persist_kernel<false>,
