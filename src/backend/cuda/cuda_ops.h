@@ -32,18 +32,19 @@ struct GemvNorm {
 // `pf` (D13): weights of the next launch to prefetch into L2 while this batch runs.
 void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s, const GemvNorm* norm = nullptr,
                 const L2Prefetch* pf = nullptr);
-// D39 (decode): router logits from the out-projection launch. With h_new = h + W_o·a (the residual add this
-// launch folds) and the MoE's x = s·(w2 ⊙ h_new), the router logits are s·(Q_h·h + Q_a·a) with the per-layer
-// products Q_h = W_r·diag(w2) and Q_a = W_r·diag(w2)·W_o (fp32, built once: build_router_fold). The launch
-// computes the unscaled Q·[h; a] (one row per CTA, E router rows and the shared-expert gate), so the MoE
-// kernel starts its top-k at once instead of after its router rows and a grid handoff. The CTAs read all
-// of h while others add into it: a ticket barrier (ctr) holds each CTA's residual writes until every CTA
-// has read h. Set through gemv_router_next() for the next gemv_batch; `used` says whether it ran.
+// D39 (decode): router logits before the MoE launch. With h_new = h + W_o·a (the out-projection's folded
+// residual add) and the MoE's x = s·(w2 ⊙ h_new), the router logits are s·(Q_h·h + Q_a·a) with the per-layer
+// products Q_h = W_r·diag(w2) and Q_a = W_r·diag(w2)·W_o (fp32, built once: build_router_fold; row E from the
+// shared-expert gate). The in-projection launch (whose CTAs all load h for its folded norm) computes Q_h·h, the
+// out-projection launch adds Q_a·a, one row per CTA; the MoE kernel multiplies by s and starts its top-k at once
+// instead of after its router rows and a grid handoff. Set through gemv_router_next() for the next gemv_batch
+// (row b · x, x as loaded: the raw h when a norm is folded, plus add[b]); `used` says whether it ran.
 struct GemvRouterRows {
-  const float* q = nullptr;             // [n][H + cols] fp32: Q_h | Q_a
-  const float* h = nullptr;             // [H] the residual before this launch's add
-  float* out = nullptr;                 // [n] unscaled logits (row E: the shared-expert gate)
-  unsigned long long* ctr = nullptr;    // 16 bytes zeroed once: tickets, h-read arrivals
+  const float* q = nullptr;     // row b at q + b · qstride + qoff, cols floats
+  int64_t qstride = 0, qoff = 0;
+  int cols = 0;
+  const float* add = nullptr;   // [n] added (the in-projection's Q_h·h), or null
+  float* out = nullptr;         // [n]
   int n = 0;
   bool used = false;
 };

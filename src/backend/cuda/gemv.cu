@@ -42,14 +42,13 @@ __device__ __forceinline__ int find_job(const GemvLaunch& L) {
 // cols = 1024*CPL (each lane owns CPL 16-byte chunks of a row), R rows per warp per iteration,
 // 8 warps per block; blocks of a job stride over its row groups. The first group's weight loads
 // are issued before x is staged so that their latency overlaps the staging.
-// RT (D39, with X16, one job, R = 1): CTA b also computes router row b (and b + gridDim.x) of L.rt from
-// x (the a part, this thread's values of the staging registers) and h, holding its residual writes until
-// every CTA has read h (ticket barrier).
-// The router row goes to shared memory before the PDL wait (cp.async, each thread reads back only what it
-// copied: no barrier), after the x staging area: (H + cols) floats more of dynamic shared memory.
+// RT (D39, with X16): CTA b < L.rt.n also computes the dot of row b of L.rt.q (cols floats at b · qstride + qoff)
+// with this launch's x as loaded (the raw residual h when a norm is folded: before its gain), plus L.rt.add[b]
+// if set, into L.rt.out[b]. The row goes to shared memory before the PDL wait (cp.async; each thread reads back
+// only what it copied: no barrier), after the x staging area (cols floats more of dynamic shared memory).
 template <int CPL, int R, bool X16 = false, bool RT = false>   // X16 (D24): x as int16 per 32 values, dp2a
 __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__ GemvLaunch L) {
-  static_assert(!RT || (X16 && R == 1), "D39: the int16 register-staged kernel, one row per warp");
+  static_assert(!RT || X16, "D39: the int16 register-staged kernel");
   extern __shared__ float4 sm4[];
   constexpr int cols = CPL * 1024;
   float* xsum = reinterpret_cast<float*>(sm4 + cols / 4);
@@ -75,11 +74,9 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
   };
   Q4Rows<CPL, R> cur;
   __shared__ float red[8];
-  // D39: this CTA's router row, Q_h (H = 2 float4 per thread) then Q_a (CPL float4, x's layout).
-  constexpr int HN = RT ? 2 : 0;
+  // D39: this CTA's row of L.rt.q (CPL float4 per thread, x's layout).
   __shared__ float rred[8];
-  __shared__ unsigned long long s_gen;
-  float4* qs = sm4 + cols / 4 + CPL * 8;   // RT: [HN + CPL][256] float4 (Q_h, then Q_a in x's layout)
+  float4* qs = sm4 + cols / 4 + CPL * 8;
   const int rrow = RT ? int(blockIdx.x) : 0;
   const bool has_r = RT && rrow < L.rt.n;
   trace_stamp(L.trace, 0);
@@ -87,11 +84,10 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
   l2_prefetch(L.pf);
   load(cur, bj);   // weights never change: safe before the wait
   if constexpr (RT) {
-    if (threadIdx.x == 0) s_gen = atomicAdd(&L.rt.ctr[0], 1ull) / gridDim.x;   // this launch's number
     if (has_r) {
-      const float4* qr = reinterpret_cast<const float4*>(L.rt.q + int64_t(rrow) * (HN * 1024 + cols));
+      const float4* qr = reinterpret_cast<const float4*>(L.rt.q + int64_t(rrow) * L.rt.qstride + L.rt.qoff);
 #pragma unroll
-      for (int k = 0; k < HN + CPL; ++k) {
+      for (int k = 0; k < CPL; ++k) {
         const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(qs + threadIdx.x + 256 * k));
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(qr + threadIdx.x + 256 * k) : "memory");
       }
@@ -113,30 +109,18 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     const int rq = bj * 8 * R + warp * R;
 #pragma unroll
     for (int r = 0; r < R; ++r) resv[r] = jb.res && lane == 0 && rq + r < rows ? __ldcg(jb.res + rq + r) : 0.f;
-    if constexpr (RT) {   // D39: Q_h·h + Q_a·a, reduced over the CTA after the staging barrier
+    if constexpr (RT) {   // D39: the row · x as loaded (before a folded norm's gain), reduced after the barrier
       float part = 0.f;
-      if (has_r) {   // (the values are consumed before the barrier that precedes this CTA's arrival)
-        float4 hv[HN];
-#pragma unroll
-        for (int k = 0; k < HN; ++k) hv[k] = __ldcg(reinterpret_cast<const float4*>(L.rt.h) + threadIdx.x + 256 * k);
+      if (has_r) {
         asm volatile("cp.async.wait_group 0;" ::: "memory");   // this thread's own copies of the row
 #pragma unroll
-        for (int k = 0; k < HN; ++k) {
-          const float4 q = qs[threadIdx.x + 256 * k];
-          part += q.x * hv[k].x + q.y * hv[k].y + q.z * hv[k].z + q.w * hv[k].w;
-        }
-#pragma unroll
         for (int k = 0; k < CPL; ++k) {
-          const float4 q = qs[threadIdx.x + 256 * (HN + k)];
+          const float4 q = qs[threadIdx.x + 256 * k];
           part += q.x * xr.v[k].x + q.y * xr.v[k].y + q.z * xr.v[k].z + q.w * xr.v[k].w;
         }
       }
       part = warp_sum(part);
       if (lane == 0) rred[warp] = part;
-    }
-    if (L.trace) {   // investigation aid: when this thread's x has arrived
-      asm volatile("" ::"f"(xr.v[0].x));
-      trace_stamp(L.trace, 4);
     }
     if (L.norm.w) {
       const float ss = warp_sum(xr.apply_gain(g));
@@ -159,15 +143,12 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     }
   }
   __syncthreads();
-  if constexpr (RT) {   // D39: h is read (its values were consumed before the barrier): count this CTA
-    if (threadIdx.x == 0) {
-      asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(L.rt.ctr + 1) : "memory");
-      if (has_r) {
-        float v = 0.f;
+  if constexpr (RT) {
+    if (has_r && threadIdx.x == 0) {
+      float v = L.rt.add ? __ldcg(L.rt.add + rrow) : 0.f;
 #pragma unroll
-        for (int w = 0; w < 8; ++w) v += rred[w];
-        L.rt.out[rrow] = v;
-      }
+      for (int w = 0; w < 8; ++w) v += rred[w];
+      L.rt.out[rrow] = v;
     }
   }
   float nscale = 1.f;
@@ -189,20 +170,6 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     else
       cur.dot(sm4, xsum, acc);
     cur = nxt;
-    if constexpr (RT) {   // D39: no residual write before every CTA of the launch has read h
-      if (g == bj) {
-        if (threadIdx.x == 0) {
-          const unsigned long long want = (s_gen + 1) * gridDim.x;
-          unsigned long long v;
-          for (;;) {
-            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(L.rt.ctr + 1) : "memory");
-            if (v >= want) break;
-            __nanosleep(32);
-          }
-        }
-        __syncthreads();
-      }
-    }
     if (lane == 0)
 #pragma unroll
       for (int r = 0; r < R; ++r)
@@ -438,10 +405,9 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
   L.T = 1;
   L.stage_regs = stage_regs_enabled() ? 1 : 0;
   L.trace = std::exchange(gemv_trace_next(), nullptr);
-  // D39: router rows on the int16 register-staged kernel of a lone 4,096-column job without a norm.
+  // D39: router-row dots on the int16 register-staged kernel (x16 needs D21's staging).
   GemvRouterRows& rt = gemv_router_next();
-  const bool use_rt = !Q8 && CPL == 4 && R == 1 && rt.q && x16 && L.stage_regs && !norm && jobs.size() == 1 &&
-                      jobs[0].res && jobs[0].w.rows == 2048;   // Q_h: H = 2,048 (the rows: one group of 8 per CTA)
+  const bool use_rt = !Q8 && rt.q && x16 && L.stage_regs && rt.cols == CPL * 1024;
   if (use_rt) {
     L.rt = rt;
     rt.used = true;
@@ -473,20 +439,11 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
     launch(gemv_q8_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   } else {
     const int smem = CPL * 1024 * 4 + CPL * 32 * 4;
-    // D39: one CTA per router row at least (the CTAs past the job's rows only compute theirs). All CTAs
-    // wait for each other (ticket barrier): the grid must fit in one wave, and stay the same for every
-    // launch on these counters (the tickets number launches by ticket / grid).
-    if constexpr (CPL == 4 && R == 1) {
-      if (use_rt) {
-        const int g = std::max(nb, L.rt.n);
-        const int smem_rt = smem + (2048 + CPL * 1024) * 4;   // the router row (H = 2,048 + cols floats)
-        static int rt_grid = 0;
-        if (!rt_grid) rt_grid = g;
-        LILY_CHECK(g == rt_grid && g <= 2 * num_sms(), "gemv: D39 router rows need one fixed, co-resident grid");
-        launch(gemv_q4_kernel<CPL, R, true, true>, dim3(g), dim3(256), smem_rt, s, L);
-        CUDA_LAUNCH_CHECK();
-        return;
-      }
+    // D39: one CTA per router row at least (the CTAs past the jobs' rows only compute theirs).
+    if (use_rt) {
+      launch(gemv_q4_kernel<CPL, R, true, true>, dim3(std::max(nb, L.rt.n)), dim3(256), smem + CPL * 1024 * 4, s, L);
+      CUDA_LAUNCH_CHECK();
+      return;
     }
     // D24: int16 x and dp2a (needs D21's register staging).
     if (x16 && L.stage_regs) launch(gemv_q4_kernel<CPL, R, true>, dim3(nb), dim3(256), smem, s, L);
