@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 
 #include "backend/cuda/cuda_ops.h"
@@ -124,6 +125,8 @@ class CudaBackend final : public Backend {
     argmax_ws_ = alloc_bytes(argmax_scratch_bytes(4096));
     router_ticket_ = static_cast<int*>(alloc_bytes(64));
     persist_ctr_ = static_cast<int*>(alloc_bytes(4096));   // D19: counters (64 B), tagged logits
+    d39_logits_ = static_cast<float*>(alloc_bytes(4 * 2 * 1028));   // D39: E + 1 logits (E <= 1024), Q_h·h
+    d39_lh_ = d39_logits_ + 1028;
   }
   ~CudaBackend() override {
     if (exec_) cudaGraphExecDestroy(exec_);
@@ -212,6 +215,8 @@ class CudaBackend final : public Backend {
 
   // ---- ops --------------------------------------------------------------------------------
   void embed(const QMatrix& E, const int32_t* tokens, int T, float* out) override {
+    d39_last_ = {};   // D39: an out-projection's logits are for the MoE right after it
+    d39_in_ = {};
     flush();
     unit_ = 0;   // D13: a forward pass starts here
     timed("embed", 0, [&] { cuda::embed(to_qmat(E), tokens, T, out, s_); });
@@ -248,6 +253,7 @@ class CudaBackend final : public Backend {
     timed("rmsnorm", 0, [&] { cuda::rmsnorm(const_cast<float*>(x), nullptr, w.data, int(w.n), T, eps, out, s_); });
   }
   void matmul(const QMatrix& W, const float* x, int T, float* y) override {
+    d39_last_ = {};   // D39: an out-projection's logits are for the MoE right after it
     flush_moe();
     flush_add();
     const QMat q = to_qmat(W);
@@ -311,7 +317,27 @@ class CudaBackend final : public Backend {
       for (const GemvJob& j : pend_) reads_h = reads_h || j.x == h || j.y == h || (j.y == r && &j != &pend_.back());
       if (!reads_h) {
         pend_.back().res = h;
+        // D39: the in-projection launch of this layer computed Q_h·h (a fold exists: built at an earlier step's
+        // MoE); this launch adds Q_a·a; moe() checks that the MoE follows.
+        const QMat wo = pend_.back().w;
+        const D39In in = d39_in_;
+        d39_in_ = {};
+        auto f = in.w1 && in.h == h ? d39_folds_.find(in.w1) : d39_folds_.end();
+        GemvRouterRows& rt = gemv_router_next();
+        rt = {};
+        if (d39_ && pend_.size() == 1 && in.attached && f != d39_folds_.end() && f->second.wo == wo.data) {
+          const D39Fold& fd = f->second;
+          rt.q = fd.q;
+          rt.qstride = fd.H + wo.cols;
+          rt.qoff = fd.H;
+          rt.cols = wo.cols;
+          rt.add = d39_lh_;
+          rt.out = d39_logits_;
+          rt.n = fd.n;
+        }
         flush_mm();
+        d39_last_ = {wo, h, rt.used, in.h == h ? in.w1 : nullptr};
+        rt = {};
         return;
       }
     }
@@ -324,6 +350,7 @@ class CudaBackend final : public Backend {
   }
   void gdn(const ModelConfig& c, const GdnWeights& w, GdnState& st, const float* qkv, const float* z,
            const float* a, const float* b, int T, float* y) override {
+    d39_last_ = {};   // D39: an out-projection's logits are for the MoE right after it
     flush();
     GdnDims d{c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
               c.conv_dim(), c.linear_conv_kernel_dim, c.rms_norm_eps};
@@ -364,6 +391,7 @@ class CudaBackend final : public Backend {
   }
   void attention(const ModelConfig& c, const AttnWeights& w, KvCache& kv, int pos0, const int32_t* pos_dev,
                  const float* q, const float* k, const float* v, int T, float* o) override {
+    d39_last_ = {};   // D39: an out-projection's logits are for the MoE right after it
     flush();
     AttnDims d{c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rotary_dim(), c.rope_theta,
                c.rms_norm_eps, kv.capacity};
@@ -433,6 +461,26 @@ class CudaBackend final : public Backend {
       }
     }
     flush_mm();
+    // D39: the out-projection launch right before completed this MoE's router logits (or, outside a capture,
+    // build the fold for this layer, keyed by its input norm's gain, so that later steps do).
+    const D39Last last = d39_last_;
+    d39_last_ = {};
+    d39_in_ = {};
+    if (d39_ && T == 1 && dec.norm.w && last.h && last.w1 && last.h == dec.norm.h && m.router.type == kQ8 &&
+        m.shared_gate.type == kQ8 && m.router.rows <= 1024 && last.wo.type == kQ4 && last.wo.rows == m.H) {
+      auto f = d39_folds_.find(last.w1);
+      if (f != d39_folds_.end()) {
+        const D39Fold& fd = f->second;
+        if (last.attached && fd.router == m.router.data && fd.sg == m.shared_gate.data && fd.w2 == dec.norm.w &&
+            fd.wo == last.wo.data)
+          dec.router_logits = d39_logits_;
+      } else if (!capturing_) {
+        D39Fold fd{nullptr, m.router.data, m.shared_gate.data, dec.norm.w, last.wo.data, m.E + 1, m.H, last.wo.cols};
+        fd.q = static_cast<float*>(alloc_bytes(int64_t(fd.n) * (m.H + last.wo.cols) * 4));
+        cuda::build_router_fold(m.router, m.shared_gate, dec.norm.w, last.wo, fd.q, s_);
+        d39_folds_[last.w1] = fd;
+      }
+    }
     if (fuse_router_ && moe_router_topk_ok(m, T, fast_)) {
       dec.counter = router_ticket_;
       dec.early_down = early_down_;
@@ -592,6 +640,7 @@ class CudaBackend final : public Backend {
     topk_lanes_enabled() = !abl_.has("D27");     // D27: decode MoE top-k on one warp, lanes' logits sorted in registers
     moe_persist_special_enabled() = !abl_.has("D31");   // D31: D19 default configuration as its own instance
     moe_early_pick_enabled() = !abl_.has("D36");   // D36: D31 loads a CTA's first slot before the whole top-k
+    d39_ = !abl_.has("D39");   // D39: router logits from the out-projection launch (folded Q = W_r diag(w2) [I | W_o])
     attn_prep_fused_enabled() = !abl_.has("D28");   // D28: attention prep inside the D20 split-KV kernel (T == 1)
     batch_ = !abl_.has("D3b");
     pdl_enabled() = !abl_.has("D3");
@@ -964,9 +1013,28 @@ class CudaBackend final : public Backend {
     for (const GemvJob& j : jobs) pf_add_mat(mine, j.w);
     const L2Prefetch pf = unit_prefetch(mine, pend_T_);
     gemv_trace_next() = trace_slot(name);
+    // D39: a decode batch with a folded norm whose layer has a router fold computes Q_h·h (h as loaded).
+    GemvRouterRows& rt = gemv_router_next();   // (add() may have set it for an out-projection: no norm)
+    if (has_norm && pend_T_ == 1) rt = {};
+    if (has_norm && pend_T_ == 1 && !jobs.back().res) {
+      auto f = d39_ ? d39_folds_.find(norm.w) : d39_folds_.end();
+      if (f != d39_folds_.end() && f->second.H == jobs[0].w.cols) {
+        rt = {};
+        rt.q = f->second.q;
+        rt.qstride = f->second.H + int64_t(f->second.C);
+        rt.qoff = 0;
+        rt.cols = f->second.H;
+        rt.out = d39_lh_;
+        rt.n = f->second.n;
+      }
+    }
     timed(name, bytes, [&] {
       gemv_batch(jobs.data(), int(jobs.size()), pend_T_, fast_, s_, has_norm ? &norm : nullptr, &pf);
     });
+    if (has_norm && pend_T_ == 1) {
+      d39_in_ = {norm.w, norm.h, rt.used};
+      rt = {};
+    }
     gemv_trace_next() = nullptr;   // unused when the batch went to the mma or generic kernels
   }
   // ---- D13: L2 prefetch one launch ahead ----------------------------------------------------
@@ -1226,6 +1294,33 @@ class CudaBackend final : public Backend {
   bool p28_ = true;
   bool p25_ = true;
   PendingMoe pend_moe_;               // D9: MoE held back for the residual add
+  // D39: per layer (keyed by its input norm's gain), the folded router rows Q ((E + 1) × (H + C) floats: Q_h | Q_a)
+  // and what they fold.
+  struct D39Fold {
+    float* q;
+    const void* router;
+    const void* sg;
+    const float* w2;
+    const void* wo;
+    int n, H, C;
+  };
+  struct D39In {   // the last decode in-projection batch with a folded norm
+    const float* w1 = nullptr;
+    const float* h = nullptr;
+    bool attached = false;   // it computed Q_h·h into d39_lh_
+  };
+  struct D39Last {   // the last out-projection launch with a folded residual add
+    QMat wo{};
+    const float* h = nullptr;
+    bool attached = false;   // it completed the router logits in d39_logits_
+    const float* w1 = nullptr;   // its layer's input norm gain (the fold's key)
+  };
+  bool d39_ = true;
+  std::unordered_map<const float*, D39Fold> d39_folds_;
+  D39In d39_in_;
+  D39Last d39_last_;
+  float* d39_logits_ = nullptr;
+  float* d39_lh_ = nullptr;
   int* router_ticket_ = nullptr;      // D10: arrival counter of the fused router kernel (self-resetting)
   bool prefetch_ = true;              // D13
   bool early_down_ = true;            // D17

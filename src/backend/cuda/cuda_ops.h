@@ -32,6 +32,27 @@ struct GemvNorm {
 // `pf` (D13): weights of the next launch to prefetch into L2 while this batch runs.
 void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s, const GemvNorm* norm = nullptr,
                 const L2Prefetch* pf = nullptr);
+// D39 (decode): router logits before the MoE launch. With h_new = h + W_o·a (the out-projection's folded
+// residual add) and the MoE's x = s·(w2 ⊙ h_new), the router logits are s·(Q_h·h + Q_a·a) with the per-layer
+// products Q_h = W_r·diag(w2) and Q_a = W_r·diag(w2)·W_o (fp32, built once: build_router_fold; row E from the
+// shared-expert gate). The in-projection launch (whose CTAs all load h for its folded norm) computes Q_h·h, the
+// out-projection launch adds Q_a·a, one row per CTA; the MoE kernel multiplies by s and starts its top-k at once
+// instead of after its router rows and a grid handoff. Set through gemv_router_next() for the next gemv_batch
+// (row b · x, x as loaded: the raw h when a norm is folded, plus add[b]); `used` says whether it ran.
+struct GemvRouterRows {
+  const float* q = nullptr;     // row b at q + b · qstride + qoff, cols floats
+  int64_t qstride = 0, qoff = 0;
+  int cols = 0;
+  const float* add = nullptr;   // [n] added (the in-projection's Q_h·h), or null
+  float* out = nullptr;         // [n]
+  int n = 0;
+  bool used = false;
+};
+GemvRouterRows& gemv_router_next();
+// Q for one layer: rows e < E from the 8-bit router, row E from the shared-expert gate, each times w2
+// (the post-mixer norm gain), then times W_o (4-bit, H × C) for the a part. q: (E + 1) × (H + C) floats.
+void build_router_fold(const QMat& router, const QMat& shared_gate, const float* w2, const QMat& wo, float* q,
+                       cudaStream_t s);
 // D14: the 4-/8-bit decode GEMV batch fits in one wave of CTAs (process-wide switch, ablation D14).
 bool& gemv_one_wave_enabled();
 // True when the specialised 4-bit decode kernel handles this matrix.
@@ -159,6 +180,9 @@ struct MoeDecode {
   // __threadfence + atomicAdd instead of one red.release.gpu. (2 and 4, pinning the down loads and spinning
   // without sleep, had no effect and were removed in session 5.)
   int flags = 0;
+  // D39: the unscaled router logits [E] and shared-expert gate logit [E] of this token, computed by the
+  // out-projection launch before this one (GemvRouterRows); the D31 instance then skips its router rows.
+  const float* router_logits = nullptr;
 };
 int64_t moe_workspace_floats(const MoeDev& m, int T);
 // Where moe() leaves the chosen expert ids [T, K] in its workspace (test aid).

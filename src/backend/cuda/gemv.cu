@@ -24,6 +24,7 @@ struct GemvLaunch {
   L2Prefetch pf;        // D13: the next launch's weights
   int stage_regs;       // D21: x staged from registers (all loads in flight at once)
   unsigned long long* trace;   // investigation aid: phase stamps (trace_stamp)
+  GemvRouterRows rt;    // D39: router rows (gemv_q4_kernel<.., RT> only)
 };
 
 // Epilogue of one output: y, plus the folded residual add (D9).
@@ -41,8 +42,13 @@ __device__ __forceinline__ int find_job(const GemvLaunch& L) {
 // cols = 1024*CPL (each lane owns CPL 16-byte chunks of a row), R rows per warp per iteration,
 // 8 warps per block; blocks of a job stride over its row groups. The first group's weight loads
 // are issued before x is staged so that their latency overlaps the staging.
-template <int CPL, int R, bool X16 = false>   // X16 (D24): x as int16 per 32 values, dp2a
+// RT (D39, with X16): CTA b < L.rt.n also computes the dot of row b of L.rt.q (cols floats at b · qstride + qoff)
+// with this launch's x as loaded (the raw residual h when a norm is folded: before its gain), plus L.rt.add[b]
+// if set, into L.rt.out[b]. The row goes to shared memory before the PDL wait (cp.async; each thread reads back
+// only what it copied: no barrier), after the x staging area (cols floats more of dynamic shared memory).
+template <int CPL, int R, bool X16 = false, bool RT = false>   // X16 (D24): x as int16 per 32 values, dp2a
 __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__ GemvLaunch L) {
+  static_assert(!RT || X16, "D39: the int16 register-staged kernel");
   extern __shared__ float4 sm4[];
   constexpr int cols = CPL * 1024;
   float* xsum = reinterpret_cast<float*>(sm4 + cols / 4);
@@ -68,10 +74,26 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
   };
   Q4Rows<CPL, R> cur;
   __shared__ float red[8];
+  // D39: this CTA's row of L.rt.q (CPL float4 per thread, x's layout).
+  __shared__ float rred[8];
+  float4* qs = sm4 + cols / 4 + CPL * 8;
+  const int rrow = RT ? int(blockIdx.x) : 0;
+  const bool has_r = RT && rrow < L.rt.n;
   trace_stamp(L.trace, 0);
   pdl_trigger();
   l2_prefetch(L.pf);
   load(cur, bj);   // weights never change: safe before the wait
+  if constexpr (RT) {
+    if (has_r) {
+      const float4* qr = reinterpret_cast<const float4*>(L.rt.q + int64_t(rrow) * L.rt.qstride + L.rt.qoff);
+#pragma unroll
+      for (int k = 0; k < CPL; ++k) {
+        const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(qs + threadIdx.x + 256 * k));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(qr + threadIdx.x + 256 * k) : "memory");
+      }
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+  }
   // x staged from registers, every load in flight at once; the norm gain (a weight) before the wait.
   XRegs<CPL> xr;
   float resv[R];
@@ -87,9 +109,18 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     const int rq = bj * 8 * R + warp * R;
 #pragma unroll
     for (int r = 0; r < R; ++r) resv[r] = jb.res && lane == 0 && rq + r < rows ? __ldcg(jb.res + rq + r) : 0.f;
-    if (L.trace) {   // investigation aid: when this thread's x has arrived
-      asm volatile("" ::"f"(xr.v[0].x));
-      trace_stamp(L.trace, 4);
+    if constexpr (RT) {   // D39: the row · x as loaded (before a folded norm's gain), reduced after the barrier
+      float part = 0.f;
+      if (has_r) {
+        asm volatile("cp.async.wait_group 0;" ::: "memory");   // this thread's own copies of the row
+#pragma unroll
+        for (int k = 0; k < CPL; ++k) {
+          const float4 q = qs[threadIdx.x + 256 * k];
+          part += q.x * xr.v[k].x + q.y * xr.v[k].y + q.z * xr.v[k].z + q.w * xr.v[k].w;
+        }
+      }
+      part = warp_sum(part);
+      if (lane == 0) rred[warp] = part;
     }
     if (L.norm.w) {
       const float ss = warp_sum(xr.apply_gain(g));
@@ -112,6 +143,14 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     }
   }
   __syncthreads();
+  if constexpr (RT) {
+    if (has_r && threadIdx.x == 0) {
+      float v = L.rt.add ? __ldcg(L.rt.add + rrow) : 0.f;
+#pragma unroll
+      for (int w = 0; w < 8; ++w) v += rred[w];
+      L.rt.out[rrow] = v;
+    }
+  }
   float nscale = 1.f;
   if (L.norm.w) {
     nscale = fold_norm_scale(red, 8, cols, L.norm.eps, L.norm.h, L.norm.w,
@@ -366,6 +405,14 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
   L.T = 1;
   L.stage_regs = stage_regs_enabled() ? 1 : 0;
   L.trace = std::exchange(gemv_trace_next(), nullptr);
+  // D39: router-row dots on the int16 register-staged kernel (x16 needs D21's staging).
+  GemvRouterRows& rt = gemv_router_next();
+  const bool use_rt = !Q8 && rt.q && x16 && L.stage_regs && rt.cols == CPL * 1024;
+  if (use_rt) {
+    L.rt = rt;
+    rt.used = true;
+  }
+  rt.q = nullptr;
   if (norm) {   // D9: the first launch of the batch writes the normalised x
     L.norm = *norm;
     L.norm_out = norm_written ? nullptr : const_cast<float*>(jobs[0].x);
@@ -392,6 +439,12 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
     launch(gemv_q8_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   } else {
     const int smem = CPL * 1024 * 4 + CPL * 32 * 4;
+    // D39: one CTA per router row at least (the CTAs past the jobs' rows only compute theirs).
+    if (use_rt) {
+      launch(gemv_q4_kernel<CPL, R, true, true>, dim3(std::max(nb, L.rt.n)), dim3(256), smem + CPL * 1024 * 4, s, L);
+      CUDA_LAUNCH_CHECK();
+      return;
+    }
     // D24: int16 x and dp2a (needs D21's register staging).
     if (x16 && L.stage_regs) launch(gemv_q4_kernel<CPL, R, true>, dim3(nb), dim3(256), smem, s, L);
     else launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
@@ -514,6 +567,11 @@ bool& gemv_x16_enabled() {
   static bool on = true;
   return on;
 }
+GemvRouterRows& gemv_router_next() {
+  static GemvRouterRows r;
+  return r;
+}
+
 unsigned long long*& gemv_trace_next() {
   static unsigned long long* p = nullptr;
   return p;
@@ -560,6 +618,46 @@ bool routes_to_mma(const QMat& w, int T, bool fast) {
 
 bool gemv_norm_ok(const QMat& w, int T, bool fast) {
   return T == 1 && fast && !routes_to_mma(w, T, fast) && gemv_fast_ok(w);
+}
+
+// D39: Q for one layer (cuda_ops.h). CTA (x, y): columns 256x .. 256x + 255 of Q_a for rows 16y .. 16y + 15,
+// the rows' A = W_r·diag(w2) staged 256 columns at a time; CTAs x = 0 also write those A values as Q_h.
+// Every product and sum in fp32 (the dequantised weights are exact in fp32).
+__global__ void __launch_bounds__(256) router_fold_kernel(QMat wr, QMat wsg, const float* w2, QMat wo, float* q) {
+  constexpr int RB = 16;
+  __shared__ float A[RB][256];
+  const int E = wr.rows, H = wr.cols, C = wo.cols, n = E + 1;
+  const int c = blockIdx.x * 256 + threadIdx.x, e0 = blockIdx.y * RB;
+  float acc[RB] = {};
+  for (int k0 = 0; k0 < H; k0 += 256) {
+    __syncthreads();
+    for (int r = 0; r < RB; ++r) {
+      const int e = e0 + r, k = k0 + threadIdx.x;
+      float v = 0.f;
+      if (e < n && k < H) v = (e < E ? qm_at(wr, e, k) : qm_at(wsg, 0, k)) * w2[k];
+      A[r][threadIdx.x] = v;
+      if (blockIdx.x == 0 && e < n && k < H) q[int64_t(e) * (H + C) + k] = v;
+    }
+    __syncthreads();
+    if (c < C)
+      for (int kk = 0; kk < 256 && k0 + kk < H; ++kk) {
+        const float w = qm_at(wo, k0 + kk, c);
+#pragma unroll
+        for (int r = 0; r < RB; ++r) acc[r] = fmaf(A[r][kk], w, acc[r]);
+      }
+  }
+  if (c < C)
+    for (int r = 0; r < RB; ++r)
+      if (e0 + r < n) q[int64_t(e0 + r) * (H + C) + H + c] = acc[r];
+}
+
+void build_router_fold(const QMat& router, const QMat& shared_gate, const float* w2, const QMat& wo, float* q,
+                       cudaStream_t s) {
+  LILY_CHECK(router.cols == wo.rows && shared_gate.cols == router.cols && shared_gate.rows == 1,
+             "router fold: shapes (router E x H, shared gate 1 x H, out-projection H x C)");
+  router_fold_kernel<<<dim3((wo.cols + 255) / 256, (router.rows + 1 + 15) / 16), 256, 0, s>>>(router, shared_gate, w2,
+                                                                                             wo, q);
+  CUDA_LAUNCH_CHECK();
 }
 
 void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s, const GemvNorm* norm,

@@ -36,6 +36,7 @@ struct MoeArgs {
   int xq16;                // D24: int16 x / activations for the D19 4-bit rows (needs D21)
   int topk_lanes;          // D27: the decode top-k on one warp (select_topk_lanes)
   unsigned long long* trace;   // investigation aid: D19 phase timestamps [CTA][kTracePhases]
+  const float* rlog;       // D39: unscaled router logits [E] + shared gate, from the previous launch
 };
 
 // D19 phase timestamp (thread 0 of each CTA; only with a trace buffer).
@@ -876,16 +877,17 @@ size_t persist_smem(const MoeDev& m) {
 // the unrolled K = 8 picks, no dispatch branches), not instruction-cache fit: warming the caches did not help.
 // EP (D36, with F only): the block's warps wait only for the pick of their first item's slot (the same for
 // the CTA's 8 warps: gw / I) before loading it; warp 0 goes on picking meanwhile (named barriers 1 and 2).
-template <bool F, bool EP = false>
-__global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const __grid_constant__ MoeArgs a,
-                                                                         const __grid_constant__ GemvNorm nrm,
-                                                                         int* ctr) {
+// RL (D39, with EP): the router logits come from the previous launch (a.rlog, unscaled: times the norm scale
+// here); no router rows and no logits handoff. The shared expert's rows move to warps 1..7 (warp 0 picks).
+template <bool F, bool EP, bool RL>
+__device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNorm& nrm, int* ctr) {
   extern __shared__ float4 smp[];
   __shared__ float lg[256];
   __shared__ int sid[32];
   __shared__ float sv[32], sw[33], slot_scale[33];
   __shared__ uint32_t ckey[32], cidx[32];
   __shared__ float red[kPersistThreads / 32];
+  __shared__ float s_sg;
   const MoeDev& m = a.m;
   // D31 (F): the model's shapes, the folded norm and the residual as constants.
   constexpr bool SP = F;
@@ -925,8 +927,18 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   unsigned long long* tg = reinterpret_cast<unsigned long long*>(ctr + 16);
   __shared__ unsigned long long s_gen;
   if (tickets && threadIdx.x == 0) s_gen = atomicAdd(&tk[0], 1ull) / unsigned(G);
-  if (gw <= E) rr.load(gw == E ? m.shared_gate : m.router, gw < E ? gw : 0);
-  else if (gw < pre) load_q4(cur, m.sh_gate, m.sh_up, gw - E - 1);
+  static_assert(!RL || EP, "D39 only in the D36 instance");
+  // RL: shared-expert row sr on warp `warp` (1..7) of CTA blockIdx.x, in its own registers (computed while
+  // the warp's first routed rows load, after the picks: warp 0 picks alone).
+  const int sr = RL && warp > 0 ? int(blockIdx.x) * (nwc - 1) + warp - 1 : Is;
+  Q4Rows<2, 2> shr;
+  if (RL) {
+    if (sr < Is) load_q4(shr, m.sh_gate, m.sh_up, sr);
+  } else if (gw <= E) {
+    rr.load(gw == E ? m.shared_gate : m.router, gw < E ? gw : 0);
+  } else if (gw < pre) {
+    load_q4(cur, m.sh_gate, m.sh_up, gw - E - 1);
+  }
   l2_prefetch(a.pf);   // D13: the next launch's weights
   const float* xin = NW ? nrm.h : a.x;
   float ns = 1.f;
@@ -937,7 +949,13 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     const XRegs<2> g = xr;
     pdl_wait();
     trace_mark(a, 1);
+    float lgv = 0.f;
+    if (RL) {   // D39: the logits (one per thread: E == 256 threads) in flight with x
+      lgv = __ldcg(a.rlog + threadIdx.x);
+      if (threadIdx.x == 0) s_sg = __ldcg(a.rlog + E);
+    }
     xr.load(xin, H / 4);
+    if (RL) lg[threadIdx.x] = lgv;
     if (NW) {
       const float ss = warp_sum(xr.apply_gain(g));
       if (lane == 0) red[warp] = ss;
@@ -945,7 +963,7 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     // D24: the gate/up rows read x as int16 per 32 values (qx in the xq4 region).
     if (SP || a.xq16) stage_x_i16_regs(xr, H, reinterpret_cast<uint4*>(xq4), reinterpret_cast<float*>(xq4) + H / 2, xs4);
     else stage_x_q4_regs(xr, H, xq4, xs4);
-    stage_x_q8_regs(xr, xq8, xs8);
+    if (!RL) stage_x_q8_regs(xr, xq8, xs8);
     __syncthreads();
     if (NW) {
       ns = fold_norm_scale(red, nwc, H, nrm.eps, nrm.h, nrm.w, nullptr);
@@ -967,8 +985,8 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
       ns = fold_norm_scale(red, nwc, H, nrm.eps, nrm.h, nrm.w, blockIdx.x == 0 ? const_cast<float*>(a.x) : nullptr);
   }
   trace_mark(a, 2);
-  // 1. router rows
-  for (int p = gw; p <= E; p += nw) {
+  // 1. router rows (RL: none, the logits came with the previous launch)
+  for (int p = gw; !RL && p <= E; p += nw) {
     if (p != gw) rr.load(p == E ? m.shared_gate : m.router, p < E ? p : 0);
     const float v = rr.dot(xq8, xs8) * ns;
     if (lane == 0) {
@@ -988,8 +1006,8 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
       grid_arrive(&ctr[0]);
     }
   }
-  // 2. shared expert gate/up rows (unweighted SwiGLU)
-  for (int p = gw; p < pre; p += nw) {
+  // 2. shared expert gate/up rows (unweighted SwiGLU); RL: below, with the first routed loads in flight
+  for (int p = gw; !RL && p < pre; p += nw) {
     if (p <= E) continue;
     if (p != gw) load_q4(cur, m.sh_gate, m.sh_up, p - E - 1);
     float r[2];
@@ -999,8 +1017,9 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   }
   // 3. routing, then the routed experts' gate/up rows
   trace_mark(a, 4);
-  __shared__ float s_sg;
-  if (tags) {
+  if (RL) {
+    // D39: lg and s_sg were staged with x (before the staging barrier).
+  } else if (tags) {
     // Tagged logits: each thread polls its slots until they carry this launch's tag (value and tag
     // are one 8-byte word), so the logits arrive with the handoff in one round trip.
     const uint32_t want = uint32_t(s_gen + 1);
@@ -1029,14 +1048,15 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     select_topk_lanes(lg, E, K, sid, sv);
   }
   if (warp == 0) {
-    const float p = lane < K ? __expf(sv[lane] - sv[0]) : 0.f;   // the full softmax denominator cancels
+    const float lsc = RL ? ns : 1.f;   // D39: the logits are unscaled (the norm scale is positive: same order)
+    const float p = lane < K ? __expf((sv[lane] - sv[0]) * lsc) : 0.f;   // the full softmax denominator cancels
     const float sum = warp_sum(p);
     if (lane < K) {
       sw[lane] = p / sum;
       slot_scale[lane] = 1.f;   // routed slots carry their weight already
     }
     if (lane == 0) {
-      sw[K] = sigmoidf_(s_sg);
+      sw[K] = sigmoidf_(s_sg * lsc);
       slot_scale[K] = sw[K];   // the shared slot was written before σ(shared gate) was known
     }
     if (blockIdx.x == 0 && lane < K) {
@@ -1059,6 +1079,11 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
     } else {
       named_bar_sync(1, kPersistThreads);
       if (gw < items) load_routed(cur, gw);
+      if (RL && sr < Is) {   // D39: the shared row while the routed rows load and warp 0 finishes its picks
+        float r[2];
+        shr.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r);
+        if (lane == 0) act[K * imax + sr] = siluf_(r[0] * ns) * (r[1] * ns);
+      }
       named_bar_sync(2, kPersistThreads);
     }
   } else {
@@ -1129,6 +1154,25 @@ __global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const _
   trace_mark(a, 10);
   __syncthreads();
   trace_mark(a, 11);
+}
+
+template <bool F, bool EP = false>
+__global__ void __launch_bounds__(kPersistThreads, 2) moe_persist_kernel(const __grid_constant__ MoeArgs a,
+                                                                         const __grid_constant__ GemvNorm nrm,
+                                                                         int* ctr) {
+  moe_persist_body<F, EP, false>(a, nrm, ctr);
+}
+// D39's instance at most 96 registers (kRlRegs): one of its CTAs then fits on an SM beside two CTAs of the
+// out-projection launch before it (80 registers), so it starts (tickets, weight loads) before they finish.
+// LILY_D39_REGS=0 takes the uncapped build (the compiler's choice, ~100).
+constexpr int kRlRegs = 96;
+__global__ void __maxnreg__(kRlRegs)
+    moe_persist_rl_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
+  moe_persist_body<true, true, true>(a, nrm, ctr);
+}
+__global__ void __launch_bounds__(kPersistThreads, 2)
+    moe_persist_rl_free_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
+  moe_persist_body<true, true, true>(a, nrm, ctr);
 }
 
 bool q4ok(const QMat& w) { return w.type == kQ4 && !w.sb_f32 && w.gs == 64; }
@@ -1235,9 +1279,14 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
       CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
       CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_persist_kernel<false>, kPersistThreads, smem));
       CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_f, moe_persist_kernel<true>, kPersistThreads, smem));
-      int per_sm_e = 0;
+      int per_sm_e = 0, per_sm_r = 0;
       CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_e, moe_persist_kernel<true, true>, kPersistThreads, smem));
-      grid = std::min({per_sm, per_sm_f, per_sm_e, cap}) * sms;
+      int per_sm_r2 = 0;
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_r, moe_persist_rl_kernel, kPersistThreads, smem));
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_r2, moe_persist_rl_free_kernel, kPersistThreads,
+                                                               smem));
+      per_sm_r = std::min(per_sm_r, per_sm_r2);
+      grid = std::min({per_sm, per_sm_f, per_sm_e, per_sm_r, cap}) * sms;
       grid_smem = smem;
     }
     // D31: the default configuration's own instance (moe_persist_kernel<true>).
@@ -1247,7 +1296,16 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
     if (grid > 0) {
       // D36: the first slot's loads before the whole top-k (needs each CTA's first slot below K).
       const bool early = special && moe_early_pick_enabled() && (int64_t(grid - 1) * (kPersistThreads / 32)) / m.I < m.K;
-      launch(early     ? moe_persist_kernel<true, true>
+      // D39: the logits from the out-projection launch (the shared rows on warps 1..7 of the first CTAs).
+      const bool rl = early && dec->router_logits && int64_t(grid) * (kPersistThreads / 32 - 1) >= m.Is;
+      a.rlog = rl ? dec->router_logits : nullptr;
+      static const bool rl_free = [] {
+        const char* v = std::getenv("LILY_D39_REGS");
+        return v && *v && std::atoi(v) == 0;
+      }();
+      launch(rl && rl_free ? moe_persist_rl_free_kernel
+             : rl        ? moe_persist_rl_kernel
+             : early     ? moe_persist_kernel<true, true>
              : special ? moe_persist_kernel<true>
                        : moe_persist_kernel<false>,
              dim3(grid), dim3(kPersistThreads), smem,
