@@ -141,6 +141,7 @@ class CudaBackend final : public Backend {
 
   // ---- memory -----------------------------------------------------------------------------
   ModelWeights upload(const ModelWeights& host) override {
+    drop_d39_folds(nullptr);   // D39: folds belong to the weights they were built from
     ModelWeights d;
     d.config = host.config;
     d.hf_layout = host.hf_layout;
@@ -181,6 +182,7 @@ class CudaBackend final : public Backend {
   }
   int32_t* alloc_i32(int64_t n) override { return static_cast<int32_t*>(alloc_bytes(n * 4)); }
   void free(void* p) override {
+    drop_d39_folds(p);
     auto it = std::find(allocs_.begin(), allocs_.end(), p);
     if (it == allocs_.end()) return;
     flush();
@@ -798,6 +800,22 @@ class CudaBackend final : public Backend {
     double bytes;
   };
 
+  // D39: forget (and free) the router folds built from `p` (every fold when p is null): a later model may reuse
+  // the addresses.
+  void drop_d39_folds(const void* p) {
+    for (auto it = d39_folds_.begin(); it != d39_folds_.end();) {
+      const D39Fold& f = it->second;
+      if (!p || p == it->first || p == f.router || p == f.sg || p == f.w2 || p == f.wo) {
+        float* q = f.q;
+        it = d39_folds_.erase(it);
+        d39_last_ = {};
+        d39_in_ = {};
+        free(q);
+      } else {
+        ++it;
+      }
+    }
+  }
   void* alloc_bytes(int64_t bytes) {
     void* p = nullptr;
     LILY_CHECK(!capturing_, "cuda backend: allocation during graph capture");
