@@ -246,6 +246,12 @@ int bench_main(int argc, char** argv) {
                  median_of(s.ms_steady));
   }
   set_variant({});
+  // Device memory held by lily after the timed runs (weights, the one state sized for the largest context,
+  // workspaces, D39's router folds): the peak of the runs, since nothing is freed between them.
+  double dev_mib = -1;
+#ifdef LILY_HAVE_CUDA
+  if (be->name() == "cuda") dev_mib = double(cuda_tools::device_bytes(*be)) / 1048576.0;
+#endif
 
   // Per-op breakdown (eager, instrumented) and expert balance at the profile context.
   std::vector<std::string> prof_lines;
@@ -327,14 +333,19 @@ int bench_main(int argc, char** argv) {
      << "\",\n  \"notes\": \"context filled with random KV/conv/recurrent state instead of a prefill; tok_s = N / wall "
         "time of generate_greedy (capture included); ms_steady from the difference of two run lengths\",\n"
      << "  \"copy_gbs\": " << copy_gbs << ",\n  \"graph_node_floor_us\": " << floor_us
-     << ",\n  \"graph_node_floor_pdl_us\": " << floor_pdl_us << ",\n  \"active_weight_bytes\": " << wbytes << ",\n  \"results\": [\n";
+     << ",\n  \"graph_node_floor_pdl_us\": " << floor_pdl_us << ",\n  \"active_weight_bytes\": " << wbytes
+     << ",\n  \"device_mib\": " << (dev_mib >= 0 ? fmtd("%.0f", dev_mib) : "null") << ",\n  \"results\": [\n";
   md << "# Decode benchmark (" << date << ")\n\n- machine: " << machine << "\n- commit: " << o.str("commit")
      << "\n- command: `" << cmdline << "`\n- model: " << model_name
      << "\n- context: random KV cache / conv / recurrent state (no prefill); greedy, batch 1, " << N
      << " tokens, median of " << rounds << " rounds (variants alternate order)\n- device-to-device copy: "
      << fmtd("%.0f", copy_gbs) << " GB/s (read+write); active weights " << fmtd("%.3f", wbytes / 1e9)
      << " GB/token\n- graph node floor (chain of no-op kernels): " << fmtd("%.2f", floor_us) << " us, "
-     << fmtd("%.2f", floor_pdl_us) << " us with programmatic dependent launch\n\n| context | variant | tok/s (median) | min | max | ms/token steady | GB/s achieved | % of copy bw |\n"
+     << fmtd("%.2f", floor_pdl_us) << " us with programmatic dependent launch\n"
+     << (dev_mib >= 0 ? "- device memory held by lily after the runs (weights, state for " + std::to_string(max_ctx + warm + N + 8) +
+                            " tokens, workspaces): " + fmtd("%.0f", dev_mib) + " MiB\n"
+                      : std::string())
+     << "\n| context | variant | tok/s (median) | min | max | ms/token steady | GB/s achieved | % of copy bw |\n"
      << "|---:|---|---:|---:|---:|---:|---:|---:|\n";
   bool first = true;
   for (int L : ctxs)
