@@ -34,6 +34,9 @@ fi
 el "cuda-check decode paths with the generic persistent MoE instance (--ablate D31)"
 LILY_GEMM_MIN_T=1000000 timeout 200 "$L" cuda-check --layers 4 --tokens 64 --prompt 24 --ablate D31 2>&1 | tail -1 |
   tee "$OUT/check_decode_d31off.txt"
+el "cuda-check decode paths with the MoE computing its own router logits (--ablate D39)"
+LILY_GEMM_MIN_T=1000000 timeout 200 "$L" cuda-check --layers 4 --tokens 64 --prompt 24 --ablate D39 2>&1 | tail -1 |
+  tee "$OUT/check_decode_d39off.txt"
 el "cuda-check decode paths, 192 positions, cpu following the gpu's experts (D24's rounding apart from router near-ties)"
 LILY_GEMM_MIN_T=1000000 timeout 200 "$L" cuda-check --layers 4 --tokens 192 --prompt 24 --follow-routing 2>&1 | tail -8 |
   tee "$OUT/check_decode_follow.txt"

@@ -180,8 +180,9 @@ struct MoeDecode {
   // __threadfence + atomicAdd instead of one red.release.gpu. (2 and 4, pinning the down loads and spinning
   // without sleep, had no effect and were removed in session 5.)
   int flags = 0;
-  // D39: the unscaled router logits [E] and shared-expert gate logit [E] of this token, computed by the
-  // out-projection launch before this one (GemvRouterRows); the D31 instance then skips its router rows.
+  // D39: the unscaled router logits [E] and shared-expert gate logit [E] of this token, completed by the
+  // out-projection launch right before this one (GemvRouterRows: Q_h·h from the in-projection launch + Q_a·a);
+  // the D36 instance then skips its router rows and the logits handoff.
   const float* router_logits = nullptr;
 };
 int64_t moe_workspace_floats(const MoeDev& m, int T);

@@ -1296,7 +1296,7 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
     if (grid > 0) {
       // D36: the first slot's loads before the whole top-k (needs each CTA's first slot below K).
       const bool early = special && moe_early_pick_enabled() && (int64_t(grid - 1) * (kPersistThreads / 32)) / m.I < m.K;
-      // D39: the logits from the out-projection launch (the shared rows on warps 1..7 of the first CTAs).
+      // D39: the logits from the launches before (the shared rows on warps 1..7 of the first 74 CTAs).
       const bool rl = early && dec->router_logits && int64_t(grid) * (kPersistThreads / 32 - 1) >= m.Is;
       a.rlog = rl ? dec->router_logits : nullptr;
       static const bool rl_free = [] {
