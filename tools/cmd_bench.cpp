@@ -342,7 +342,7 @@ int bench_main(int argc, char** argv) {
      << fmtd("%.0f", copy_gbs) << " GB/s (read+write); active weights " << fmtd("%.3f", wbytes / 1e9)
      << " GB/token\n- graph node floor (chain of no-op kernels): " << fmtd("%.2f", floor_us) << " us, "
      << fmtd("%.2f", floor_pdl_us) << " us with programmatic dependent launch\n"
-     << (dev_mib >= 0 ? "- device memory held by lily after the runs (weights, state for " + std::to_string(max_ctx + warm + N + 8) +
+     << (dev_mib >= 0 ? "- device memory held by lily after the runs (weights, state for " + std::to_string(state().capacity) +
                             " tokens, workspaces): " + fmtd("%.0f", dev_mib) + " MiB\n"
                       : std::string())
      << "\n| context | variant | tok/s (median) | min | max | ms/token steady | GB/s achieved | % of copy bw |\n"

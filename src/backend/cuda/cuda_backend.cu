@@ -327,16 +327,8 @@ class CudaBackend final : public Backend {
         auto f = in.w1 && in.h == h ? d39_folds_.find(in.w1) : d39_folds_.end();
         GemvRouterRows& rt = gemv_router_next();
         rt = {};
-        if (d39_ && pend_.size() == 1 && in.attached && f != d39_folds_.end() && f->second.wo == wo.data) {
-          const D39Fold& fd = f->second;
-          rt.q = fd.q;
-          rt.qstride = fd.H + wo.cols;
-          rt.qoff = fd.H;
-          rt.cols = wo.cols;
-          rt.add = d39_lh_;
-          rt.out = d39_logits_;
-          rt.n = fd.n;
-        }
+        if (d39_ && pend_.size() == 1 && in.attached && f != d39_folds_.end() && f->second.wo == wo.data)
+          rt = d39_rows(f->second, true);
         flush_mm();
         d39_last_ = {wo, h, rt.used, in.h == h ? in.w1 : nullptr};
         rt = {};
@@ -1033,18 +1025,10 @@ class CudaBackend final : public Backend {
     gemv_trace_next() = trace_slot(name);
     // D39: a decode batch with a folded norm whose layer has a router fold computes Q_h·h (h as loaded).
     GemvRouterRows& rt = gemv_router_next();   // (add() may have set it for an out-projection: no norm)
-    if (has_norm && pend_T_ == 1) rt = {};
-    if (has_norm && pend_T_ == 1 && !jobs.back().res) {
-      auto f = d39_ ? d39_folds_.find(norm.w) : d39_folds_.end();
-      if (f != d39_folds_.end() && f->second.H == jobs[0].w.cols) {
-        rt = {};
-        rt.q = f->second.q;
-        rt.qstride = f->second.H + int64_t(f->second.C);
-        rt.qoff = 0;
-        rt.cols = f->second.H;
-        rt.out = d39_lh_;
-        rt.n = f->second.n;
-      }
+    if (has_norm && pend_T_ == 1) {
+      rt = {};
+      auto f = d39_ && !jobs.back().res ? d39_folds_.find(norm.w) : d39_folds_.end();
+      if (f != d39_folds_.end() && f->second.H == jobs[0].w.cols) rt = d39_rows(f->second, false);
     }
     timed(name, bytes, [&] {
       gemv_batch(jobs.data(), int(jobs.size()), pend_T_, fast_, s_, has_norm ? &norm : nullptr, &pf);
@@ -1339,6 +1323,19 @@ class CudaBackend final : public Backend {
   D39Last d39_last_;
   float* d39_logits_ = nullptr;
   float* d39_lh_ = nullptr;
+  // D39: the fold's rows for the in-projection launch (Q_h·h into d39_lh_) or the out-projection launch
+  // (Q_a·a + d39_lh_ into d39_logits_).
+  GemvRouterRows d39_rows(const D39Fold& f, bool a_part) const {
+    GemvRouterRows r;
+    r.q = f.q;
+    r.qstride = int64_t(f.H) + f.C;
+    r.qoff = a_part ? f.H : 0;
+    r.cols = a_part ? f.C : f.H;
+    r.add = a_part ? d39_lh_ : nullptr;
+    r.out = a_part ? d39_logits_ : d39_lh_;
+    r.n = f.n;
+    return r;
+  }
   int* router_ticket_ = nullptr;      // D10: arrival counter of the fused router kernel (self-resetting)
   bool prefetch_ = true;              // D13
   bool early_down_ = true;            // D17

@@ -109,6 +109,10 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     const int rq = bj * 8 * R + warp * R;
 #pragma unroll
     for (int r = 0; r < R; ++r) resv[r] = jb.res && lane == 0 && rq + r < rows ? __ldcg(jb.res + rq + r) : 0.f;
+    if (L.trace) {   // investigation aid: when this thread's x has arrived
+      asm volatile("" ::"f"(xr.v[0].x));
+      trace_stamp(L.trace, 4);
+    }
     if constexpr (RT) {   // D39: the row · x as loaded (before a folded norm's gain), reduced after the barrier
       float part = 0.f;
       if (has_r) {

@@ -1272,21 +1272,22 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
     const size_t smem = persist_smem(m);
     if (grid < 0 || grid_smem != smem) {
       // All CTAs must be co-resident (they spin on each other): at most the occupancy per SM
-      // (capped at 2, LILY_MOEP_CTAS_PER_SM overrides the cap) times the SM count. Both instances get
+      // (capped at 2, LILY_MOEP_CTAS_PER_SM overrides the cap) times the SM count. Every instance gets
       // the same grid: the ticket handoffs number launches by tickets / grid, and launches may mix them.
-      int sms = 0, per_sm = 0, per_sm_f = 0, cap = 2;
+      int sms = 0, cap = 2;
       if (const char* v = std::getenv("LILY_MOEP_CTAS_PER_SM"); v && *v) cap = std::max(1, std::atoi(v));
       CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_persist_kernel<false>, kPersistThreads, smem));
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_f, moe_persist_kernel<true>, kPersistThreads, smem));
-      int per_sm_e = 0, per_sm_r = 0;
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_e, moe_persist_kernel<true, true>, kPersistThreads, smem));
-      int per_sm_r2 = 0;
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_r, moe_persist_rl_kernel, kPersistThreads, smem));
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_r2, moe_persist_rl_free_kernel, kPersistThreads,
-                                                               smem));
-      per_sm_r = std::min(per_sm_r, per_sm_r2);
-      grid = std::min({per_sm, per_sm_f, per_sm_e, per_sm_r, cap}) * sms;
+      int per_sm = cap;
+      for (const void* k : {reinterpret_cast<const void*>(moe_persist_kernel<false>),
+                            reinterpret_cast<const void*>(moe_persist_kernel<true>),
+                            reinterpret_cast<const void*>(moe_persist_kernel<true, true>),
+                            reinterpret_cast<const void*>(moe_persist_rl_kernel),
+                            reinterpret_cast<const void*>(moe_persist_rl_free_kernel)}) {
+        int n = 0;
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kPersistThreads, smem));
+        per_sm = std::min(per_sm, n);
+      }
+      grid = per_sm * sms;
       grid_smem = smem;
     }
     // D31: the default configuration's own instance (moe_persist_kernel<true>).
