@@ -671,7 +671,10 @@ class CudaBackend final : public Backend {
     topk_lanes_enabled() = !abl_.has("D27");     // D27: decode MoE top-k on one warp, lanes' logits sorted in registers
     moe_persist_special_enabled() = !abl_.has("D31");   // D31: D19 default configuration as its own instance
     moe_early_pick_enabled() = !abl_.has("D36");   // D36: D31 loads a CTA's first slot before the whole top-k
-    d40_ = !abl_.has("D40");   // D40: the GDN out-projection fused into the GDN decode step
+    {   // D40: the GDN out-projection fused into the GDN decode step (opt-in: LILY_D40=1; see docs/CUDA.md)
+      const char* e = std::getenv("LILY_D40");
+      d40_ = e && *e == '1' && !abl_.has("D40");
+    }
     d39_ = !abl_.has("D39");   // D39: router logits from the out-projection launch (folded Q = W_r diag(w2) [I | W_o])
     attn_prep_fused_enabled() = !abl_.has("D28");   // D28: attention prep inside the D20 split-KV kernel (T == 1)
     batch_ = !abl_.has("D3b");
@@ -1486,6 +1489,10 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
       "entry", "past PDL wait", "x staged, norm folded", "router rows done", "shared-expert rows done",
       "past handoff 1 (logits)", "top-k + weights", "routed gate/up done", "past handoff 2 (activations)",
       "down: activations staged", "down: rows done (thread 0)", "end (CTA)"};
+  static const char* gdn_names[kTracePhases] = {
+      "entry", "past PDL wait", "conv + SiLU staged (barrier 1)", "end (thread 0)", "l2 norms (barrier 2)",
+      "m = S^T k reduced (barrier 3)", "S updated, o reduced (barrier 4)", "past cluster barrier 1",
+      "y written (warp 0)", "conv state written", "", ""};
   static const char* gemv_names[6] = {"entry", "past PDL wait", "x staged, norm folded (after the barrier)",
                                       "end (thread 0)", "x arrived (thread 0)", "x in shared memory (thread 0)"};
   std::vector<std::string> slot_names;
@@ -1533,15 +1540,16 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
   out.push_back("Kernel phase trace: us since each launch's first CTA entered (median over the launches of one step)");
   for (const std::string& n : order) {
     const Acc& a = acc[n];
-    const bool moe = n.rfind("moe", 0) == 0;
+    const bool moe = n.rfind("moe", 0) == 0, gdn = n.rfind("gdn", 0) == 0;
     out.push_back("");
     out.push_back("| " + n + " (" + std::to_string(a.calls) + " launches, " + std::to_string(a.ctas) +
                   " CTAs) | median CTA | last CTA |");
     out.push_back("|---|---:|---:|");
-    for (int ph = 0; ph < (moe ? kTracePhases : 6); ++ph) {
+    for (int ph = 0; ph < (moe || gdn ? kTracePhases : 6); ++ph) {
       if (a.med[ph].empty()) continue;
       char buf[200];
-      std::snprintf(buf, sizeof buf, "| %d %s | %.2f | %.2f |", ph, moe ? moe_names[ph] : gemv_names[ph],
+      std::snprintf(buf, sizeof buf, "| %d %s | %.2f | %.2f |", ph,
+                    moe ? moe_names[ph] : gdn ? gdn_names[ph] : gemv_names[ph],
                     median(a.med[ph]), median(a.last[ph]));
       out.push_back(buf);
     }
@@ -1579,8 +1587,10 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
   std::vector<size_t> heads;   // lm_head launches: the step's last GEMV
   for (size_t i = 0; i < tl.size(); ++i)
     if (tl[i].name.find("248320x") != std::string::npos) heads.push_back(i);
-  if (heads.size() >= 2) {
-    const size_t i0 = heads[heads.size() - 2], i1 = heads.back();
+  if (!heads.empty()) {   // a replayed graph overwrites the same slots: often one step, one lm_head
+    const size_t i1 = heads.back();
+    const size_t first = heads.size() >= 2 ? heads[heads.size() - 2] + 1 : 0;
+    const size_t i0 = first;   // transitions from launch first + 1 on
     struct Tr {
       std::vector<double> gap, busy;
     };
@@ -1595,9 +1605,9 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
     char buf[400];
     out.push_back("");
     std::snprintf(buf, sizeof buf,
-                  "Step timeline: %zu traced launches, %.2f us from the previous lm_head's end to this one's "
+                  "Step timeline: %zu traced launches, %.2f us from the first one's entry to the lm_head's end "
                   "(median per transition; gap = previous launch's last end stamp -> first CTA past the PDL wait)",
-                  i1 - i0, tl[i1].end - tl[i0].end);
+                  i1 - first + 1, tl[i1].end - tl[first].entry);
     out.push_back(buf);
     out.push_back("");
     out.push_back("| previous -> launch | count | gap us | busy us | gap + busy, all counts us |");
@@ -1612,7 +1622,7 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
                     median(x.busy), sum);
       out.push_back(buf);
     }
-    std::snprintf(buf, sizeof buf, "| total | %zu | | | %.1f |", i1 - i0, tot);
+    std::snprintf(buf, sizeof buf, "| total | %zu | | | %.1f |", i1 - i0, tot);   // + the first launch's own
     out.push_back(buf);
   }
   return out;
