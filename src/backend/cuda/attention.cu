@@ -7,6 +7,8 @@
 
 #include <cfloat>
 
+#include <utility>
+
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/prefill_attn.h"
 
@@ -365,6 +367,8 @@ struct AttnPrepArgs {
   const float *q, *k, *v, *qn, *kn;   // projections [heads][2hd] (query | gate), [kv][hd], [kv][hd]; norm weights
   __half *kc, *vc;                    // the cache (written at the new position)
   L2Prefetch pf;                      // D13: the next launch's weights (o_proj), as the prep kernel did
+  unsigned long long* tr;             // investigation aid: trace stamps (0 entry, 1 past wait, 2 q ready, 4 KV
+                                      // loop done, 3 end), null = off
 };
 // RMSNorm (weight nw) and partial RoPE (64 dims, pairs (l, l + 32)) of one 256-wide head, lane l
 // holding dims l + 32j in y[j].
@@ -394,9 +398,11 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
                                                                              const __grid_constant__ AttnPrepArgs pa) {
   constexpr int hd = 256, HPB = 8, NW = kMmaDecWarps;
   extern __shared__ float sm[];   // [NW][HPB][hd] acc, then [NW][HPB] (m, l); with FP first the queries [HPB][hd]
+  trace_stamp(pa.tr, 0);
   pdl_trigger();
   if constexpr (FP) l2_prefetch(pa.pf);
   pdl_wait();
+  trace_stamp(pa.tr, 1);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int tt = blockIdx.z;
   const int h0 = blockIdx.y * HPB, kvh = blockIdx.y;
@@ -444,6 +450,7 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
     }
   }
   if constexpr (FP) __syncthreads();   // every warp holds its fragments before sm is reused
+  trace_stamp(pa.tr, 2);
   float acc[16][4];
 #pragma unroll
   for (int mt = 0; mt < 16; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
@@ -540,8 +547,10 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
     sml[(warp * HPB + 2 * t + 1) * 2] = m1;
     sml[(warp * HPB + 2 * t + 1) * 2 + 1] = l1;
   }
+  trace_stamp(pa.tr, 4);
   __syncthreads();
   combine_warps<NW, HPB>(sacc, sml, hd, sl);
+  trace_stamp(pa.tr, 3);
 }
 
 // grid (heads, T), block hd: o = Σ_s acc_s 2^(m_s−M) / Σ_s l_s 2^(m_s−M), times σ(gate). The
@@ -590,11 +599,13 @@ constexpr int kMergeWarps = 16;
 __global__ void __launch_bounds__(32 * kMergeWarps) attn_merge_warps_kernel(AttnDims d, int splits, int pos0,
                                                                             const int32_t* pos_dev,
                                                                             const float* part, const float* q,
-                                                                            float* o) {
+                                                                            float* o, unsigned long long* tr) {
   __shared__ float sacc[kMergeWarps][64];
   __shared__ float sml[kMergeWarps][2];
+  trace_stamp(tr, 0);
   pdl_trigger();
   pdl_wait();
+  trace_stamp(tr, 1);
   const int h = blockIdx.x, e0 = blockIdx.y * 64, t = blockIdx.z, hd = d.head_dim;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int len = min(cur_pos(pos0, pos_dev) + t + 1, d.capacity);
@@ -635,6 +646,7 @@ __global__ void __launch_bounds__(32 * kMergeWarps) attn_merge_warps_kernel(Attn
     const float gate = q[(int64_t(t) * d.heads + h) * 2 * hd + hd + e];
     o[(int64_t(t) * d.heads + h) * hd + e] = A / L * sigmoidf_(gate);
   }
+  trace_stamp(tr, 3);
 }
 
 int eff_splits(int T, int splits) { return T == 1 ? splits : std::max(1, std::min(splits, 64 / T)); }
@@ -717,6 +729,11 @@ int64_t attention_workspace_floats(const AttnDims& d, int T) {
          int64_t(T) * d.heads * eff_splits(T, 256) * (d.head_dim + 2) + 64;
 }
 
+std::array<unsigned long long*, 2>& attn_trace_next() {
+  static std::array<unsigned long long*, 2> p{};
+  return p;
+}
+
 bool& merge_warps_enabled() {
   static bool on = true;
   return on;
@@ -747,6 +764,7 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void
                int T, float* o, float* work, int splits, bool pack_gqa, cudaStream_t s, const L2Prefetch* pf) {
   const int hd = d.head_dim, G = d.heads / d.kv_heads;
   LILY_CHECK(hd == 64 || hd == 128 || hd == 256, "attention: head_dim must be 64, 128 or 256");
+  unsigned long long* tr[2] = {std::exchange(attn_trace_next()[0], nullptr), std::exchange(attn_trace_next()[1], nullptr)};
   LILY_CHECK(d.heads % d.kv_heads == 0 && d.rot_dim <= hd && d.rot_dim % 2 == 0,
              "attention: unsupported head configuration");
   static int sms = 0;
@@ -782,7 +800,8 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void
                                                                                   : attn_split_mma_kernel<0, false>);
     AttnPrepArgs pa{};
     if (fused_prep) pa = AttnPrepArgs{q, k, v, q_norm, k_norm, static_cast<__half*>(kc), static_cast<__half*>(vc),
-                                      pf ? *pf : L2Prefetch{}};
+                                      pf ? *pf : L2Prefetch{}, nullptr};
+    pa.tr = T == 1 ? tr[0] : nullptr;
     launch(kern, dim3(splits, d.kv_heads, T), dim3(32 * kMmaDecWarps), smem, s, d,
            static_cast<const __half*>(kc), static_cast<const __half*>(vc), pos0, pos_dev, (const float*)qbuf, part, pa);
     CUDA_LAUNCH_CHECK();
@@ -794,7 +813,7 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void
                      part, splits, T, s);
   if (merge_warps_enabled() && T == 1)
     launch(attn_merge_warps_kernel, dim3(d.heads, hd / 64, T), dim3(32 * kMergeWarps), 0, s, d, splits, pos0,
-           pos_dev, (const float*)part, q, o);
+           pos_dev, (const float*)part, q, o, tr[1]);
   else
     launch(attn_merge_kernel, dim3(d.heads, T), dim3(hd), (splits + 32) * sizeof(float), s, d, splits, pos0,
            pos_dev, (const float*)part, q, o);

@@ -440,6 +440,7 @@ class CudaBackend final : public Backend {
     }
     float* ws = workspace(attention_workspace_floats(d, T));
     const L2Prefetch pf = unit_prefetch(L2Prefetch{}, T);
+    if (T == 1) attn_trace_next() = {trace_slot("attn.split"), trace_slot("attn.merge")};
     timed("attention", bytes, [&] {
       cuda::attention(d, w.q_norm.data, w.k_norm.data, kv.k, kv.v, kv16, pos0, pos_dev, q, k, v, T, o, ws, splits_,
                       pack_gqa_, s_, &pf);
@@ -693,6 +694,7 @@ class CudaBackend final : public Backend {
     persist_ = !abl_.has("D19");          // D19: decode MoE block as one persistent kernel
     pack_gqa_ = !abl_.has("D6");
     splits_ = abl_.has("D7") ? 1 : 0;   // 0: sized from the SM count
+    if (const char* e = std::getenv("LILY_ATTN_SPLITS"); e && *e && !abl_.has("D7")) splits_ = std::atoi(e);   // tuning aid
     attn_mma_decode_enabled() = !abl_.has("D20");   // D20: tensor-core split-KV decode (fp16 cache)
     attn_mma_pipe_mode() = abl_.has("D25") ? 0 : 2;  // D25: D20's V rows with its K rows, K one step ahead
     kv16_ = !abl_.has("D18");           // D18: fp16 KV cache (off = f32); applies to caches allocated later
@@ -1445,7 +1447,7 @@ class CudaBackend final : public Backend {
   bool profiling_ = false, hold_ = false;
   std::vector<std::string> skip_;   // "skip=" ids (see skipped)
   int moep_flags_ = 0;              // "moep=N": MoeDecode::flags
-  static constexpr int kTraceSlots = 192;   // traced launches per step (40 MoE + 81 GEMV batches + 30 GDN)
+  static constexpr int kTraceSlots = 224;   // traced launches per step (40 MoE + 81 GEMV + 30 GDN + 20 attention)
   unsigned long long* trace_buf_ = nullptr;
   bool trace_on_ = false;
   int trace_call_ = 0;
@@ -1493,6 +1495,8 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
       "entry", "past PDL wait", "conv + SiLU staged (barrier 1)", "end (thread 0)", "l2 norms (barrier 2)",
       "m = S^T k reduced (barrier 3)", "S updated, o reduced (barrier 4)", "past cluster barrier 1",
       "y written (warp 0)", "conv state written", "", ""};
+  static const char* attn_names[kTracePhases] = {"entry", "past PDL wait", "q ready (split)", "end (thread 0)",
+                                                 "KV loop done (split)", "", "", "", "", "", "", ""};
   static const char* gemv_names[6] = {"entry", "past PDL wait", "x staged, norm folded (after the barrier)",
                                       "end (thread 0)", "x arrived (thread 0)", "x in shared memory (thread 0)"};
   std::vector<std::string> slot_names;
@@ -1540,16 +1544,16 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
   out.push_back("Kernel phase trace: us since each launch's first CTA entered (median over the launches of one step)");
   for (const std::string& n : order) {
     const Acc& a = acc[n];
-    const bool moe = n.rfind("moe", 0) == 0, gdn = n.rfind("gdn", 0) == 0;
+    const bool moe = n.rfind("moe", 0) == 0, gdn = n.rfind("gdn", 0) == 0, attn = n.rfind("attn", 0) == 0;
     out.push_back("");
     out.push_back("| " + n + " (" + std::to_string(a.calls) + " launches, " + std::to_string(a.ctas) +
                   " CTAs) | median CTA | last CTA |");
     out.push_back("|---|---:|---:|");
-    for (int ph = 0; ph < (moe || gdn ? kTracePhases : 6); ++ph) {
+    for (int ph = 0; ph < (moe || gdn || attn ? kTracePhases : 6); ++ph) {
       if (a.med[ph].empty()) continue;
       char buf[200];
       std::snprintf(buf, sizeof buf, "| %d %s | %.2f | %.2f |", ph,
-                    moe ? moe_names[ph] : gdn ? gdn_names[ph] : gemv_names[ph],
+                    moe ? moe_names[ph] : gdn ? gdn_names[ph] : attn ? attn_names[ph] : gemv_names[ph],
                     median(a.med[ph]), median(a.last[ph]));
       out.push_back(buf);
     }

@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 
 #include "backend/backend.h"
@@ -149,6 +150,8 @@ unsigned long long*& gemv_trace_next();
 // Investigation aid: the trace slot for the next GDN decode launch (consumed by it; stamps 0 entry,
 // 1 past PDL wait, 3 end).
 unsigned long long*& gdn_trace_next();
+// Investigation aid: trace slots for the next decode attention's split-KV (D20) and merge launches.
+std::array<unsigned long long*, 2>& attn_trace_next();
 // With an fp16 cache, the split-KV kernel keeps 4 positions per warp in flight (raw fp16, converted
 // where used) instead of 2 (process-wide switch, env LILY_ATTN_KV16_U4=1; off by default).
 bool& kv16_u4_enabled();
