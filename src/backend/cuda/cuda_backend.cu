@@ -90,20 +90,6 @@ struct PendingPNorm {
 // P28 (prefill, T >= gemm_min_t_): the chunked GDN's gated RMSNorm of its raw outputs y, not launched
 // yet; the next GEMM batch reading y (the out-projection) runs it fused with its operand conversion
 // (gemm_gdn_norm_convert, bit-identical; y itself stays raw), anything else launches it first (flush_gn).
-// D40 (decode): a GDN step not launched yet, with the out-projection of its y (wo set once that matmul came);
-// the residual add of that product (add(h, r)) launches them as one kernel.
-struct PendingGdn {
-  bool on = false;
-  GdnDims d{};
-  const float *conv_w = nullptr, *A_log = nullptr, *dt_bias = nullptr, *norm_w = nullptr;
-  float *conv = nullptr, *S = nullptr;
-  const float *qkv = nullptr, *z = nullptr, *a = nullptr, *b = nullptr;
-  float* y = nullptr;
-  L2Prefetch mine{};
-  QMat wo{};           // the out-projection (type kQ4 once attached)
-  const float* r = nullptr;   // its output (never written when fused)
-};
-
 struct PendingGNorm {
   GdnDims d{};
   const float* w = nullptr;
@@ -238,7 +224,6 @@ class CudaBackend final : public Backend {
     timed("embed", 0, [&] { cuda::embed(to_qmat(E), tokens, T, out, s_); });
   }
   void rmsnorm(const float* x, const FVec& w, int T, float eps, float* out) override {
-    flush_gdn();
     flush_gn();
     flush_moe();
     flush_norm();
@@ -271,18 +256,9 @@ class CudaBackend final : public Backend {
   }
   void matmul(const QMatrix& W, const float* x, int T, float* y) override {
     d39_last_ = {};   // D39: an out-projection's logits are for the MoE right after it
-    const QMat q = to_qmat(W);
-    if (pend_gdn_.on) {   // D40: the out-projection of the held GDN step waits for its residual add
-      if (pend_gdn_.wo.type != kQ4 && T == 1 && x == pend_gdn_.y && q.type == kQ4 && q.gs == 64 && !q.sb_f32 &&
-          q.rows == 2048 && q.cols == pend_gdn_.d.nv * pend_gdn_.d.dv && y != x) {
-        pend_gdn_.wo = q;
-        pend_gdn_.r = y;
-        return;
-      }
-      flush_gdn();
-    }
     flush_moe();
     flush_add();
+    const QMat q = to_qmat(W);
     // P28: a held-back GDN norm of x becomes the conversion of the batch this job starts.
     if (pend_gn_.y) {
       if (x == pend_gn_.y && T == pend_gn_.T && gemm_takes(q, T) && q.cols == pend_gn_.d.nv * pend_gn_.d.dv &&
@@ -328,12 +304,6 @@ class CudaBackend final : public Backend {
     if (!batch_) flush_mm();
   }
   void add(float* h, const float* r, int64_t n) override {
-    if (pend_gdn_.on && pend_gdn_.wo.type == kQ4 && r == pend_gdn_.r && n == pend_gdn_.wo.rows &&
-        h != pend_gdn_.y && pend_.empty() && !pend_moe_.on && !pend_add_.h) {
-      launch_gdn_wo(h);
-      return;
-    }
-    flush_gdn();
     flush_gn();
     // D9: the add becomes the epilogue of the kernel that produces r (it also still writes r).
     // The MoE may read h itself (folded norm, router stage): that is two launches before the down
@@ -360,7 +330,7 @@ class CudaBackend final : public Backend {
         if (d39_ && pend_.size() == 1 && in.attached && f != d39_folds_.end() && f->second.wo == wo.data)
           rt = d39_rows(f->second, true);
         flush_mm();
-        d39_last_ = {wo, h, rt.used, in.h == h ? in.w1 : nullptr, d39_logits_};
+        d39_last_ = {wo, h, rt.used, in.h == h ? in.w1 : nullptr};
         rt = {};
         return;
       }
@@ -407,11 +377,6 @@ class CudaBackend final : public Backend {
     pf_add(mine, st.S, int64_t(d.nv) * d.dk * d.dv * 4);
     pf_add(mine, st.conv, int64_t(d.kconv - 1) * d.conv_dim * 4);
     pf_add(mine, w.conv1d.data, w.conv1d.n * 4);
-    if (T == 1 && d40_ && fold_norm_ && gdn_split_enabled() && d.dk == 128 && d.dv == 128 && d.kconv == 4 &&
-        d.nv % d.nk == 0 && (d.nv / d.nk) * (d.dv / 32) <= 8) {   // D40: held for the out-projection
-      pend_gdn_ = {true, d, w.conv1d.data, w.A_log.data, w.dt_bias.data, w.norm.data, st.conv, st.S, qkv, z, a, b, y, mine};
-      return;
-    }
     const L2Prefetch pf = unit_prefetch(mine, T);
     if (T == 1) gdn_trace_next() = trace_slot("gdn");
     timed("gdn", bytes, [&] {
@@ -447,7 +412,6 @@ class CudaBackend final : public Backend {
     });
   }
   void moe(const ModelConfig& c, const MoeWeights& w, const float* x, int T, float* out) override {
-    flush_gdn();
     flush_gn();
     flush_moe();
     flush_add();
@@ -505,7 +469,7 @@ class CudaBackend final : public Backend {
         const D39Fold& fd = f->second;
         if (last.attached && fd.router == m.router.data && fd.sg == m.shared_gate.data && fd.w2 == dec.norm.w &&
             fd.wo == last.wo.data)
-          dec.router_logits = last.logits;
+          dec.router_logits = d39_logits_;
       } else if (!capturing_) {
         D39Fold fd{nullptr, m.router.data, m.shared_gate.data, dec.norm.w, last.wo.data, m.E + 1, m.H, last.wo.cols};
         fd.q = static_cast<float*>(alloc_bytes(int64_t(fd.n) * (m.H + last.wo.cols) * 4));
@@ -672,10 +636,6 @@ class CudaBackend final : public Backend {
     topk_lanes_enabled() = !abl_.has("D27");     // D27: decode MoE top-k on one warp, lanes' logits sorted in registers
     moe_persist_special_enabled() = !abl_.has("D31");   // D31: D19 default configuration as its own instance
     moe_early_pick_enabled() = !abl_.has("D36");   // D36: D31 loads a CTA's first slot before the whole top-k
-    {   // D40: the GDN out-projection fused into the GDN decode step (opt-in: LILY_D40=1; see docs/CUDA.md)
-      const char* e = std::getenv("LILY_D40");
-      d40_ = e && *e == '1' && !abl_.has("D40");
-    }
     d39_ = !abl_.has("D39");   // D39: router logits from the out-projection launch (folded Q = W_r diag(w2) [I | W_o])
     attn_prep_fused_enabled() = !abl_.has("D28");   // D28: attention prep inside the D20 split-KV kernel (T == 1)
     batch_ = !abl_.has("D3b");
@@ -1126,56 +1086,7 @@ class CudaBackend final : public Backend {
     return plan_[unit_];
   }
 
-  // D40: the held GDN step alone (and its out-projection, if it came, as an ordinary GEMV job).
-  void flush_gdn() {
-    if (!pend_gdn_.on) return;
-    PendingGdn p = pend_gdn_;
-    pend_gdn_ = {};
-    launch_gdn(p, nullptr);
-    if (p.wo.type == kQ4) {
-      pend_T_ = 1;
-      pend_.push_back({p.wo, p.y, const_cast<float*>(p.r)});
-      if (!batch_) flush_mm();
-    }
-  }
-  void launch_gdn(const PendingGdn& p, const GdnOutProj* op) {
-    const double bytes = 2.0 * p.d.nv * p.d.dk * p.d.dv * 4;
-    const L2Prefetch pf = unit_prefetch(p.mine, 1);
-    gdn_trace_next() = trace_slot(op ? "gdn+wo" : "gdn");
-    timed(op ? "gdn+wo" : "gdn", bytes, [&] {
-      cuda::gdn(p.d, p.conv_w, p.A_log, p.dt_bias, p.norm_w, p.conv, p.S, p.qkv, p.z, p.a, p.b, 1, p.y, s_, &pf, op);
-    });
-  }
-  // D40: GDN step + out-projection + residual add in one launch; with D39 (the layer's in-projection
-  // computed Q_h·h into d39_lh_) it adds Q_a·y there, and the MoE reads its logits from d39_lh_.
-  void launch_gdn_wo(float* h) {
-    PendingGdn p = pend_gdn_;
-    pend_gdn_ = {};
-    GdnOutProj op;
-    op.wo = static_cast<const uint4*>(p.wo.data);
-    op.wo_s = static_cast<const uint16_t*>(p.wo.scales);
-    op.wo_b = static_cast<const uint16_t*>(p.wo.biases);
-    op.rows = p.wo.rows;
-    op.res = h;
-    const D39In in = d39_in_;
-    d39_in_ = {};
-    auto f = in.w1 && in.h == h ? d39_folds_.find(in.w1) : d39_folds_.end();
-    const bool attach = d39_ && in.attached && f != d39_folds_.end() && f->second.wo == p.wo.data;
-    if (attach) {
-      const D39Fold& fd = f->second;
-      op.qa = fd.q + fd.H;
-      op.qa_stride = int64_t(fd.H) + fd.C;
-      op.qa_n = fd.n;
-      op.lh = d39_lh_;
-      pf_add(p.mine, fd.q, int64_t(fd.n) * op.qa_stride * 4);
-    }
-    pf_add_mat(p.mine, p.wo);
-    launch_gdn(p, &op);
-    d39_last_ = {p.wo, h, attach, in.h == h ? in.w1 : nullptr, attach ? d39_lh_ : d39_logits_};
-  }
-
   void flush() {
-    flush_gdn();
     flush_gn();
     flush_moe();
     flush_add();
@@ -1388,8 +1299,6 @@ class CudaBackend final : public Backend {
   bool p28_ = true;
   bool p25_ = true;
   PendingMoe pend_moe_;               // D9: MoE held back for the residual add
-  PendingGdn pend_gdn_;               // D40: GDN step held back for its out-projection and residual add
-  bool d40_ = true;
   // D39: per layer (keyed by its input norm's gain), the folded router rows Q ((E + 1) × (H + C) floats: Q_h | Q_a)
   // and what they fold.
   struct D39Fold {
@@ -1408,9 +1317,8 @@ class CudaBackend final : public Backend {
   struct D39Last {   // the last out-projection launch with a folded residual add
     QMat wo{};
     const float* h = nullptr;
-    bool attached = false;   // it completed the router logits in `logits`
+    bool attached = false;   // it completed the router logits in d39_logits_
     const float* w1 = nullptr;   // its layer's input norm gain (the fold's key)
-    float* logits = nullptr;     // d39_logits_, or d39_lh_ after a fused GDN out-projection (D40)
   };
   bool d39_ = true;
   std::unordered_map<const float*, D39Fold> d39_folds_;
@@ -1561,7 +1469,7 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
   // The step as a chain: traced launches in time order over the last whole step (after the previous
   // lm_head launch, up to the last one). For each launch: the release gap from the previous traced
   // launch's last end stamp to this launch's first CTA past its PDL wait (untraced kernels between
-  // them, e.g. attention, fall inside the gap), and its busy time from there to its own last end
+  // them fall inside the gap), and its busy time from there to its own last end
   // stamp (thread 0's; MoE: the CTA's). Medians per transition.
   struct Launch {
     double entry, wait, end;

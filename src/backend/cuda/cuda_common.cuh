@@ -210,6 +210,15 @@ __device__ __forceinline__ void trace_stamp(unsigned long long* tr, int phase) {
     tr[blockIdx.x * kTracePhases + phase] = t;
   }
 }
+// The same for 2D / 3D grids (CTAs by linear index, the first kTraceCtas).
+__device__ __forceinline__ void trace_stamp_nd(unsigned long long* tr, int phase) {
+  const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (tr && threadIdx.x == 0 && cta < unsigned(kTraceCtas)) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    tr[size_t(cta) * kTracePhases + phase] = t;
+  }
+}
 
 // One float4 (4 of the 32 values of a chunk, f = its index 0..7 within the chunk; the chunk's 8
 // float4s are held by 8 consecutive lanes) staged for dot8_q4: the chunk's plain sum, reduced over

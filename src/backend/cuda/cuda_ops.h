@@ -97,23 +97,9 @@ struct GdnDims {
 void gdn_prefill_norm(const GdnDims& d, const float* norm_w, const float* z, int T, float* y, cudaStream_t s);
 // D12: decode (T == 1) over dv/32 CTAs per value head (process-wide switch, ablation D12).
 bool& gdn_split_enabled();
-// D40 (decode, D12 kernel): the out-projection of y fused into the GDN step, h += W_o · y (y itself is not
-// written), and with D39 the router logits' a part, lh += Q_a · y. W_o: 4-bit, 2,048 × (nv·dv), groups of 64,
-// bf16 scales / biases; value head size 128.
-struct GdnOutProj {
-  const uint4* wo = nullptr;   // null = off
-  const uint16_t *wo_s = nullptr, *wo_b = nullptr;
-  int rows = 0;
-  float* res = nullptr;
-  const float* qa = nullptr;   // row b at qa + b · qa_stride (its columns are y's), or null
-  int64_t qa_stride = 0;
-  int qa_n = 0;
-  float* lh = nullptr;
-};
 void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
          const float* norm_w, float* conv_state, float* S, const float* qkv, const float* z,
-         const float* a, const float* b, int T, float* y, cudaStream_t s, const L2Prefetch* pf = nullptr,
-         const GdnOutProj* op = nullptr);
+         const float* a, const float* b, int T, float* y, cudaStream_t s, const L2Prefetch* pf = nullptr);
 
 // ---- attention.cu --------------------------------------------------------------------------
 struct AttnDims {

@@ -23,7 +23,6 @@ struct GdnArgs {
   float* y;
   L2Prefetch pf;   // D13: the next launch's weights
   unsigned long long* tr;   // investigation aid (decode kernel): trace stamps, null = off
-  GdnOutProj op;            // D40 (decode kernel, instance WO): the out-projection fused, split by columns
 };
 
 // NR > 0: each thread keeps its NR = dk/rq state values in registers for all T tokens (one read
@@ -152,23 +151,7 @@ constexpr int kGdnDecDk = 128;                 // key head dim: 8 warps × 16 ro
 constexpr int kGdnDecRows = kGdnDecDk / 8;     // state rows per thread
 constexpr int kGdnDecCh = 2 * kGdnDecDk + 32;  // conv channels per CTA: q | k | v slice
 
-// D40: rows of W_o per thread (H = 2048 over 256 threads: rows 4t..4t+3 and 1024 + 4t..4t+3).
-constexpr int kD40Rows = 8;
-constexpr int kD40H = 256 * kD40Rows;
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const uint32_t sa = uint32_t(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(src) : "memory");
-}
-
-// WO (D40): the CTA also multiplies its 32 columns of y (c0 = j·dv + 32p) into the out-projection,
-// h += W_o[:, c0..c0+31] · y[c0..c0+31] (atomic adds in arrival order of
-// one sum per cluster), and with D39 the router logits, lh += Q_a[:, c0..c0+31] · y[c0..c0+31]. Its slice of
-// W_o (2,048 rows × 16 bytes) and of Q_a (fp32) is copied to dynamic shared memory before the PDL wait;
-// y is quantised to int16 per 32 values for the 4-bit dot (as the D24 GEMV does), Q_a·y stays fp32.
-template <bool WO>
 __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__ GdnArgs g) {
-  extern __shared__ uint4 d40_sm[];     // WO: W_o codes [kD40H], Q_a as float4 [8][qa_n], partial sums
   __shared__ float raw[4][kGdnDecCh];   // conv taps: state rows 0..2, current input
   __shared__ float act[kGdnDecCh];      // conv + SiLU output
   __shared__ float red[8];
@@ -204,23 +187,6 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
     for (int tap = 0; tap < 4; ++tap) cw[u][tap] = i < kGdnDecCh ? g.conv_w[int64_t(chan(i)) * 4 + tap] : 0.f;
   }
   const float A = -__expf(g.A_log[j]), dtb = g.dt_bias[j], nw = g.norm_w[col];
-  const int c0 = j * d.dv + p * 32;   // D40: this CTA's columns of y
-  uint32_t wsb[kD40Rows];             // D40: bf16 scale | bias << 16 of this thread's rows
-  float4* qsm = reinterpret_cast<float4*>(d40_sm + kD40H);
-  if constexpr (WO) {   // immutable weights: copied before the wait
-    const GdnOutProj& op = g.op;
-    const int cols = d.nv * d.dv, ng = cols / 64;
-#pragma unroll
-    for (int k = 0; k < kD40Rows; ++k) {
-      const int row = (k >> 2) * 1024 + 4 * tid + (k & 3);
-      cp_async16(d40_sm + row, op.wo + int64_t(row) * (cols / 32) + c0 / 32);
-      wsb[k] = uint32_t(op.wo_s[int64_t(row) * ng + c0 / 64]) | (uint32_t(op.wo_b[int64_t(row) * ng + c0 / 64]) << 16);
-    }
-    for (int b = tid; b < op.qa_n; b += 256)
-#pragma unroll
-      for (int c4 = 0; c4 < 8; ++c4) cp_async16(qsm + c4 * op.qa_n + b, op.qa + b * op.qa_stride + c0 + 4 * c4);
-    asm volatile("cp.async.commit_group;" ::: "memory");
-  }
   pdl_wait();
   trace_stamp(g.tr, 1);
   float sv[kGdnDecRows];
@@ -297,21 +263,10 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
   cluster.sync();   // partial Σo² visible cluster-wide; every CTA has read the old conv state
   trace_stamp(g.tr, 7);
   const int rank = int(cluster.block_rank()), nrank = ratio * P, head0 = (rank / P) * P;
-  __shared__ __align__(16) float ys[32];
-  __shared__ uint4 yq[4][4];              // D40: y as int16 (group 0 real; 1..3 scratch of the other lanes)
-  __shared__ float ysum[4], ystep[4];
   if (warp == 0) {
     float tot = 0.f;
     for (int q = 0; q < P; ++q) tot += *cluster.map_shared_rank(&ssq, head0 + q);
-    const float yv = o * rsqrtf(tot / float(d.dv) + d.eps) * nw * siluf_(zv);
-    if constexpr (WO) {
-      ys[lane] = yv;
-      __syncwarp();
-      const float4 v = reinterpret_cast<const float4*>(ys)[lane & 7];
-      q16_stage(v, lane & 7, yq[lane >> 3], 1, ysum + (lane >> 3), ystep + (lane >> 3));
-    } else {
-      g.y[j * d.dv + col] = yv;
-    }
+    g.y[j * d.dv + col] = o * rsqrtf(tot / float(d.dv) + d.eps) * nw * siluf_(zv);
   }
   trace_stamp(g.tr, 8);
   // New conv state = the last 3 raw inputs: shared q/k channels spread over the cluster's CTAs in
@@ -323,55 +278,7 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
       for (int st = 0; st < 3; ++st) g.conv_state[int64_t(st) * d.conv_dim + chan(i)] = raw[st + 1][i];
   }
   trace_stamp(g.tr, 9);
-  if constexpr (WO) {
-    __syncthreads();   // y staged
-    asm volatile("cp.async.wait_all;" ::: "memory");   // this thread's own copies
-    const GdnOutProj& op = g.op;
-    const float dx = ystep[0], xs = ysum[0];
-    const uint4 xq0 = yq[0][0], xq1 = yq[0][1], xq2 = yq[0][2], xq3 = yq[0][3];
-    float out[kD40Rows];
-#pragma unroll
-    for (int k = 0; k < kD40Rows; ++k) {
-      const uint4 w = d40_sm[(k >> 2) * 1024 + 4 * tid + (k & 3)];
-      int acc = dot8_q4_i16(w.x, xq0, 0);
-      acc = dot8_q4_i16(w.y, xq1, acc);
-      acc = dot8_q4_i16(w.z, xq2, acc);
-      acc = dot8_q4_i16(w.w, xq3, acc);
-      out[k] = fmaf(bf16f(uint16_t(wsb[k] & 0xFFFFu)), float(acc) * dx, bf16f(uint16_t(wsb[k] >> 16)) * xs);
-    }
-    // v2: the cluster's 8 CTAs first sum their partial products through distributed shared memory, so each
-    // element of h takes 16 atomic adds (one per cluster) instead of 128 (v1: 556 vs 785 tok/s).
-    float* part_h = reinterpret_cast<float*>(qsm + 8 * op.qa_n);   // [kD40H], then part_l [qa_n]
-    float* part_l = part_h + kD40H;
-    reinterpret_cast<float4*>(part_h)[tid] = make_float4(out[0], out[1], out[2], out[3]);
-    reinterpret_cast<float4*>(part_h + 1024)[tid] = make_float4(out[4], out[5], out[6], out[7]);
-    for (int b = tid; b < op.qa_n; b += 256) {
-      float acc = 0.f;
-#pragma unroll
-      for (int c4 = 0; c4 < 8; ++c4) {
-        const float4 q = qsm[c4 * op.qa_n + b];
-        const float4 y4 = reinterpret_cast<const float4*>(ys)[c4];
-        acc = fmaf(q.x, y4.x, fmaf(q.y, y4.y, fmaf(q.z, y4.z, fmaf(q.w, y4.w, acc))));
-      }
-      part_l[b] = acc;
-    }
-    cluster.sync();   // every CTA's partial products visible cluster-wide
-    {
-      const int row = rank * (kD40H / 8) + tid;   // nrank == 8 (checked at launch)
-      float v = 0.f;
-#pragma unroll
-      for (int q = 0; q < 8; ++q) v += cluster.map_shared_rank(part_h, q)[row];
-      atomicAdd(op.res + row, v);
-      const int b = tid * 8 + rank;
-      if (b < op.qa_n) {
-        float l = 0.f;
-#pragma unroll
-        for (int q = 0; q < 8; ++q) l += cluster.map_shared_rank(part_l, q)[b];
-        atomicAdd(op.lh + b, l);
-      }
-    }
-  }
-  cluster.sync();   // no CTA leaves while a sibling may still read its ssq (D40: its partial products)
+  cluster.sync();   // no CTA leaves while a sibling may still read its ssq
   trace_stamp(g.tr, 3);
 }
 
@@ -389,8 +296,7 @@ bool& gdn_split_enabled() {
 
 void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
          const float* norm_w, float* conv_state, float* S, const float* qkv, const float* z,
-         const float* a, const float* b, int T, float* y, cudaStream_t s, const L2Prefetch* pf,
-         const GdnOutProj* op) {
+         const float* a, const float* b, int T, float* y, cudaStream_t s, const L2Prefetch* pf) {
   const int ratio = d.nv / d.nk;
   LILY_CHECK(d.nv % d.nk == 0 && ratio <= 8, "gdn: value heads must be a multiple (<= 8x) of key heads");
   LILY_CHECK(d.kconv >= 1 && d.dv <= 512, "gdn: unsupported conv kernel or value head size");
@@ -420,21 +326,7 @@ void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float*
     cfg.blockDim = dim3(256);
     cfg.dynamicSmemBytes = 0;
     attr[0].val.clusterDim.x = ratio * (d.dv / 32);
-    if (op && op->wo) {   // D40
-      LILY_CHECK(op->rows == kD40H && d.dv == 128 && ratio * (d.dv / 32) == 8 && op->qa_n <= 1024,
-                 "gdn: fused out-projection shapes");
-      g.op = *op;
-      cfg.dynamicSmemBytes = size_t(kD40H) * 16 + size_t(op->qa_n) * 8 * 16 + size_t(kD40H) * 4 + size_t(op->qa_n) * 4;
-      static bool attr_set = false;
-      if (!attr_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(gdn_decode_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(kD40H * 16 + 1024 * 8 * 16 + kD40H * 4 + 1024 * 4)));
-        attr_set = true;
-      }
-      CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_decode_kernel<true>, g));
-      return;
-    }
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_decode_kernel<false>, g));
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_decode_kernel, g));
     return;
   }
   if (d.dk / rq == 32) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_kernel<32>, g));
