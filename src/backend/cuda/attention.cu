@@ -19,13 +19,10 @@ namespace {
 __device__ __forceinline__ int cur_pos(int pos0, const int32_t* pos_dev) { return pos_dev ? *pos_dev : pos0; }
 
 // Positions per split: the grid is fixed (a captured step replays at any length), so the cache
-// [0, len) is cut into at most `splits` slices of at least kMinChunk positions; CTAs past the end
-// exit at once. 64 = one 16-position step for each of the D20 kernel's 4 warps (32 left half of them
-// idle): at 4K, 65 slices per KV head instead of 129, +1.1 % decode (session 16, call 4); from ~8.4K on
-// the chunk is len / splits anyway.
-constexpr int kMinChunk = 64;
-__device__ __forceinline__ int split_chunk(int len, int splits) {
-  return max(kMinChunk, (len + splits - 1) / splits);
+// [0, len) is cut into at most `splits` slices of at least d.min_chunk positions (D41: 64, one
+// 16-position step for each of the D20 kernel's 4 warps; off: 32); CTAs past the end exit at once.
+__device__ __forceinline__ int split_chunk(int len, int splits, int min_chunk) {
+  return max(min_chunk, (len + splits - 1) / splits);
 }
 
 // ---- cache elements: f32 or fp16 ------------------------------------------------------------
@@ -140,7 +137,7 @@ __device__ __forceinline__ SplitSlice split_slice(const AttnDims& d, int pos0, c
                                                   int hd, float* part) {
   const int splits = gridDim.x, split = blockIdx.x;
   const int len = min(cur_pos(pos0, pos_dev) + t + 1, d.capacity);
-  const int chunk = split_chunk(len, splits);
+  const int chunk = split_chunk(len, splits, d.min_chunk);
   SplitSlice sl;
   sl.lo = split * chunk;
   sl.hi = min(len, sl.lo + chunk);
@@ -565,7 +562,7 @@ __global__ void attn_merge_kernel(AttnDims d, int splits, int pos0, const int32_
   pdl_wait();
   const int h = blockIdx.x, t = blockIdx.y, e = threadIdx.x, hd = d.head_dim;
   const int len = min(cur_pos(pos0, pos_dev) + t + 1, d.capacity);
-  const int ns = min(splits, (len + split_chunk(len, splits) - 1) / split_chunk(len, splits));
+  const int ns = min(splits, (len + split_chunk(len, splits, d.min_chunk) - 1) / split_chunk(len, splits, d.min_chunk));
   const float* pb = part + (int64_t(t) * d.heads + h) * splits * (hd + 2);
   float mloc = -FLT_MAX;
   for (int s = e; s < ns; s += blockDim.x)
@@ -611,7 +608,7 @@ __global__ void __launch_bounds__(32 * kMergeWarps) attn_merge_warps_kernel(Attn
   const int h = blockIdx.x, e0 = blockIdx.y * 64, t = blockIdx.z, hd = d.head_dim;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int len = min(cur_pos(pos0, pos_dev) + t + 1, d.capacity);
-  const int chunk = split_chunk(len, splits);
+  const int chunk = split_chunk(len, splits, d.min_chunk);
   const int ns = min(splits, (len + chunk - 1) / chunk);
   const float* pb = part + (int64_t(t) * d.heads + h) * splits * (hd + 2);
   float m = -FLT_MAX, l = 0.f, a0 = 0.f, a1 = 0.f;

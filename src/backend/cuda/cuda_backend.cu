@@ -390,6 +390,7 @@ class CudaBackend final : public Backend {
     flush();
     AttnDims d{c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rotary_dim(), c.rope_theta,
                c.rms_norm_eps, kv.capacity};
+    d.min_chunk = d41_ ? 64 : 32;   // D41
     const bool kv16 = kv.type == KvType::f16;   // the cache's own type, not the current switch
     LILY_CHECK(kv16 || kv.type == KvType::f32, "cuda attention: unknown KV cache type");
     const double bytes = 2.0 * (pos0 + T) * d.kv_heads * d.head_dim * kv_elem_bytes(kv.type);
@@ -654,6 +655,7 @@ class CudaBackend final : public Backend {
     persist_ = !abl_.has("D19");          // D19: decode MoE block as one persistent kernel
     pack_gqa_ = !abl_.has("D6");
     splits_ = abl_.has("D7") ? 1 : 0;   // 0: sized from the SM count
+    d41_ = !abl_.has("D41");   // D41: decode split-KV slices of at least 64 positions (off: 32)
     if (const char* e = std::getenv("LILY_ATTN_SPLITS"); e && *e && !abl_.has("D7")) splits_ = std::atoi(e);   // tuning aid
     attn_mma_decode_enabled() = !abl_.has("D20");   // D20: tensor-core split-KV decode (fp16 cache)
     attn_mma_pipe_mode() = abl_.has("D25") ? 0 : 2;  // D25: D20's V rows with its K rows, K one step ahead
@@ -1263,6 +1265,7 @@ class CudaBackend final : public Backend {
   cudaStream_t s_ = nullptr;
   bool fast_ = true, batch_ = true, fuse_add_ = true, pack_gqa_ = true, fold_norm_ = true, fuse_router_ = true;
   int splits_ = 0;
+  bool d41_ = true;
   bool kv16_ = true;
   bool prefill_gdn_ = true, prefill_attn_ = true;
   int gdn_min_t_ = 2, gdn_nc_ = 0, attn_min_t_ = 16, gdn_chunked_ = -1, gdn_chunked_min_t_ = 64;

@@ -106,6 +106,7 @@ struct AttnDims {
   int heads, kv_heads, head_dim, rot_dim;
   float theta, eps;
   int capacity;
+  int min_chunk = 64;   // decode split-KV: positions per slice at least this (D41; off: 32)
 };
 // D11: decode merge with warps across splits (process-wide switch, ablation D11).
 bool& merge_warps_enabled();
