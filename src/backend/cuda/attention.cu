@@ -132,15 +132,21 @@ struct SplitSlice {
   float* pbase;
   int64_t hstride;
 };
+// The positions [lo, hi) of split `blockIdx.x` of token t (no side effects).
+__device__ __forceinline__ int2 split_bounds(const AttnDims& d, int pos0, const int32_t* pos_dev, int t) {
+  const int len = min(cur_pos(pos0, pos_dev) + t + 1, d.capacity);
+  const int chunk = split_chunk(len, int(gridDim.x), d.min_chunk);
+  const int lo = int(blockIdx.x) * chunk;
+  return make_int2(lo, min(len, lo + chunk));
+}
 template <int HPB>
 __device__ __forceinline__ SplitSlice split_slice(const AttnDims& d, int pos0, const int32_t* pos_dev, int t, int h0,
                                                   int hd, float* part) {
   const int splits = gridDim.x, split = blockIdx.x;
-  const int len = min(cur_pos(pos0, pos_dev) + t + 1, d.capacity);
-  const int chunk = split_chunk(len, splits, d.min_chunk);
+  const int2 b = split_bounds(d, pos0, pos_dev, t);
   SplitSlice sl;
-  sl.lo = split * chunk;
-  sl.hi = min(len, sl.lo + chunk);
+  sl.lo = b.x;
+  sl.hi = b.y;
   sl.pbase = part + ((int64_t(t) * d.heads + h0) * splits + split) * (hd + 2);
   sl.hstride = int64_t(splits) * (hd + 2);
   if (sl.lo >= sl.hi && threadIdx.x < HPB) sl.pbase[threadIdx.x * sl.hstride + hd + 1] = 0.f;   // l = 0
@@ -366,6 +372,7 @@ struct AttnPrepArgs {
   const float *q, *k, *v, *qn, *kn;   // projections [heads][2hd] (query | gate), [kv][hd], [kv][hd]; norm weights
   __half *kc, *vc;                    // the cache (written at the new position)
   L2Prefetch pf;                      // D13: the next launch's weights (o_proj), as the prep kernel did
+  int kv_prefetch;                    // D43: prefetch this CTA's K / V rows into L2 before the PDL wait
   unsigned long long* tr;             // investigation aid: trace stamps (0 entry, 1 past wait, 2 q ready, 4 KV
                                       // loop done, 3 end), null = off
 };
@@ -400,6 +407,16 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
   trace_stamp_nd(pa.tr, 0);
   pdl_trigger();
   if constexpr (FP) l2_prefetch(pa.pf);
+  if (pa.kv_prefetch) {
+    // D43: the rows of earlier positions were written by earlier steps; the position read here may be a
+    // step stale before the wait, which only changes what is prefetched (L2 is the point of coherence).
+    const int2 b = split_bounds(d, pos0, pos_dev, blockIdx.z);
+    const int64_t rs = int64_t(d.kv_heads) * hd;
+    for (int i = int(threadIdx.x); i < 2 * (b.y - b.x); i += int(blockDim.x)) {
+      const __half* row = (i & 1 ? vc : kc) + (int64_t(b.x + (i >> 1)) * rs + int64_t(blockIdx.y) * hd);
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row), "r"(hd * 2) : "memory");
+    }
+  }
   pdl_wait();
   trace_stamp_nd(pa.tr, 1);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -728,6 +745,11 @@ int64_t attention_workspace_floats(const AttnDims& d, int T) {
          int64_t(T) * d.heads * eff_splits(T, 256) * (d.head_dim + 2) + 64;
 }
 
+bool& attn_kv_prefetch_enabled() {
+  static bool on = false;   // not yet measured: LILY_TRY turns it on
+  return on;
+}
+
 std::array<unsigned long long*, 2>& attn_trace_next() {
   static std::array<unsigned long long*, 2> p{};
   return p;
@@ -799,7 +821,8 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void
                                                                                   : attn_split_mma_kernel<0, false>);
     AttnPrepArgs pa{};
     if (fused_prep) pa = AttnPrepArgs{q, k, v, q_norm, k_norm, static_cast<__half*>(kc), static_cast<__half*>(vc),
-                                      pf ? *pf : L2Prefetch{}, nullptr};
+                                      pf ? *pf : L2Prefetch{}, 0, nullptr};
+    pa.kv_prefetch = T == 1 && attn_kv_prefetch_enabled() ? 1 : 0;
     pa.tr = T == 1 ? tr[0] : nullptr;
     launch(kern, dim3(splits, d.kv_heads, T), dim3(32 * kMmaDecWarps), smem, s, d,
            static_cast<const __half*>(kc), static_cast<const __half*>(vc), pos0, pos_dev, (const float*)qbuf, part, pa);

@@ -647,6 +647,10 @@ class CudaBackend final : public Backend {
     stage_regs_enabled() = !abl_.has("D21");     // D21: x / activations staged from registers
     merge_warps_enabled() = !abl_.has("D11");   // D11: split-KV merge with warps across splits
     gdn_split_enabled() = !abl_.has("D12");     // D12: GDN decode step over 4 CTAs per value head
+    // Switches written but not yet measured on the device are off unless LILY_TRY=ID,... names them.
+    Ablations trial;
+    trial.merge_env("LILY_TRY");
+    gdn_push_enabled() = trial.has("D42") && !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier
     prefetch_ = !abl_.has("D13");               // D13: L2 prefetch of the next launch's weights
     gemv_one_wave_enabled() = !abl_.has("D14");  // D14: one wave of CTAs per decode GEMV batch
     // D15 (router as one 8-CTA cluster) and D16 (its L2 prefetch of the chosen experts) were measured
@@ -658,6 +662,7 @@ class CudaBackend final : public Backend {
     d41_ = !abl_.has("D41");   // D41: decode split-KV slices of at least 64 positions (off: 32)
     if (const char* e = std::getenv("LILY_ATTN_SPLITS"); e && *e && !abl_.has("D7")) splits_ = std::atoi(e);   // tuning aid
     attn_mma_decode_enabled() = !abl_.has("D20");   // D20: tensor-core split-KV decode (fp16 cache)
+    attn_kv_prefetch_enabled() = trial.has("D43") && !abl_.has("D43");   // D43: D20's K / V rows prefetched pre-wait
     attn_mma_pipe_mode() = abl_.has("D25") ? 0 : 2;  // D25: D20's V rows with its K rows, K one step ahead
     kv16_ = !abl_.has("D18");           // D18: fp16 KV cache (off = f32); applies to caches allocated later
     // Prefill mixers: P4 off = the decode GDN kernel for every T, P6 off = per-token split-KV

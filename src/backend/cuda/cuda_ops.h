@@ -97,6 +97,9 @@ struct GdnDims {
 void gdn_prefill_norm(const GdnDims& d, const float* norm_w, const float* z, int T, float* y, cudaStream_t s);
 // D12: decode (T == 1) over dv/32 CTAs per value head (process-wide switch, ablation D12).
 bool& gdn_split_enabled();
+// D42: the D12 kernel pushes its partial Σo² to the head's CTAs before its cluster barrier and needs no
+// second one (process-wide switch, ablation D42).
+bool& gdn_push_enabled();
 void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
          const float* norm_w, float* conv_state, float* S, const float* qkv, const float* z,
          const float* a, const float* b, int T, float* y, cudaStream_t s, const L2Prefetch* pf = nullptr);
@@ -145,6 +148,8 @@ bool& kv16_u4_enabled();
 // D20: with an fp16 cache, head_dim 256 and 8 query heads per KV head, the decode split-KV pass runs
 // on tensor cores (attn_split_mma_kernel; process-wide switch, ablation D20).
 bool& attn_mma_decode_enabled();
+// D43: the D20 kernel's CTAs prefetch their K / V rows into L2 before the PDL wait (ablation D43).
+bool& attn_kv_prefetch_enabled();
 // D20's load schedule (attn_split_mma_kernel's PM): 2 by default, 0 with ablation D25.
 int& attn_mma_pipe_mode();
 // Workspace floats needed for T tokens (prepared queries + split-KV partials).

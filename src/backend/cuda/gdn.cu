@@ -151,12 +151,18 @@ constexpr int kGdnDecDk = 128;                 // key head dim: 8 warps × 16 ro
 constexpr int kGdnDecRows = kGdnDecDk / 8;     // state rows per thread
 constexpr int kGdnDecCh = 2 * kGdnDecDk + 32;  // conv channels per CTA: q | k | v slice
 
+// PUSH (D42): warp 0 writes its partial Σo² into each of the head's CTAs (distributed shared memory)
+// before the cluster barrier, so after it every CTA reads its head's partial sums locally and can leave
+// without the second cluster barrier (off: each CTA reads its siblings' sums after the barrier, and a
+// final barrier keeps every CTA alive until they have). Same sums in the same order either way.
+template <bool PUSH>
 __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__ GdnArgs g) {
   __shared__ float raw[4][kGdnDecCh];   // conv taps: state rows 0..2, current input
   __shared__ float act[kGdnDecCh];      // conv + SiLU output
   __shared__ float red[8];
   __shared__ float part[8][32], part2[8][32];
   __shared__ float ssq;
+  __shared__ float ssq_all[8];   // PUSH: the head's partial Σo², slot q from its CTA q
   const GdnDims& d = g.d;
   constexpr int dk = kGdnDecDk;
   const int P = d.dv / 32, ratio = d.nv / d.nk;
@@ -255,17 +261,21 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
   o = 0.f;
 #pragma unroll
   for (int w = 0; w < 8; ++w) o += part2[w][lane];
-  if (warp == 0) {
-    const float s2 = warp_sum(o * o);
-    if (lane == 0) ssq = s2;
-  }
   cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();   // partial Σo² visible cluster-wide; every CTA has read the old conv state
-  trace_stamp(g.tr, 7);
   const int rank = int(cluster.block_rank()), nrank = ratio * P, head0 = (rank / P) * P;
   if (warp == 0) {
+    const float s2 = warp_sum(o * o);
+    if constexpr (PUSH) {
+      if (lane < P) cluster.map_shared_rank(ssq_all, head0 + lane)[rank - head0] = s2;
+    } else {
+      if (lane == 0) ssq = s2;
+    }
+  }
+  cluster.sync();   // partial Σo² visible cluster-wide; every CTA has read the old conv state
+  trace_stamp(g.tr, 7);
+  if (warp == 0) {
     float tot = 0.f;
-    for (int q = 0; q < P; ++q) tot += *cluster.map_shared_rank(&ssq, head0 + q);
+    for (int q = 0; q < P; ++q) tot += PUSH ? ssq_all[q] : *cluster.map_shared_rank(&ssq, head0 + q);
     g.y[j * d.dv + col] = o * rsqrtf(tot / float(d.dv) + d.eps) * nw * siluf_(zv);
   }
   trace_stamp(g.tr, 8);
@@ -278,7 +288,7 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
       for (int st = 0; st < 3; ++st) g.conv_state[int64_t(st) * d.conv_dim + chan(i)] = raw[st + 1][i];
   }
   trace_stamp(g.tr, 9);
-  cluster.sync();   // no CTA leaves while a sibling may still read its ssq
+  if constexpr (!PUSH) cluster.sync();   // no CTA leaves while a sibling may still read its ssq
   trace_stamp(g.tr, 3);
 }
 
@@ -291,6 +301,11 @@ unsigned long long*& gdn_trace_next() {
 
 bool& gdn_split_enabled() {
   static bool on = true;
+  return on;
+}
+
+bool& gdn_push_enabled() {
+  static bool on = false;   // not yet measured: LILY_TRY turns it on
   return on;
 }
 
@@ -326,7 +341,8 @@ void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float*
     cfg.blockDim = dim3(256);
     cfg.dynamicSmemBytes = 0;
     attr[0].val.clusterDim.x = ratio * (d.dv / 32);
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_decode_kernel, g));
+    if (gdn_push_enabled()) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_decode_kernel<true>, g));   // D42
+    else CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_decode_kernel<false>, g));
     return;
   }
   if (d.dk / rq == 32) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_kernel<32>, g));
