@@ -14,6 +14,8 @@ gguf = pytest.importorskip("gguf")
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 SCRIPT = ROOT / "scripts" / "device" / "make_q4_gguf.py"
+sys.path.insert(0, str(ROOT / "tests" / "tokenizer"))
+from tok_files import _bytes_to_unicode  # noqa: E402
 
 CFG = {
     "text_config": {
@@ -30,16 +32,9 @@ CFG = {
 
 
 def byte_vocab():
-    # GPT-2 byte-to-unicode table: the 256 single-byte tokens of a byte-level BPE vocabulary.
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for c in cs]
+    # The 256 single-byte tokens of a byte-level BPE vocabulary, in byte order (GPT-2's byte-to-unicode table).
+    table = _bytes_to_unicode()
+    return [table[b] for b in range(256)]
 
 
 @pytest.fixture(scope="module")
