@@ -6,7 +6,6 @@
 #include <cuda_fp16.h>
 
 #include <cfloat>
-
 #include <utility>
 
 #include "backend/cuda/cuda_ops.h"

@@ -137,8 +137,8 @@ bool& attn_prep_fused_enabled();
 void topk_select_test(const float* host_logits, int rows, int E, int K, bool lanes, int* host_ids);
 // Investigation aid: the trace slot for the next 4-bit decode GEMV launch (consumed by it).
 unsigned long long*& gemv_trace_next();
-// Investigation aid: the trace slot for the next GDN decode launch (consumed by it; stamps 0 entry,
-// 1 past PDL wait, 3 end).
+// Investigation aid: the trace slot for the next GDN decode launch (consumed by it; its phases are
+// named in kernel_trace_summary).
 unsigned long long*& gdn_trace_next();
 // Investigation aid: trace slots for the next decode attention's split-KV (D20) and merge launches.
 std::array<unsigned long long*, 2>& attn_trace_next();
