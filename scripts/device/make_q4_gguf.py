@@ -31,7 +31,7 @@ import time
 GGUF_MAGIC = b"GGUF"
 ALIGN = 32
 # gguf value types
-T_UINT32, T_INT32, T_FLOAT32, T_BOOL, T_STRING, T_ARRAY, T_UINT64 = 4, 5, 6, 7, 8, 9, 10
+T_UINT32, T_INT32, T_FLOAT32, T_BOOL, T_STRING, T_ARRAY = 4, 5, 6, 7, 8, 9
 # ggml tensor types
 GGML_F32, GGML_Q4_0 = 0, 2
 Q4_0_BLOCK, Q4_0_BYTES = 32, 18
@@ -168,7 +168,6 @@ def metadata(cfg, layers, vocab_tokens, token_types, merges, eos_id):
     prf = rp.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))
     sections = list(rp.get("mrope_section", [11, 11, 10])) + [0]
     sections = (sections + [0, 0, 0, 0])[:4]
-    V = cfg["vocab_size"]
     items = [
         kv("general.architecture", T_STRING, arch),
         kv("general.name", T_STRING, "qwen3.6-35b-a3b random Q4_0 (lily benchmark input)"),

@@ -578,7 +578,8 @@ __global__ void attn_merge_kernel(AttnDims d, int splits, int pos0, const int32_
   pdl_wait();
   const int h = blockIdx.x, t = blockIdx.y, e = threadIdx.x, hd = d.head_dim;
   const int len = min(cur_pos(pos0, pos_dev) + t + 1, d.capacity);
-  const int ns = min(splits, (len + split_chunk(len, splits, d.min_chunk) - 1) / split_chunk(len, splits, d.min_chunk));
+  const int chunk = split_chunk(len, splits, d.min_chunk);
+  const int ns = min(splits, (len + chunk - 1) / chunk);
   const float* pb = part + (int64_t(t) * d.heads + h) * splits * (hd + 2);
   float mloc = -FLT_MAX;
   for (int s = e; s < ns; s += blockDim.x)

@@ -1415,6 +1415,23 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
                                                  "KV loop done (split)", "", "", "", "", "", "", ""};
   static const char* gemv_names[6] = {"entry", "past PDL wait", "x staged, norm folded (after the barrier)",
                                       "end (thread 0)", "x arrived (thread 0)", "x in shared memory (thread 0)"};
+  // A launch's phase names, how many there are, and its end phase (MoE: the CTA's end, else thread 0's).
+  struct Phases {
+    const char* const* names;
+    int n, end;
+  };
+  auto phases_of = [&](const std::string& n) -> Phases {
+    if (n.rfind("moe", 0) == 0) return {moe_names, kTracePhases, kTracePhases - 1};
+    if (n.rfind("gdn", 0) == 0) return {gdn_names, kTracePhases, 3};
+    if (n.rfind("attn", 0) == 0) return {attn_names, kTracePhases, 3};
+    return {gemv_names, 6, 3};
+  };
+  // CTAs that wrote stamps into a slot (their entry stamps are non-zero, in CTA order).
+  auto slot_ctas = [](const unsigned long long* b) {
+    int G = 0;
+    while (G < kTraceCtas && b[size_t(G) * kTracePhases] != 0) ++G;
+    return G;
+  };
   std::vector<std::string> slot_names;
   const std::vector<unsigned long long> t = as_cuda(be).kernel_trace(slot_names);
   const size_t per = size_t(kTraceCtas) * kTracePhases;
@@ -1428,8 +1445,7 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
   std::vector<std::string> order;
   for (size_t c = 0; c * per < t.size() && c < slot_names.size(); ++c) {
     const unsigned long long* b = t.data() + c * per;
-    int G = 0;
-    while (G < kTraceCtas && b[size_t(G) * kTracePhases] != 0) ++G;
+    const int G = slot_ctas(b);
     if (G == 0 || slot_names[c].empty()) continue;
     if (!acc.count(slot_names[c])) order.push_back(slot_names[c]);
     Acc& a = acc[slot_names[c]];
@@ -1460,16 +1476,15 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
   out.push_back("Kernel phase trace: us since each launch's first CTA entered (median over the launches of one step)");
   for (const std::string& n : order) {
     const Acc& a = acc[n];
-    const bool moe = n.rfind("moe", 0) == 0, gdn = n.rfind("gdn", 0) == 0, attn = n.rfind("attn", 0) == 0;
+    const Phases ph_of = phases_of(n);
     out.push_back("");
     out.push_back("| " + n + " (" + std::to_string(a.calls) + " launches, " + std::to_string(a.ctas) +
                   " CTAs) | median CTA | last CTA |");
     out.push_back("|---|---:|---:|");
-    for (int ph = 0; ph < (moe || gdn || attn ? kTracePhases : 6); ++ph) {
+    for (int ph = 0; ph < ph_of.n; ++ph) {
       if (a.med[ph].empty()) continue;
       char buf[200];
-      std::snprintf(buf, sizeof buf, "| %d %s | %.2f | %.2f |", ph,
-                    moe ? moe_names[ph] : gdn ? gdn_names[ph] : attn ? attn_names[ph] : gemv_names[ph],
+      std::snprintf(buf, sizeof buf, "| %d %s | %.2f | %.2f |", ph, ph_of.names[ph],
                     median(a.med[ph]), median(a.last[ph]));
       out.push_back(buf);
     }
@@ -1487,12 +1502,11 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
   for (size_t c = 0; c * per < t.size() && c < slot_names.size(); ++c) {
     const unsigned long long* b = t.data() + c * per;
     if (slot_names[c].empty()) continue;
-    const int end_ph = slot_names[c].rfind("moe", 0) == 0 ? kTracePhases - 1 : 3;
+    const int end_ph = phases_of(slot_names[c]).end;
     // A slot can hold stamps of an earlier launch (an earlier step, or more CTAs): only CTAs that
     // entered within 500 us before the slot's latest end stamp count.
     unsigned long long e = ~0ull, w = ~0ull, z = 0;
-    int G = 0;
-    while (G < kTraceCtas && b[size_t(G) * kTracePhases] != 0) ++G;
+    const int G = slot_ctas(b);
     for (int g = 0; g < G; ++g) z = std::max(z, b[size_t(g) * kTracePhases + end_ph]);
     for (int g = 0; g < G; ++g) {
       const unsigned long long x = b[size_t(g) * kTracePhases];
@@ -1509,14 +1523,13 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
     if (tl[i].name.find("248320x") != std::string::npos) heads.push_back(i);
   if (!heads.empty()) {   // a replayed graph overwrites the same slots: often one step, one lm_head
     const size_t i1 = heads.back();
-    const size_t first = heads.size() >= 2 ? heads[heads.size() - 2] + 1 : 0;
-    const size_t i0 = first;   // transitions from launch first + 1 on
+    const size_t first = heads.size() >= 2 ? heads[heads.size() - 2] + 1 : 0;   // the step's first launch
     struct Tr {
       std::vector<double> gap, busy;
     };
     std::map<std::string, Tr> tr;
     std::vector<std::string> tr_order;
-    for (size_t i = i0 + 1; i <= i1; ++i) {
+    for (size_t i = first + 1; i <= i1; ++i) {
       const std::string key = tl[i - 1].name + " -> " + tl[i].name;
       if (!tr.count(key)) tr_order.push_back(key);
       tr[key].gap.push_back(tl[i].wait - tl[i - 1].end);
@@ -1542,7 +1555,7 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
                     median(x.busy), sum);
       out.push_back(buf);
     }
-    std::snprintf(buf, sizeof buf, "| total | %zu | | | %.1f |", i1 - i0, tot);   // + the first launch's own
+    std::snprintf(buf, sizeof buf, "| total | %zu | | | %.1f |", i1 - first, tot);
     out.push_back(buf);
   }
   return out;
