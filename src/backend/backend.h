@@ -144,7 +144,17 @@ class Backend {
   virtual bool can_capture() const { return false; }   // whether begin_capture would succeed
 
   // ---- optional: capture of one decode step for replay (D2); cpu returns false ---------------
-  virtual bool begin_capture() { return false; }
+  // A step whose attention reads `len` positions may be captured in a form of its own, a variant
+  // numbered from 0 (e.g. a smaller split-KV grid for short contexts); the decode loops capture again
+  // when the variant changes. A step captured as any variant replays correctly at any length.
+  virtual int capture_variant(int64_t len) const {
+    (void)len;
+    return 0;
+  }
+  virtual bool begin_capture(int variant = 0) {
+    (void)variant;
+    return false;
+  }
   virtual void end_capture() {}
   virtual void replay() {}
 };

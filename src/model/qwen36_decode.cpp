@@ -34,20 +34,20 @@ void Qwen36::generate_greedy(Qwen36State& st, int32_t first_token, int n, std::v
   step();
   be_.copy(hist, tok_, 4);
   st.pos += 1;
-  if (n > 1 && be_.begin_capture()) {
-    step();
-    be_.end_capture();
-    for (int i = 1; i < n; ++i) {
-      be_.replay();
-      be_.copy(hist + i, tok_, 4);
-    }
-    st.pos += n - 1;
-  } else {
-    for (int i = 1; i < n; ++i) {
+  const bool cap = n > 1 && be_.can_capture();
+  int variant = -1;   // of the captured step; -1: none
+  for (int i = 1; i < n; ++i) {
+    // This step attends over st.pos + 1 positions; a new variant is captured when the length asks for it.
+    const int v = cap ? be_.capture_variant(int64_t(st.pos) + 1) : -1;
+    if (v >= 0 && v != variant && be_.begin_capture(v)) {
       step();
-      be_.copy(hist + i, tok_, 4);
-      st.pos += 1;
+      be_.end_capture();
+      variant = v;
     }
+    if (variant >= 0) be_.replay();
+    else step();
+    be_.copy(hist + i, tok_, 4);
+    st.pos += 1;
   }
   const size_t base = out.size();
   out.resize(base + n);
@@ -114,7 +114,8 @@ int Qwen36::decode_loop(Qwen36State& st, int32_t first_token, float* logits, int
     be_.record_event(k & 1);
   };
   int steps = 0;       // decode steps queued = tokens consumed since the start
-  bool captured = false, tried = false;
+  const bool cap = be_.can_capture();
+  int variant = -1;    // of the captured step; -1: none
   // Pick 0.
   if (feed_first) {
     be_.copy_from_host(tok_, &first_token, 4);
@@ -130,15 +131,14 @@ int Qwen36::decode_loop(Qwen36State& st, int32_t first_token, float* logits, int
     if (!feed_first && steps == 0) {
       step();          // the first full step runs eagerly (workspace sizes)
     } else {
-      if (!tried) {
-        tried = true;
-        captured = be_.begin_capture();
-        if (captured) {
-          step();
-          be_.end_capture();
-        }
+      // This step attends over st.pos + 1 positions; a new variant is captured when the length asks for it.
+      const int v = cap ? be_.capture_variant(int64_t(st.pos) + 1) : -1;
+      if (v >= 0 && v != variant && be_.begin_capture(v)) {
+        step();
+        be_.end_capture();
+        variant = v;
       }
-      if (captured) be_.replay();
+      if (variant >= 0) be_.replay();
       else step();
     }
     st.pos += 1;       // host mirror of pos_dev_ (the cpu backend reads it per step)

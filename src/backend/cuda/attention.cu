@@ -372,6 +372,7 @@ struct AttnPrepArgs {
   __half *kc, *vc;                    // the cache (written at the new position)
   L2Prefetch pf;                      // D13: the next launch's weights (o_proj), as the prep kernel did
   int kv_prefetch;                    // D43: prefetch this CTA's K / V rows into L2 before the PDL wait
+  int late;                           // pdl_late_mask() & kLateSplit: trigger after the KV loop
   unsigned long long* tr;             // investigation aid: trace stamps (0 entry, 1 past wait, 2 q ready, 4 KV
                                       // loop done, 3 end), null = off
 };
@@ -395,6 +396,7 @@ __device__ __forceinline__ void prep_head_lanes(const float* src, const float* n
   y[1] = b * cs + a * sn;
 }
 
+constexpr int kKvPrefetchRows = 16 * kMmaDecWarps;   // D43: positions of a slice prefetched before the wait
 template <int PM, bool FP>
 __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(AttnDims d, const __half* kc,
                                                                              const __half* vc, int pos0,
@@ -404,14 +406,17 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
   constexpr int hd = 256, HPB = 8, NW = kMmaDecWarps;
   extern __shared__ float sm[];   // [NW][HPB][hd] acc, then [NW][HPB] (m, l); with FP first the queries [HPB][hd]
   trace_stamp_nd(pa.tr, 0);
-  pdl_trigger();
+  if (!pa.late) pdl_trigger();
   if constexpr (FP) l2_prefetch(pa.pf);
   if (pa.kv_prefetch) {
     // D43: the rows of earlier positions were written by earlier steps; the position read here may be a
     // step stale before the wait, which only changes what is prefetched (L2 is the point of coherence).
+    // At most the first kKvPrefetchRows positions (the loop's first step): a long slice prefetched whole
+    // is evicted from L2 before it is read (128K: the whole cache, 268 MB per layer; measured −7.6 %).
     const int2 b = split_bounds(d, pos0, pos_dev, blockIdx.z);
     const int64_t rs = int64_t(d.kv_heads) * hd;
-    for (int i = int(threadIdx.x); i < 2 * (b.y - b.x); i += int(blockDim.x)) {
+    const int n = min(b.y - b.x, kKvPrefetchRows);
+    for (int i = int(threadIdx.x); i < 2 * n; i += int(blockDim.x)) {
       const __half* row = (i & 1 ? vc : kc) + (int64_t(b.x + (i >> 1)) * rs + int64_t(blockIdx.y) * hd);
       asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row), "r"(hd * 2) : "memory");
     }
@@ -563,6 +568,7 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
     sml[(warp * HPB + 2 * t + 1) * 2 + 1] = l1;
   }
   trace_stamp_nd(pa.tr, 4);
+  if (pa.late) pdl_trigger();
   __syncthreads();
   combine_warps<NW, HPB>(sacc, sml, hd, sl);
   trace_stamp_nd(pa.tr, 3);
@@ -821,8 +827,9 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void
                                                                                   : attn_split_mma_kernel<0, false>);
     AttnPrepArgs pa{};
     if (fused_prep) pa = AttnPrepArgs{q, k, v, q_norm, k_norm, static_cast<__half*>(kc), static_cast<__half*>(vc),
-                                      pf ? *pf : L2Prefetch{}, 0, nullptr};
+                                      pf ? *pf : L2Prefetch{}, 0, 0, nullptr};
     pa.kv_prefetch = T == 1 && attn_kv_prefetch_enabled() ? 1 : 0;
+    pa.late = T == 1 && (pdl_late_mask() & kLateSplit) ? 1 : 0;
     pa.tr = T == 1 ? tr[0] : nullptr;
     launch(kern, dim3(splits, d.kv_heads, T), dim3(32 * kMmaDecWarps), smem, s, d,
            static_cast<const __half*>(kc), static_cast<const __half*>(vc), pos0, pos_dev, (const float*)qbuf, part, pa);

@@ -408,8 +408,8 @@ class CudaBackend final : public Backend {
     const L2Prefetch pf = unit_prefetch(L2Prefetch{}, T);
     if (T == 1) attn_trace_next() = {trace_slot("attn.split"), trace_slot("attn.merge")};
     timed("attention", bytes, [&] {
-      cuda::attention(d, w.q_norm.data, w.k_norm.data, kv.k, kv.v, kv16, pos0, pos_dev, q, k, v, T, o, ws, splits_,
-                      pack_gqa_, s_, &pf);
+      cuda::attention(d, w.q_norm.data, w.k_norm.data, kv.k, kv.v, kv16, pos0, pos_dev, q, k, v, T, o, ws,
+                      capturing_ ? cap_splits_ : splits_, pack_gqa_, s_, &pf);
     });
   }
   void moe(const ModelConfig& c, const MoeWeights& w, const float* x, int T, float* out) override {
@@ -568,12 +568,16 @@ class CudaBackend final : public Backend {
   int last_sample_path() { return sample_ws_ ? cuda::sample_last_path(sample_ws_) : -1; }
 
   // ---- capture (D2) -----------------------------------------------------------------------
-  bool begin_capture() override {
+  // D44: a step over at most short_len_ positions is captured with short_splits_ slices per KV head (the
+  // split-KV grid cannot change inside a graph: the long-context grid costs its launch and merge at 4K).
+  int capture_variant(int64_t len) const override { return short_splits_ > 0 && len <= short_len_ ? 1 : 0; }
+  bool begin_capture(int variant = 0) override {
     if (abl_.has("D2")) return false;
     flush();
     CUDA_CHECK(cudaStreamSynchronize(s_));
     CUDA_CHECK(cudaStreamBeginCapture(s_, cudaStreamCaptureModeThreadLocal));
     capturing_ = true;
+    cap_splits_ = variant == 1 && short_splits_ > 0 ? short_splits_ : splits_;
     trace_call_ = 0;   // the step's traced launches fill slots 0, 1, ... at every replay
     return true;
   }
@@ -581,6 +585,7 @@ class CudaBackend final : public Backend {
     flush();
     CUDA_CHECK(cudaStreamEndCapture(s_, &graph_next_));
     capturing_ = false;
+    cap_splits_ = splits_;
     if (exec_) CUDA_CHECK(cudaGraphExecDestroy(exec_));
     if (graph_) CUDA_CHECK(cudaGraphDestroy(graph_));
     graph_ = graph_next_;
@@ -650,7 +655,7 @@ class CudaBackend final : public Backend {
     // Switches written but not yet measured on the device are off unless LILY_TRY=ID,... names them.
     Ablations trial;
     trial.merge_env("LILY_TRY");
-    gdn_push_enabled() = trial.has("D42") && !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier
+    gdn_push_enabled() = !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier
     prefetch_ = !abl_.has("D13");               // D13: L2 prefetch of the next launch's weights
     gemv_one_wave_enabled() = !abl_.has("D14");  // D14: one wave of CTAs per decode GEMV batch
     // D15 (router as one 8-CTA cluster) and D16 (its L2 prefetch of the chosen experts) were measured
@@ -658,16 +663,20 @@ class CudaBackend final : public Backend {
     early_down_ = !abl_.has("D17");       // D17: MoE down loads its rows before its PDL wait
     persist_ = !abl_.has("D19");          // D19: decode MoE block as one persistent kernel
     pack_gqa_ = !abl_.has("D6");
+    auto env_int = [](const char* n, int def) { const char* e = std::getenv(n); return e && *e ? std::atoi(e) : def; };
     splits_ = abl_.has("D7") ? 1 : 0;   // 0: sized from the SM count
     d41_ = !abl_.has("D41");   // D41: decode split-KV slices of at least 64 positions (off: 32)
     if (const char* e = std::getenv("LILY_ATTN_SPLITS"); e && *e && !abl_.has("D7")) splits_ = std::atoi(e);   // tuning aid
+    // D44: the short-context graph's split count and length bound (LILY_ATTN_SHORT_SPLITS / _MAX: tuning aids).
+    short_splits_ = trial.has("D44") && !abl_.has("D44") && splits_ == 0 ? env_int("LILY_ATTN_SHORT_SPLITS", 64) : 0;
+    short_len_ = env_int("LILY_ATTN_SHORT_MAX", 12288);
+    cap_splits_ = splits_;
     attn_mma_decode_enabled() = !abl_.has("D20");   // D20: tensor-core split-KV decode (fp16 cache)
     attn_kv_prefetch_enabled() = trial.has("D43") && !abl_.has("D43");   // D43: D20's K / V rows prefetched pre-wait
     attn_mma_pipe_mode() = abl_.has("D25") ? 0 : 2;  // D25: D20's V rows with its K rows, K one step ahead
     kv16_ = !abl_.has("D18");           // D18: fp16 KV cache (off = f32); applies to caches allocated later
     // Prefill mixers: P4 off = the decode GDN kernel for every T, P6 off = per-token split-KV
     // attention for every T. Thresholds and the scan's columns per lane come from the environment.
-    auto env_int = [](const char* n, int def) { const char* e = std::getenv(n); return e && *e ? std::atoi(e) : def; };
     prefill_gdn_ = !abl_.has("P4");
     prefill_attn_ = !abl_.has("P6");
     gdn_prep_batched_enabled() = !abl_.has("P9");   // P9: GDN prefill prep with a CTA's loads at once
@@ -1270,6 +1279,7 @@ class CudaBackend final : public Backend {
   cudaStream_t s_ = nullptr;
   bool fast_ = true, batch_ = true, fuse_add_ = true, pack_gqa_ = true, fold_norm_ = true, fuse_router_ = true;
   int splits_ = 0;
+  int short_splits_ = 0, short_len_ = 0, cap_splits_ = 0;   // D44
   bool d41_ = true;
   bool kv16_ = true;
   bool prefill_gdn_ = true, prefill_attn_ = true;

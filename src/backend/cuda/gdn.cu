@@ -23,6 +23,7 @@ struct GdnArgs {
   float* y;
   L2Prefetch pf;   // D13: the next launch's weights
   unsigned long long* tr;   // investigation aid (decode kernel): trace stamps, null = off
+  int late;                 // pdl_late_mask() & kLateGdn (decode kernel): trigger after the state update
 };
 
 // NR > 0: each thread keeps its NR = dk/rq state values in registers for all T tokens (one read
@@ -174,7 +175,7 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
   };
   float* S = g.S + int64_t(j) * dk * d.dv;
   trace_stamp(g.tr, 0);
-  pdl_trigger();
+  if (!g.late) pdl_trigger();
   l2_prefetch(g.pf);
   if (lane < kGdnDecRows) {
     const float* line = S + (warp + 8 * lane) * d.dv + p * 32;   // one 128-byte line per row
@@ -258,6 +259,7 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
   for (int i = 0; i < kGdnDecRows; ++i) S[(warp + 8 * i) * d.dv + col] = sv[i];
   __syncthreads();
   trace_stamp(g.tr, 6);
+  if (g.late) pdl_trigger();
   o = 0.f;
 #pragma unroll
   for (int w = 0; w < 8; ++w) o += part2[w][lane];
@@ -305,7 +307,7 @@ bool& gdn_split_enabled() {
 }
 
 bool& gdn_push_enabled() {
-  static bool on = false;   // not yet measured: LILY_TRY turns it on
+  static bool on = true;
   return on;
 }
 
@@ -318,7 +320,7 @@ void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float*
   int rq = 1;
   while (rq * 2 * d.dv <= 512 && d.dk % (rq * 2) == 0) rq *= 2;
   GdnArgs g{d, conv_w, A_log, dt_bias, norm_w, conv_state, S, qkv, z, a, b, T, rq, y, pf ? *pf : L2Prefetch{},
-            std::exchange(gdn_trace_next(), nullptr)};
+            std::exchange(gdn_trace_next(), nullptr), (pdl_late_mask() & kLateGdn) ? 1 : 0};
   const int nch = 2 * d.dk + d.dv;
   const size_t smem = sizeof(float) * (2 * d.dk + d.dv + rq * d.dv + (d.kconv - 1) * nch + 32);
   cudaLaunchConfig_t cfg{};

@@ -12,6 +12,14 @@
 
 namespace lily::cuda {
 
+int& pdl_late_mask() {
+  static int m = [] {
+    const char* e = std::getenv("LILY_PDL_LATE");
+    return e && *e ? std::atoi(e) : 0;
+  }();
+  return m;
+}
+
 namespace {
 
 struct GemvLaunch {
@@ -25,6 +33,7 @@ struct GemvLaunch {
   int stage_regs;       // D21: x staged from registers (all loads in flight at once)
   unsigned long long* trace;   // investigation aid: phase stamps (trace_stamp)
   GemvRouterRows rt;    // D39: router rows (gemv_q4_kernel<.., RT> only)
+  int late;             // pdl_late_mask(): trigger the dependents after x staging instead of at entry
 };
 
 // Epilogue of one output: y, plus the folded residual add (D9).
@@ -80,7 +89,7 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
   const int rrow = RT ? int(blockIdx.x) : 0;
   const bool has_r = RT && rrow < L.rt.n;
   trace_stamp(L.trace, 0);
-  pdl_trigger();
+  if (!L.late) pdl_trigger();
   l2_prefetch(L.pf);
   load(cur, bj);   // weights never change: safe before the wait
   if constexpr (RT) {
@@ -162,6 +171,7 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     if (blockIdx.x == 0 && regs && L.norm_out) xr.store_scaled(L.norm_out, cols / 4, nscale);
   }
   trace_stamp(L.trace, 2);
+  if (L.late) pdl_trigger();
   // Software pipeline: the next row group's loads are in flight while this one is computed.
   for (int g = bj; g * 8 * R < rows; g += nb) {
     const int r0 = g * 8 * R + warp * R;
@@ -438,6 +448,10 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
                                                    : std::min(gj, wave);
   }
   L.block_begin[L.n] = nb;
+  if constexpr (!Q8) {
+    const int late = pdl_late_mask();
+    L.late = ((late & kLateGemvRes) && L.n == 1 && jobs[0].res) || ((late & kLateGemvNorm) && norm) ? 1 : 0;
+  }
   if constexpr (Q8) {
     const int smem = CPL * 512 * 4 + CPL * 32 * 4;
     launch(gemv_q8_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
