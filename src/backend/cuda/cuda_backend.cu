@@ -656,6 +656,7 @@ class CudaBackend final : public Backend {
     Ablations trial;
     trial.merge_env("LILY_TRY");
     gdn_push_enabled() = !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier
+    gdn_s_late_enabled() = trial.has("D45") && !abl_.has("D45");   // D45: D12's state written after its cluster barrier
     prefetch_ = !abl_.has("D13");               // D13: L2 prefetch of the next launch's weights
     gemv_one_wave_enabled() = !abl_.has("D14");  // D14: one wave of CTAs per decode GEMV batch
     // D15 (router as one 8-CTA cluster) and D16 (its L2 prefetch of the chosen experts) were measured

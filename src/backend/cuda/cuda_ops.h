@@ -100,6 +100,9 @@ bool& gdn_split_enabled();
 // D42: the D12 kernel pushes its partial Σo² to the head's CTAs before its cluster barrier and needs no
 // second one (process-wide switch, ablation D42).
 bool& gdn_push_enabled();
+// D45: the D12 kernel writes its updated state back after the cluster barrier (whose release would
+// otherwise wait for those stores) instead of before it (process-wide switch, ablation D45).
+bool& gdn_s_late_enabled();
 void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
          const float* norm_w, float* conv_state, float* S, const float* qkv, const float* z,
          const float* a, const float* b, int T, float* y, cudaStream_t s, const L2Prefetch* pf = nullptr);

@@ -156,7 +156,8 @@ constexpr int kGdnDecCh = 2 * kGdnDecDk + 32;  // conv channels per CTA: q | k |
 // before the cluster barrier, so after it every CTA reads its head's partial sums locally and can leave
 // without the second cluster barrier (off: each CTA reads its siblings' sums after the barrier, and a
 // final barrier keeps every CTA alive until they have). Same sums in the same order either way.
-template <bool PUSH>
+// SLATE (D45): S is written back after the cluster barrier (see there).
+template <bool PUSH, bool SLATE>
 __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__ GdnArgs g) {
   __shared__ float raw[4][kGdnDecCh];   // conv taps: state rows 0..2, current input
   __shared__ float act[kGdnDecCh];      // conv + SiLU output
@@ -255,8 +256,9 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
     o = fmaf(sv[i], qs[warp + 8 * i], o);
   }
   part2[warp][lane] = o * nq;
+  if constexpr (!SLATE)
 #pragma unroll
-  for (int i = 0; i < kGdnDecRows; ++i) S[(warp + 8 * i) * d.dv + col] = sv[i];
+    for (int i = 0; i < kGdnDecRows; ++i) S[(warp + 8 * i) * d.dv + col] = sv[i];
   __syncthreads();
   trace_stamp(g.tr, 6);
   if (g.late) pdl_trigger();
@@ -273,8 +275,13 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
       if (lane == 0) ssq = s2;
     }
   }
+  // The barrier's release waits for this thread's earlier stores to be performed: with D45 the 16 KB of S per
+  // CTA are written after it, so that it waits for no global store (only the Σo² pushes and the conv reads).
   cluster.sync();   // partial Σo² visible cluster-wide; every CTA has read the old conv state
   trace_stamp(g.tr, 7);
+  if constexpr (SLATE)
+#pragma unroll
+    for (int i = 0; i < kGdnDecRows; ++i) S[(warp + 8 * i) * d.dv + col] = sv[i];
   if (warp == 0) {
     float tot = 0.f;
     for (int q = 0; q < P; ++q) tot += PUSH ? ssq_all[q] : *cluster.map_shared_rank(&ssq, head0 + q);
@@ -303,6 +310,11 @@ unsigned long long*& gdn_trace_next() {
 
 bool& gdn_split_enabled() {
   static bool on = true;
+  return on;
+}
+
+bool& gdn_s_late_enabled() {
+  static bool on = false;   // not yet measured: LILY_TRY turns it on
   return on;
 }
 
@@ -343,8 +355,11 @@ void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float*
     cfg.blockDim = dim3(256);
     cfg.dynamicSmemBytes = 0;
     attr[0].val.clusterDim.x = ratio * (d.dv / 32);
-    if (gdn_push_enabled()) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_decode_kernel<true>, g));   // D42
-    else CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_decode_kernel<false>, g));
+    const auto kern = gdn_push_enabled() ? (gdn_s_late_enabled() ? gdn_decode_kernel<true, true>   // D42, D45
+                                                                   : gdn_decode_kernel<true, false>)
+                                         : (gdn_s_late_enabled() ? gdn_decode_kernel<false, true>
+                                                                 : gdn_decode_kernel<false, false>);
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, g));
     return;
   }
   if (d.dk / rq == 32) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gdn_kernel<32>, g));
