@@ -752,7 +752,7 @@ int64_t attention_workspace_floats(const AttnDims& d, int T) {
 }
 
 bool& attn_kv_prefetch_enabled() {
-  static bool on = false;   // not yet measured: LILY_TRY turns it on
+  static bool on = true;
   return on;
 }
 

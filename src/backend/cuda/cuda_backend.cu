@@ -573,6 +573,8 @@ class CudaBackend final : public Backend {
   int capture_variant(int64_t len) const override { return short_splits_ > 0 && len <= short_len_ ? 1 : 0; }
   bool begin_capture(int variant = 0) override {
     if (abl_.has("D2")) return false;
+    // A variant may launch fewer CTAs than the eager steps before it (D44): no stale stamps in its slots.
+    if (trace_on_) fill_zero(trace_buf_, int64_t(kTraceSlots) * kTraceCtas * kTracePhases * 8);
     flush();
     CUDA_CHECK(cudaStreamSynchronize(s_));
     CUDA_CHECK(cudaStreamBeginCapture(s_, cudaStreamCaptureModeThreadLocal));
@@ -652,11 +654,15 @@ class CudaBackend final : public Backend {
     stage_regs_enabled() = !abl_.has("D21");     // D21: x / activations staged from registers
     merge_warps_enabled() = !abl_.has("D11");   // D11: split-KV merge with warps across splits
     gdn_split_enabled() = !abl_.has("D12");     // D12: GDN decode step over 4 CTAs per value head
+    auto env_int = [](const char* n, int def) { const char* e = std::getenv(n); return e && *e ? std::atoi(e) : def; };
     // Switches written but not yet measured on the device are off unless LILY_TRY=ID,... names them.
     Ablations trial;
     trial.merge_env("LILY_TRY");
     gdn_push_enabled() = !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier
     gdn_s_late_enabled() = trial.has("D45") && !abl_.has("D45");   // D45: D12's state written after its cluster barrier
+    // D46: the split-KV kernel and the norm-folded GEMVs trigger their dependents after their own first loads
+    // (LILY_PDL_LATE, a mask of cuda_ops.h's kLate* bits, overrides: tuning aid).
+    pdl_late_mask() = env_int("LILY_PDL_LATE", trial.has("D46") && !abl_.has("D46") ? kLateSplit | kLateGemvNorm : 0);
     prefetch_ = !abl_.has("D13");               // D13: L2 prefetch of the next launch's weights
     gemv_one_wave_enabled() = !abl_.has("D14");  // D14: one wave of CTAs per decode GEMV batch
     // D15 (router as one 8-CTA cluster) and D16 (its L2 prefetch of the chosen experts) were measured
@@ -664,16 +670,15 @@ class CudaBackend final : public Backend {
     early_down_ = !abl_.has("D17");       // D17: MoE down loads its rows before its PDL wait
     persist_ = !abl_.has("D19");          // D19: decode MoE block as one persistent kernel
     pack_gqa_ = !abl_.has("D6");
-    auto env_int = [](const char* n, int def) { const char* e = std::getenv(n); return e && *e ? std::atoi(e) : def; };
     splits_ = abl_.has("D7") ? 1 : 0;   // 0: sized from the SM count
     d41_ = !abl_.has("D41");   // D41: decode split-KV slices of at least 64 positions (off: 32)
     if (const char* e = std::getenv("LILY_ATTN_SPLITS"); e && *e && !abl_.has("D7")) splits_ = std::atoi(e);   // tuning aid
     // D44: the short-context graph's split count and length bound (LILY_ATTN_SHORT_SPLITS / _MAX: tuning aids).
-    short_splits_ = trial.has("D44") && !abl_.has("D44") && splits_ == 0 ? env_int("LILY_ATTN_SHORT_SPLITS", 64) : 0;
+    short_splits_ = !abl_.has("D44") && splits_ == 0 ? env_int("LILY_ATTN_SHORT_SPLITS", 64) : 0;
     short_len_ = env_int("LILY_ATTN_SHORT_MAX", 12288);
     cap_splits_ = splits_;
     attn_mma_decode_enabled() = !abl_.has("D20");   // D20: tensor-core split-KV decode (fp16 cache)
-    attn_kv_prefetch_enabled() = trial.has("D43") && !abl_.has("D43");   // D43: D20's K / V rows prefetched pre-wait
+    attn_kv_prefetch_enabled() = !abl_.has("D43");   // D43: D20's K / V rows prefetched pre-wait
     attn_mma_pipe_mode() = abl_.has("D25") ? 0 : 2;  // D25: D20's V rows with its K rows, K one step ahead
     kv16_ = !abl_.has("D18");           // D18: fp16 KV cache (off = f32); applies to caches allocated later
     // Prefill mixers: P4 off = the decode GDN kernel for every T, P6 off = per-token split-KV

@@ -13,10 +13,7 @@
 namespace lily::cuda {
 
 int& pdl_late_mask() {
-  static int m = [] {
-    const char* e = std::getenv("LILY_PDL_LATE");
-    return e && *e ? std::atoi(e) : 0;
-  }();
+  static int m = 0;
   return m;
 }
 
