@@ -377,7 +377,7 @@ class CudaBackend final : public Backend {
     pf_add(mine, st.S, int64_t(d.nv) * d.dk * d.dv * 4);
     pf_add(mine, st.conv, int64_t(d.kconv - 1) * d.conv_dim * 4);
     pf_add(mine, w.conv1d.data, w.conv1d.n * 4);
-    const L2Prefetch pf = unit_prefetch(mine, T);
+    const L2Prefetch pf = unit_prefetch(mine, T, 1);
     if (T == 1) gdn_trace_next() = trace_slot("gdn");
     timed("gdn", bytes, [&] {
       cuda::gdn(d, w.conv1d.data, w.A_log.data, w.dt_bias.data, w.norm.data, st.conv, st.S, qkv, z, a, b, T, y, s_,
@@ -405,7 +405,7 @@ class CudaBackend final : public Backend {
       return;
     }
     float* ws = workspace(attention_workspace_floats(d, T));
-    const L2Prefetch pf = unit_prefetch(L2Prefetch{}, T);
+    const L2Prefetch pf = unit_prefetch(L2Prefetch{}, T, 2);
     if (T == 1) attn_trace_next() = {trace_slot("attn.split"), trace_slot("attn.merge")};
     timed("attention", bytes, [&] {
       cuda::attention(d, w.q_norm.data, w.k_norm.data, kv.k, kv.v, kv16, pos0, pos_dev, q, k, v, T, o, ws,
@@ -659,11 +659,11 @@ class CudaBackend final : public Backend {
     Ablations trial;
     trial.merge_env("LILY_TRY");
     gdn_push_enabled() = !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier
-    gdn_s_late_enabled() = trial.has("D45") && !abl_.has("D45");   // D45: D12's state written after its cluster barrier
-    // D46: the split-KV kernel and the norm-folded GEMVs trigger their dependents after their own first loads
-    // (LILY_PDL_LATE, a mask of cuda_ops.h's kLate* bits, overrides: tuning aid).
-    pdl_late_mask() = env_int("LILY_PDL_LATE", trial.has("D46") && !abl_.has("D46") ? kLateSplit | kLateGemvNorm : 0);
+    gdn_s_late_enabled() = !abl_.has("D45");   // D45: D12's state written after its cluster barrier
+    // Tuning aid: late PDL triggers (a mask of cuda_ops.h's kLate* bits; none paid in session 17, see CUDA.md).
+    pdl_late_mask() = env_int("LILY_PDL_LATE", 0);
     prefetch_ = !abl_.has("D13");               // D13: L2 prefetch of the next launch's weights
+    pf_skip_ = env_int("LILY_PF_SKIP", 0);      // tuning aid: D13 off for some launch kinds (unit_prefetch)
     gemv_one_wave_enabled() = !abl_.has("D14");  // D14: one wave of CTAs per decode GEMV batch
     // D15 (router as one 8-CTA cluster) and D16 (its L2 prefetch of the chosen experts) were measured
     // slower than the D10 router and removed (docs/CUDA.md, "D15-D17").
@@ -989,7 +989,7 @@ class CudaBackend final : public Backend {
     {  // D13: record this launch's fixed weights, prefetch the next launch's
       L2Prefetch mine;
       for (const QMat* q : {&p.m.router, &p.m.sh_gate, &p.m.sh_up, &p.m.sh_down}) pf_add_mat(mine, *q);
-      p.dec.pf = unit_prefetch(mine, p.T);
+      p.dec.pf = unit_prefetch(mine, p.T, 4);
       p.dec.pf_down = prefetch_ && p.T == 1;
     }
     if (p.T == 1 && p.dec.persist) p.dec.trace = trace_slot("moe.persist");
@@ -1046,7 +1046,7 @@ class CudaBackend final : public Backend {
     if (jobs.back().res) name += "+add";
     L2Prefetch mine;
     for (const GemvJob& j : jobs) pf_add_mat(mine, j.w);
-    const L2Prefetch pf = unit_prefetch(mine, pend_T_);
+    const L2Prefetch pf = unit_prefetch(mine, pend_T_, 8);
     gemv_trace_next() = trace_slot(name);
     // D39: a decode batch with a folded norm whose layer has a router fold computes Q_h·h (h as loaded).
     GemvRouterRows& rt = gemv_router_next();   // (add() may have set it for an out-projection: no norm)
@@ -1100,11 +1100,13 @@ class CudaBackend final : public Backend {
       pf_add(pf, w.biases, sb);
     }
   }
-  L2Prefetch unit_prefetch(const L2Prefetch& mine, int T) {
+  // `kind` (1 GDN step, 2 attention, 4 MoE, 8 GEMV): the issuing launch, for the LILY_PF_SKIP tuning mask
+  // (a launch whose kind is in the mask prefetches nothing).
+  L2Prefetch unit_prefetch(const L2Prefetch& mine, int T, int kind) {
     if (int(plan_.size()) <= unit_) plan_.resize(unit_ + 1);
     plan_[unit_] = mine;
     ++unit_;
-    if (!prefetch_ || T != 1 || unit_ >= int(plan_.size())) return {};
+    if (!prefetch_ || T != 1 || unit_ >= int(plan_.size()) || (pf_skip_ & kind)) return {};
     return plan_[unit_];
   }
 
@@ -1285,6 +1287,7 @@ class CudaBackend final : public Backend {
   cudaStream_t s_ = nullptr;
   bool fast_ = true, batch_ = true, fuse_add_ = true, pack_gqa_ = true, fold_norm_ = true, fuse_router_ = true;
   int splits_ = 0;
+  int pf_skip_ = 0;
   int short_splits_ = 0, short_len_ = 0, cap_splits_ = 0;   // D44
   bool d41_ = true;
   bool kv16_ = true;

@@ -138,7 +138,7 @@ bool& moe_early_pick_enabled();
 bool& attn_prep_fused_enabled();
 // Test aid: runs select_topk_block (lanes = false) or select_topk_lanes on rows of E logits (host in/out).
 void topk_select_test(const float* host_logits, int rows, int E, int K, bool lanes, int* host_ids);
-// D46 / tuning aid (env LILY_PDL_LATE, a bit mask; 0 = every kernel triggers its dependents at entry): a decode
+// Tuning aid (env LILY_PDL_LATE, a bit mask; 0 = every kernel triggers its dependents at entry): a decode
 // kernel triggers its PDL dependents only once its own critical loads have arrived, so that the next
 // kernel's pre-wait loads do not queue ahead of them. Bits: kLateGdn (GDN step, after the state update),
 // kLateSplit (split-KV, after its KV loop), kLateGemvRes (GEMVs with a residual add, after x staging),

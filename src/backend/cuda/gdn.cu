@@ -314,7 +314,7 @@ bool& gdn_split_enabled() {
 }
 
 bool& gdn_s_late_enabled() {
-  static bool on = false;   // not yet measured: LILY_TRY turns it on
+  static bool on = true;
   return on;
 }
 
