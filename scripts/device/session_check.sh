@@ -37,6 +37,9 @@ LILY_GEMM_MIN_T=1000000 timeout 200 "$L" cuda-check --layers 4 --tokens 64 --pro
 el "cuda-check decode paths with the MoE computing its own router logits (--ablate D39)"
 LILY_GEMM_MIN_T=1000000 timeout 200 "$L" cuda-check --layers 4 --tokens 64 --prompt 24 --ablate D39 2>&1 | tail -1 |
   tee "$OUT/check_decode_d39off.txt"
+el "cuda-check decode paths, the step captured again mid-generation (D44's short-context graph ends at 40 positions)"
+LILY_ATTN_SHORT_MAX=40 LILY_GEMM_MIN_T=1000000 timeout 200 "$L" cuda-check --layers 4 --tokens 64 --prompt 24 2>&1 | tail -1 |
+  tee "$OUT/check_decode_recapture.txt"
 el "cuda-check decode paths, 192 positions, cpu following the gpu's experts (D24's rounding apart from router near-ties)"
 LILY_GEMM_MIN_T=1000000 timeout 200 "$L" cuda-check --layers 4 --tokens 192 --prompt 24 --follow-routing 2>&1 | tail -8 |
   tee "$OUT/check_decode_follow.txt"
