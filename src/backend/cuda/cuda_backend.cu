@@ -1459,8 +1459,13 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
   // and at the last CTA; then, per launch name, the median of those over its launches.
   struct Acc {
     std::vector<std::vector<double>> med, last;
+    std::vector<std::vector<std::vector<double>>> cta;   // LILY_TRACE_CTAS: [CTA][phase] over the launches
     int calls = 0, ctas = 0;
   };
+  // Investigation aid: LILY_TRACE_CTAS=<launch name prefix> adds a table of every CTA's phases (median over
+  // that name's launches), to find which CTAs straggle.
+  const char* cta_env = std::getenv("LILY_TRACE_CTAS");
+  const std::string cta_name = cta_env ? cta_env : "";
   std::map<std::string, Acc> acc;
   std::vector<std::string> order;
   for (size_t c = 0; c * per < t.size() && c < slot_names.size(); ++c) {
@@ -1483,6 +1488,14 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
       std::sort(v.begin(), v.end());
       a.med[ph].push_back(v[v.size() / 2]);
       a.last[ph].push_back(v.back());
+    }
+    if (!cta_name.empty() && slot_names[c].rfind(cta_name, 0) == 0) {
+      a.cta.resize(std::max<size_t>(a.cta.size(), size_t(G)), std::vector<std::vector<double>>(kTracePhases));
+      for (int g = 0; g < G; ++g)
+        for (int ph = 0; ph < kTracePhases; ++ph) {
+          const unsigned long long x = b[size_t(g) * kTracePhases + ph];
+          if (x >= t0) a.cta[g][ph].push_back(double(x - t0) * 1e-3);
+        }
     }
     ++a.calls;
     a.ctas = G;
@@ -1507,6 +1520,27 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
       std::snprintf(buf, sizeof buf, "| %d %s | %.2f | %.2f |", ph, ph_of.names[ph],
                     median(a.med[ph]), median(a.last[ph]));
       out.push_back(buf);
+    }
+    if (a.cta.empty()) continue;
+    out.push_back("");
+    std::string head = "| " + n + ": CTA |", rule = "|---:|";
+    for (int ph = 0; ph < ph_of.n; ++ph)
+      if (!a.med[ph].empty()) {
+        head += " " + std::to_string(ph) + " |";
+        rule += "---:|";
+      }
+    out.push_back(head);
+    out.push_back(rule);
+    for (size_t g = 0; g < a.cta.size(); ++g) {
+      std::string row = "| " + std::to_string(g) + " |";
+      for (int ph = 0; ph < ph_of.n; ++ph) {
+        if (a.med[ph].empty()) continue;
+        char buf[32];
+        if (a.cta[g][ph].empty()) std::snprintf(buf, sizeof buf, " |");
+        else std::snprintf(buf, sizeof buf, " %.2f |", median(a.cta[g][ph]));
+        row += buf;
+      }
+      out.push_back(row);
     }
   }
   // The step as a chain: traced launches in time order over the last whole step (after the previous
