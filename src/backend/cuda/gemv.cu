@@ -153,7 +153,9 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     if constexpr (RT) {   // D39: the row · x as loaded (before a folded norm's gain), reduced after the barrier
       float part = 0.f;
       if (has_r) {
-        asm volatile("cp.async.wait_group 0;" ::: "memory");   // this thread's own copies of the row
+        // This thread's own copies of the row (D47's copies, committed after them, may still be in flight).
+        if (pre2) asm volatile("cp.async.wait_group 1;" ::: "memory");
+        else asm volatile("cp.async.wait_group 0;" ::: "memory");
 #pragma unroll
         for (int k = 0; k < CPL; ++k) {
           const float4 q = qs[threadIdx.x + 256 * k];
