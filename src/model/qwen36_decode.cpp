@@ -11,6 +11,22 @@
 
 namespace lily {
 
+namespace {
+// One decode step attending over `len` positions: replayed from the captured step (D2), captured first when
+// none is held or the backend wants another variant for this length (D44); run eagerly when `cap` is false.
+template <class Step>
+void decode_step(Backend& be, int64_t len, bool cap, int& variant, Step&& step) {
+  const int v = cap ? be.capture_variant(len) : -1;
+  if (v >= 0 && v != variant && be.begin_capture(v)) {
+    step();
+    be.end_capture();
+    variant = v;
+  }
+  if (variant >= 0) be.replay();
+  else step();
+}
+}  // namespace
+
 void Qwen36::generate_greedy(Qwen36State& st, int32_t first_token, int n, std::vector<int32_t>& out) {
   if (n <= 0) return;
   const ModelConfig& c = w_.config;
@@ -37,15 +53,7 @@ void Qwen36::generate_greedy(Qwen36State& st, int32_t first_token, int n, std::v
   const bool cap = n > 1 && be_.can_capture();
   int variant = -1;   // of the captured step; -1: none
   for (int i = 1; i < n; ++i) {
-    // This step attends over st.pos + 1 positions; a new variant is captured when the length asks for it.
-    const int v = cap ? be_.capture_variant(int64_t(st.pos) + 1) : -1;
-    if (v >= 0 && v != variant && be_.begin_capture(v)) {
-      step();
-      be_.end_capture();
-      variant = v;
-    }
-    if (variant >= 0) be_.replay();
-    else step();
+    decode_step(be_, int64_t(st.pos) + 1, cap, variant, step);
     be_.copy(hist + i, tok_, 4);
     st.pos += 1;
   }
@@ -131,15 +139,7 @@ int Qwen36::decode_loop(Qwen36State& st, int32_t first_token, float* logits, int
     if (!feed_first && steps == 0) {
       step();          // the first full step runs eagerly (workspace sizes)
     } else {
-      // This step attends over st.pos + 1 positions; a new variant is captured when the length asks for it.
-      const int v = cap ? be_.capture_variant(int64_t(st.pos) + 1) : -1;
-      if (v >= 0 && v != variant && be_.begin_capture(v)) {
-        step();
-        be_.end_capture();
-        variant = v;
-      }
-      if (variant >= 0) be_.replay();
-      else step();
+      decode_step(be_, int64_t(st.pos) + 1, cap, variant, step);
     }
     st.pos += 1;       // host mirror of pos_dev_ (the cpu backend reads it per step)
     ++steps;
