@@ -1426,13 +1426,15 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
   static const char* moe_names[kTracePhases] = {
       "entry", "past PDL wait", "x staged, norm folded", "router rows done", "shared-expert rows done",
       "past handoff 1 (logits)", "top-k + weights", "routed gate/up done", "past handoff 2 (activations)",
-      "down: activations staged", "down: rows done (thread 0)", "end (CTA)"};
+      "down: activations staged", "down: rows done (thread 0)", "end (CTA)", "top-k: picks done (warp 0)",
+      "top-k: weights done (warp 0)", "", "top-k: lanes sorted (warp 0)"};
   static const char* gdn_names[kTracePhases] = {
       "entry", "past PDL wait", "conv + SiLU staged (barrier 1)", "end (thread 0)", "l2 norms (barrier 2)",
       "m = S^T k reduced (barrier 3)", "S updated, o reduced (barrier 4)", "past cluster barrier 1",
-      "y written (warp 0)", "conv state written", "", ""};
+      "y written (warp 0)", "conv state written", "", "", "", "", "", ""};
   static const char* attn_names[kTracePhases] = {"entry", "past PDL wait", "q ready (split)", "end (thread 0)",
-                                                 "KV loop done (split)", "", "", "", "", "", "", ""};
+                                                 "KV loop done (split)", "", "", "", "", "", "", "", "", "", "",
+                                                 ""};
   static const char* gemv_names[6] = {"entry", "past PDL wait", "x staged, norm folded (after the barrier)",
                                       "end (thread 0)", "x arrived (thread 0)", "x in shared memory (thread 0)"};
   // A launch's phase names, how many there are, and its end phase (MoE: the CTA's end, else thread 0's).
@@ -1441,7 +1443,7 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
     int n, end;
   };
   auto phases_of = [&](const std::string& n) -> Phases {
-    if (n.rfind("moe", 0) == 0) return {moe_names, kTracePhases, kTracePhases - 1};
+    if (n.rfind("moe", 0) == 0) return {moe_names, kTracePhases, 11};
     if (n.rfind("gdn", 0) == 0) return {gdn_names, kTracePhases, 3};
     if (n.rfind("attn", 0) == 0) return {attn_names, kTracePhases, 3};
     return {gemv_names, 6, 3};

@@ -199,7 +199,7 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int f) {
   return f == 0 ? v.x : f == 1 ? v.y : f == 2 ? v.z : v.w;
 }
 
-constexpr int kTracePhases = 12;   // trace stamps per CTA
+constexpr int kTracePhases = 16;   // trace stamps per CTA
 constexpr int kTraceCtas = 1024;   // CTAs per traced launch slot
 // Investigation aid (cuda_tools::set_kernel_trace): thread 0 of each CTA writes %globaltimer to
 // tr[CTA][phase] (kTracePhases per CTA); tr null = off.

@@ -598,8 +598,9 @@ __device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("
 __device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 // arrive_at >= 0 (D36): after pick arrive_at the warp arrives on named barrier 1 (whole CTA counted), so the
 // block's other warps may read sid[arrive_at] while this warp goes on picking.
+// tr (investigation aid): thread 0 stamps phase 15 once the lanes' lists are sorted.
 __device__ __forceinline__ void select_topk_lanes(const float* lg, int E, int K, int* sid, float* sv,
-                                                  int arrive_at = -1) {
+                                                  int arrive_at = -1, unsigned long long* tr = nullptr) {
   const int lane = threadIdx.x & 31;
   uint64_t c[8];
 #pragma unroll
@@ -613,6 +614,10 @@ __device__ __forceinline__ void select_topk_lanes(const float* lg, int E, int K,
   cswap_desc(c[2], c[4]); cswap_desc(c[3], c[5]);
   cswap_desc(c[1], c[4]); cswap_desc(c[3], c[6]);
   cswap_desc(c[1], c[2]); cswap_desc(c[3], c[4]); cswap_desc(c[5], c[6]);
+  if (tr) {   // the stamp must wait for the sorted lists: make them inputs of the timer read
+    asm volatile("" ::"l"(c[0]), "l"(c[7]));
+    trace_stamp(tr, 15);
+  }
   for (int k = 0; k < K; ++k) {
     const uint32_t head = uint32_t(c[0] >> 3);
     const uint32_t best = __reduce_max_sync(0xffffffffu, head);
@@ -1041,12 +1046,13 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
   trace_mark(a, 5);
   static_assert(!EP || F, "D36 only in the D31 instance");
   if (EP) {
-    if (warp == 0) select_topk_lanes(lg, E, K, sid, sv, (blockIdx.x * nwc) / I);
+    if (warp == 0) select_topk_lanes(lg, E, K, sid, sv, (blockIdx.x * nwc) / I, a.trace);
   } else if (!SP && !a.topk_lanes) {
     select_topk_block(lg, E, K, ckey, cidx, sid, sv);
   } else if (warp == 0) {
     select_topk_lanes(lg, E, K, sid, sv);
   }
+  trace_mark(a, 12);
   if (warp == 0) {
     const float lsc = RL ? ns : 1.f;   // D39: the logits are unscaled (the norm scale is positive: same order)
     const float p = lane < K ? __expf((sv[lane] - sv[0]) * lsc) : 0.f;   // the full softmax denominator cancels
@@ -1066,6 +1072,7 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
     }
     if (blockIdx.x == 0 && lane == 0) a.wts[K] = sw[K];
   }
+  trace_mark(a, 13);
   const int items = K * I;
   auto load_routed = [&](Q4Rows<2, 2>& q, int it) {
     const int sl = it / I, row = it % I;
