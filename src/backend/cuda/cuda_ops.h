@@ -136,6 +136,9 @@ bool& moe_persist_special_enabled();
 // D36: in the D31 instance each CTA's warps load their first routed rows once that slot is picked (warp 0 goes on
 // picking; named barriers) instead of after the whole top-k.
 bool& moe_early_pick_enabled();
+// D48: D39's MoE instance at 80 registers instead of 96, so that one CTA of the next launch (an in-projection
+// GEMV) fits on an SM beside its two (process-wide switch, ablation D48).
+bool& moe_rl80_enabled();
 // D28: at T == 1 on the D20 path, the attention prep (q/k norms, RoPE, KV append) runs inside the
 // split-KV kernel (off: the separate prep kernel).
 bool& attn_prep_fused_enabled();
