@@ -1,0 +1,38 @@
+#!/bin/bash
+# One device call for switches written but not yet measured (opt-in through LILY_TRY): build; decode
+# cuda-check with them on (64 steps; 192 with the cpu following the gpu's experts) and all of them off; a
+# matched A/B per id (`bench decode --ablate ID`, rounds alternate the variants); a 4K kernel trace with
+# them on (LILY_TRACE_CTAS passes through). Usage: IDS=D47,D48 [CONTEXTS=...] [ROUNDS=3] [OUT=dir]
+#   [LILY_COMMIT=rev] bash scripts/device/try_ab.sh
+set -o pipefail
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+B=${B:-/root/work/build}
+OUT=${OUT:-/tmp/out}
+IDS=${IDS:?IDS=D..,D.. names the opt-in switches}
+C=${LILY_COMMIT:-unknown}
+mkdir -p "$OUT"
+cd "$SRC"
+t0=$(date +%s)
+el() { echo "[+$(( $(date +%s) - t0 ))s] $*"; }
+bash scripts/device/build.sh "$B" >"$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; exit 1; }
+el "built"
+L="$B/lily"
+export LILY_TRY=$IDS
+check() {   # name, extra args
+  local name=$1; shift
+  LILY_GEMM_MIN_T=1000000 timeout 200 "$L" cuda-check --layers 4 --prompt 24 "$@" 2>&1 | tail -8 >"$OUT/check_$name.txt"
+  el "cuda-check $name: $(grep -o 'cuda-check: [A-Z]*.*top-1 [0-9.]*%' "$OUT/check_$name.txt" | tail -1)"
+}
+check on --tokens 64
+check off --tokens 64 --ablate "$IDS"
+check follow --tokens 192 --follow-routing
+for id in ${IDS//,/ }; do
+  timeout 240 "$L" bench decode --synthetic --contexts "${CONTEXTS:-4096,32768,131072}" --tokens 128 --rounds "${ROUNDS:-3}" \
+    --ablate "$id" --out "$OUT" --tag "ab_$id" --commit "$C" >"$OUT/ab_$id.txt" 2>&1
+  el "A/B $id rc=$?"
+  grep -E "^\| [0-9]+ \|" "$OUT/ab_$id.md"
+done
+LILY_KERNEL_TRACE=1 timeout 120 "$L" bench decode --synthetic --contexts 4096 --tokens 64 --rounds 1 --out "$OUT" \
+  --tag trace --commit "$C" >"$OUT/trace.txt" 2>&1
+el "trace rc=$?"
+sed -n '/Step timeline/,/^## /p' "$OUT/trace.md" | grep -E "^\|"
