@@ -7,16 +7,9 @@
 # only when that fails, then decode at 4K and 128K with D18 on vs off; with U4=1 also 128K with the
 # opt-in 4-positions-per-warp fp16 split kernel (LILY_ATTN_KV16_U4=1). Logs go to $OUT.
 # Usage: kv16_check.sh [build-dir]
-set -o pipefail
-SRC=$(cd "$(dirname "$0")/../.." && pwd)
 B=${1:-/root/work/build}
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-t0=$(date +%s)
-el() { echo "[+$(( $(date +%s) - t0 ))s] $*"; }
-bash "$SRC/scripts/device/build.sh" "$B" >"$OUT/kv16_build.txt" 2>&1 || { tail -30 "$OUT/kv16_build.txt"; exit 1; }
-el "built"
-L="$B/lily"
+BUILD_LOG=kv16_build.txt
+source "$(dirname "$0")/lib.sh"
 timeout 100 "$L" cuda-test-attn --only attn >"$OUT/kv16_test_attn.txt" 2>&1
 el "cuda-test-attn rc=$?"
 grep -E "FAIL|summary|^  |cuda-test-attn:" "$OUT/kv16_test_attn.txt" | tail -24

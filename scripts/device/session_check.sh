@@ -5,18 +5,8 @@
 # on the demo model; on a decode failure, the same check with each decode id off; then the kernel
 # benches and one round of bench decode / bench prefill (ablating DABL, default all of DIDS together;
 # PABL for prefill). Logs to $OUT. Usage: session_check.sh [nobench]
-set -o pipefail
-SRC=$(cd "$(dirname "$0")/../.." && pwd)
-B=${B:-/root/work/build}
-OUT=${OUT:-/tmp/out}
 DIDS=${DIDS:-D9,D10,D11,D12,D13,D14,D31,D33}
-mkdir -p "$OUT"
-cd "$SRC"
-t0=$(date +%s)
-el() { echo "[+$(( $(date +%s) - t0 ))s] $*"; }
-bash scripts/device/build.sh "$B" >"$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; exit 1; }
-el "built"
-L="$B/lily"
+source "$(dirname "$0")/lib.sh"
 for t in gemm attn sample; do
   if "$L" --help 2>&1 | grep -q "cuda-test-$t"; then
     timeout 120 "$L" cuda-test-$t >"$OUT/test_$t.txt" 2>&1

@@ -4,19 +4,9 @@
 # matched A/B per id (`bench decode --ablate ID`, rounds alternate the variants); a 4K kernel trace with
 # them on (LILY_TRACE_CTAS passes through). Usage: IDS=D47,D48 [CONTEXTS=...] [ROUNDS=3] [OUT=dir]
 #   [LILY_COMMIT=rev] bash scripts/device/try_ab.sh
-set -o pipefail
-SRC=$(cd "$(dirname "$0")/../.." && pwd)
-B=${B:-/root/work/build}
-OUT=${OUT:-/tmp/out}
 IDS=${IDS:?IDS=D..,D.. names the opt-in switches}
 C=${LILY_COMMIT:-unknown}
-mkdir -p "$OUT"
-cd "$SRC"
-t0=$(date +%s)
-el() { echo "[+$(( $(date +%s) - t0 ))s] $*"; }
-bash scripts/device/build.sh "$B" >"$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; exit 1; }
-el "built"
-L="$B/lily"
+source "$(dirname "$0")/lib.sh"
 export LILY_TRY=$IDS
 check() {   # name, extra args
   local name=$1; shift
