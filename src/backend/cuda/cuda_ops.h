@@ -103,6 +103,9 @@ bool& gdn_push_enabled();
 // D45: the D12 kernel writes its updated state back after the cluster barrier (whose release would
 // otherwise wait for those stores) instead of before it (process-wide switch, ablation D45).
 bool& gdn_s_late_enabled();
+// D49: the D12 kernel issues D13's L2 prefetch of the next launch's weights once its own loads have arrived
+// (after m = Sᵀk is reduced) instead of at entry (process-wide switch, ablation D49).
+bool& gdn_pf_late_enabled();
 void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
          const float* norm_w, float* conv_state, float* S, const float* qkv, const float* z,
          const float* a, const float* b, int T, float* y, cudaStream_t s, const L2Prefetch* pf = nullptr);
