@@ -2,7 +2,8 @@
 # One device call for switches written but not yet measured (opt-in through LILY_TRY): build; decode
 # cuda-check with them on (64 steps; 192 with the cpu following the gpu's experts) and all of them off; a
 # matched A/B per id (`bench decode --ablate ID`, rounds alternate the variants); a 4K kernel trace with
-# them on (LILY_TRACE_CTAS passes through). Usage: IDS=D47,D48 [CONTEXTS=...] [ROUNDS=3] [OUT=dir]
+# them on (LILY_TRACE_CTAS passes through); prefill ids (P...) get `bench prefill --ablate ID` at PLENGTHS
+# instead of the decode A/B. Usage: IDS=D47,D48 [CONTEXTS=...] [PLENGTHS=4096,32768] [ROUNDS=3] [OUT=dir]
 #   [LILY_COMMIT=rev] bash scripts/device/try_ab.sh
 IDS=${IDS:?IDS=D..,D.. names the opt-in switches}
 C=${LILY_COMMIT:-unknown}
@@ -17,8 +18,13 @@ check on --tokens 64
 check off --tokens 64 --ablate "$IDS"
 check follow --tokens 192 --follow-routing
 for id in ${IDS//,/ }; do
-  timeout 240 "$L" bench decode --synthetic --contexts "${CONTEXTS:-4096,32768,131072}" --tokens 128 --rounds "${ROUNDS:-3}" \
-    --ablate "$id" --out "$OUT" --tag "ab_$id" --commit "$C" >"$OUT/ab_$id.txt" 2>&1
+  if [[ $id == P* ]]; then
+    timeout 300 "$L" bench prefill --synthetic --lengths "${PLENGTHS:-4096,32768}" --chunk 4096 --rounds "${ROUNDS:-3}" \
+      --ablate "$id" --out "$OUT" --tag "ab_$id" --commit "$C" >"$OUT/ab_$id.txt" 2>&1
+  else
+    timeout 240 "$L" bench decode --synthetic --contexts "${CONTEXTS:-4096,32768,131072}" --tokens 128 \
+      --rounds "${ROUNDS:-3}" --ablate "$id" --out "$OUT" --tag "ab_$id" --commit "$C" >"$OUT/ab_$id.txt" 2>&1
+  fi
   el "A/B $id rc=$?"
   grep -E "^\| [0-9]+ \|" "$OUT/ab_$id.md"
 done
