@@ -660,9 +660,6 @@ class CudaBackend final : public Backend {
     trial.merge_env("LILY_TRY");
     gdn_push_enabled() = !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier
     gdn_s_late_enabled() = !abl_.has("D45");   // D45: D12's state written after its cluster barrier
-    gemv_pre2_enabled() = trial.has("D47") && !abl_.has("D47");   // D47: a GEMV CTA's second row group copied pre-wait
-    moe_rl80_enabled() = trial.has("D48") && !abl_.has("D48");   // D48: D39's MoE instance at 80 registers
-    gdn_pf_late_enabled() = trial.has("D49") && !abl_.has("D49");   // D49: the GDN step's D13 prefetch after its loads
     // Tuning aid: late PDL triggers (a mask of cuda_ops.h's kLate* bits; none paid in session 17, see CUDA.md).
     pdl_late_mask() = env_int("LILY_PDL_LATE", 0);
     prefetch_ = !abl_.has("D13");               // D13: L2 prefetch of the next launch's weights

@@ -352,20 +352,6 @@ struct Q4Rows {
 #pragma unroll
     for (int r = 0; r < R; ++r) out[r] = warp_sum(out[r]);
   }
-  // D47: the same rows from a shared-memory copy: R rows of `nc` 16-byte chunks, then per row `nw` 4-byte words
-  // of bf16 scales followed by `nw` of biases (gemv_q4_kernel's pre2 layout).
-  __device__ __forceinline__ void load_shared(const uint4* codes, const uint32_t* words, int nc, int nw) {
-    const int lane = threadIdx.x & 31;
-    const uint16_t* h = reinterpret_cast<const uint16_t*>(words);
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int i = 0; i < CPL; ++i) {
-        w[r][i] = codes[r * nc + lane + 32 * i];
-        s[r][i] = bf16f(h[r * 4 * nw + ((lane + 32 * i) >> 1)]);
-        b[r][i] = bf16f(h[r * 4 * nw + 2 * nw + ((lane + 32 * i) >> 1)]);
-      }
-  }
   // D24: the same dot products against x as int16 per 32 values (stage_x_i16_regs, dot8_q4_i16): the
   // chunk's integer sum times its step dx is Σ q·x; the bias term uses the exact float sum.
   __device__ __forceinline__ void dot_i16(const uint4* qx, const float* xd, const float* xsum, float* out) const {

@@ -103,9 +103,6 @@ bool& gdn_push_enabled();
 // D45: the D12 kernel writes its updated state back after the cluster barrier (whose release would
 // otherwise wait for those stores) instead of before it (process-wide switch, ablation D45).
 bool& gdn_s_late_enabled();
-// D49: the D12 kernel issues D13's L2 prefetch of the next launch's weights once its own loads have arrived
-// (after m = Sᵀk is reduced) instead of at entry (process-wide switch, ablation D49).
-bool& gdn_pf_late_enabled();
 void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
          const float* norm_w, float* conv_state, float* S, const float* qkv, const float* z,
          const float* a, const float* b, int T, float* y, cudaStream_t s, const L2Prefetch* pf = nullptr);
@@ -124,9 +121,6 @@ bool& stage_regs_enabled();
 // D24: the 4-bit decode GEMV and the D19 kernel's 4-bit rows against x (and the down activations)
 // quantised to int16 per 32 values, dp2a (off: float x, 3 instructions per weight).
 bool& gemv_x16_enabled();
-// D47: a decode GEMV CTA with two row groups copies the second to shared memory before its PDL wait (cp.async)
-// instead of loading it after x staging (process-wide switch, ablation D47).
-bool& gemv_pre2_enabled();
 // D26: the lm_head (>= 32,768 rows) runs on the int16 GEMV of D24 instead of the mma.sync GEMV (D1m)
 // when D24 and D21 are on (process-wide switch, ablation D26).
 bool& lmhead_i16_enabled();
@@ -139,9 +133,6 @@ bool& moe_persist_special_enabled();
 // D36: in the D31 instance each CTA's warps load their first routed rows once that slot is picked (warp 0 goes on
 // picking; named barriers) instead of after the whole top-k.
 bool& moe_early_pick_enabled();
-// D48: D39's MoE instance at 80 registers instead of 96, so that one CTA of the next launch (an in-projection
-// GEMV) fits on an SM beside its two (process-wide switch, ablation D48).
-bool& moe_rl80_enabled();
 // D28: at T == 1 on the D20 path, the attention prep (q/k norms, RoPE, KV append) runs inside the
 // split-KV kernel (off: the separate prep kernel).
 bool& attn_prep_fused_enabled();

@@ -157,8 +157,7 @@ constexpr int kGdnDecCh = 2 * kGdnDecDk + 32;  // conv channels per CTA: q | k |
 // without the second cluster barrier (off: each CTA reads its siblings' sums after the barrier, and a
 // final barrier keeps every CTA alive until they have). Same sums in the same order either way.
 // SLATE (D45): S is written back after the cluster barrier (see there).
-// PFL (D49): D13's prefetch issued once m = Sᵀk is reduced instead of at entry.
-template <bool PUSH, bool SLATE, bool PFL = false>
+template <bool PUSH, bool SLATE>
 __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__ GdnArgs g) {
   __shared__ float raw[4][kGdnDecCh];   // conv taps: state rows 0..2, current input
   __shared__ float act[kGdnDecCh];      // conv + SiLU output
@@ -178,7 +177,7 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
   float* S = g.S + int64_t(j) * dk * d.dv;
   trace_stamp(g.tr, 0);
   if (!g.late) pdl_trigger();
-  if constexpr (!PFL) l2_prefetch(g.pf);
+  l2_prefetch(g.pf);
   if (lane < kGdnDecRows) {
     const float* line = S + (warp + 8 * lane) * d.dv + p * 32;   // one 128-byte line per row
     asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
@@ -244,7 +243,6 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
   part[warp][lane] = m * nkk;
   __syncthreads();
   trace_stamp(g.tr, 5);
-  if constexpr (PFL) l2_prefetch(g.pf);   // D49: after this CTA's own loads (S, conv state, qkv, z) have arrived
   m = 0.f;
 #pragma unroll
   for (int w = 0; w < 8; ++w) m += part[w][lane];
@@ -315,11 +313,6 @@ bool& gdn_split_enabled() {
   return on;
 }
 
-bool& gdn_pf_late_enabled() {
-  static bool on = false;   // not yet measured: LILY_TRY turns it on
-  return on;
-}
-
 bool& gdn_s_late_enabled() {
   static bool on = true;
   return on;
@@ -362,9 +355,8 @@ void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float*
     cfg.blockDim = dim3(256);
     cfg.dynamicSmemBytes = 0;
     attr[0].val.clusterDim.x = ratio * (d.dv / 32);
-    const auto kern = gdn_push_enabled() ? (gdn_s_late_enabled() ? (gdn_pf_late_enabled() ? gdn_decode_kernel<true, true, true>
-                                                                                          : gdn_decode_kernel<true, true>)
-                                                                   : gdn_decode_kernel<true, false>)   // D42, D45, D49
+    const auto kern = gdn_push_enabled() ? (gdn_s_late_enabled() ? gdn_decode_kernel<true, true>   // D42, D45
+                                                                   : gdn_decode_kernel<true, false>)
                                          : (gdn_s_late_enabled() ? gdn_decode_kernel<false, true>
                                                                  : gdn_decode_kernel<false, false>);
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, g));

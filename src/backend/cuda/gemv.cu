@@ -12,11 +12,6 @@
 
 namespace lily::cuda {
 
-bool& gemv_pre2_enabled() {
-  static bool on = false;   // not yet measured: LILY_TRY turns it on
-  return on;
-}
-
 int& pdl_late_mask() {
   static int m = 0;
   return m;
@@ -36,7 +31,6 @@ struct GemvLaunch {
   unsigned long long* trace;   // investigation aid: phase stamps (trace_stamp)
   GemvRouterRows rt;    // D39: router rows (gemv_q4_kernel<.., RT> only)
   int late;             // pdl_late_mask(): trigger the dependents after x staging instead of at entry
-  int pre2;             // D47: byte offset in dynamic shared memory of the second row group's copy, 0 = off
 };
 
 // Epilogue of one output: y, plus the folded residual add (D9).
@@ -106,31 +100,6 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
       asm volatile("cp.async.commit_group;" ::: "memory");
     }
   }
-  // D47: this warp's rows of the CTA's second row group copied to shared memory before the wait (cp.async; the
-  // weights never change), so that the loop's second step reads them there instead of from L2 / DRAM after x
-  // staging. Per warp: R rows of codes (CPL·32 chunks of 16 bytes), then their scales, then their biases.
-  constexpr int kPreCodes = CPL * 32, kPreWords = CPL * 8;   // uint4 per row; 4-byte words of scales per row
-  const bool pre2 = L.pre2 && (bj + nb) * 8 * R < rows;
-  uint4* pre_codes = reinterpret_cast<uint4*>(reinterpret_cast<char*>(sm4) + L.pre2) + warp * R * (kPreCodes + kPreWords / 2);
-  uint32_t* pre_words = reinterpret_cast<uint32_t*>(pre_codes + R * kPreCodes);   // [R][scales | biases]
-  if (pre2) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t row = min((bj + nb) * 8 * R + warp * R + r, rows - 1);
-#pragma unroll
-      for (int i = 0; i < CPL; ++i) {
-        const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(pre_codes + r * kPreCodes + lane + 32 * i));
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(data + row * (cols / 32) + lane + 32 * i)
-                     : "memory");
-      }
-      for (int k = lane; k < 2 * kPreWords; k += 32) {
-        const uint16_t* src = (k < kPreWords ? sc : bi) + row * (cols / 64) + 2 * (k % kPreWords);
-        const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(pre_words + r * 2 * kPreWords + k));
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(sa), "l"(src) : "memory");
-      }
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-  }
   // x staged from registers, every load in flight at once; the norm gain (a weight) before the wait.
   XRegs<CPL> xr;
   float resv[R];
@@ -153,9 +122,7 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     if constexpr (RT) {   // D39: the row · x as loaded (before a folded norm's gain), reduced after the barrier
       float part = 0.f;
       if (has_r) {
-        // This thread's own copies of the row (D47's copies, committed after them, may still be in flight).
-        if (pre2) asm volatile("cp.async.wait_group 1;" ::: "memory");
-        else asm volatile("cp.async.wait_group 0;" ::: "memory");
+        asm volatile("cp.async.wait_group 0;" ::: "memory");   // this thread's own copies of the row
 #pragma unroll
         for (int k = 0; k < CPL; ++k) {
           const float4 q = qs[threadIdx.x + 256 * k];
@@ -185,7 +152,6 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
       if (lane == 0) red[warp] = ss;
     }
   }
-  if (pre2) asm volatile("cp.async.wait_group 0;" ::: "memory");   // D47 (the barrier below publishes them)
   __syncthreads();
   if constexpr (RT) {
     if (has_r && threadIdx.x == 0) {
@@ -208,8 +174,7 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     const int r0 = g * 8 * R + warp * R;
     if (r0 >= rows) break;
     Q4Rows<CPL, R> nxt;
-    if (pre2 && g == bj) nxt.load_shared(pre_codes, pre_words, kPreCodes, kPreWords);   // D47
-    else if ((g + nb) * 8 * R < rows) load(nxt, g + nb);
+    if ((g + nb) * 8 * R < rows) load(nxt, g + nb);
     float acc[R];
     if constexpr (X16)
       cur.dot_i16(reinterpret_cast<const uint4*>(sm4), reinterpret_cast<const float*>(sm4) + cols / 2, xsum, acc);
@@ -484,21 +449,6 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
     const int late = pdl_late_mask();
     L.late = ((late & kLateGemvRes) && L.n == 1 && jobs[0].res) || ((late & kLateGemvNorm) && norm) ? 1 : 0;
   }
-  // D47: only where no CTA has more than two row groups (the projections; not the lm_head's long streams), and
-  // with the 16 / 4-byte alignment cp.async needs.
-  int pre2_bytes = 0;
-  if constexpr (!Q8) {
-    bool ok = gemv_pre2_enabled(), second = false;
-    for (int j = 0; j < L.n && ok; ++j) {
-      const int gj = (jobs[j].w.rows + 8 * R - 1) / (8 * R), nbj = L.block_begin[j + 1] - L.block_begin[j];
-      second = second || gj > nbj;
-      ok = gj <= 2 * nbj && reinterpret_cast<uintptr_t>(jobs[j].w.data) % 16 == 0 &&
-           reinterpret_cast<uintptr_t>(jobs[j].w.scales) % 4 == 0 && reinterpret_cast<uintptr_t>(jobs[j].w.biases) % 4 == 0;
-    }
-    const int bytes = 8 * R * (CPL * 32 * 16 + CPL * 8 * 2 * 4);
-    const int base = CPL * 1024 * 4 * (use_rt ? 2 : 1) + CPL * 32 * 4;
-    if (ok && second && base + bytes <= 48 * 1024) pre2_bytes = bytes;   // no opt-in above the default limit
-  }
   if constexpr (Q8) {
     const int smem = CPL * 512 * 4 + CPL * 32 * 4;
     launch(gemv_q8_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
@@ -506,16 +456,13 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
     const int smem = CPL * 1024 * 4 + CPL * 32 * 4;
     // D39: one CTA per router row at least (the CTAs past the jobs' rows only compute theirs).
     if (use_rt) {
-      const int base = smem + CPL * 1024 * 4;
-      L.pre2 = pre2_bytes ? base : 0;
-      launch(gemv_q4_kernel<CPL, R, true, true>, dim3(std::max(nb, L.rt.n)), dim3(256), base + pre2_bytes, s, L);
+      launch(gemv_q4_kernel<CPL, R, true, true>, dim3(std::max(nb, L.rt.n)), dim3(256), smem + CPL * 1024 * 4, s, L);
       CUDA_LAUNCH_CHECK();
       return;
     }
-    L.pre2 = pre2_bytes ? smem : 0;
     // D24: int16 x and dp2a (needs D21's register staging).
-    if (x16 && L.stage_regs) launch(gemv_q4_kernel<CPL, R, true>, dim3(nb), dim3(256), smem + pre2_bytes, s, L);
-    else launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem + pre2_bytes, s, L);
+    if (x16 && L.stage_regs) launch(gemv_q4_kernel<CPL, R, true>, dim3(nb), dim3(256), smem, s, L);
+    else launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   }
   CUDA_LAUNCH_CHECK();
 }

@@ -1177,14 +1177,6 @@ __global__ void __maxnreg__(kRlRegs)
     moe_persist_rl_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
   moe_persist_body<true, true, true>(a, nrm, ctr);
 }
-// D48: the same at 80 registers (no spills): two of its CTAs (40,960 registers) leave room on an SM for one CTA of
-// the in-projection launch after it (80 registers × 256 threads), which then starts its weight loads while this
-// kernel's down stage runs instead of after this kernel's CTAs have left.
-constexpr int kRl80Regs = 80;
-__global__ void __maxnreg__(kRl80Regs)
-    moe_persist_rl80_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
-  moe_persist_body<true, true, true>(a, nrm, ctr);
-}
 __global__ void __launch_bounds__(kPersistThreads, 2)
     moe_persist_rl_free_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
   moe_persist_body<true, true, true>(a, nrm, ctr);
@@ -1200,11 +1192,6 @@ bool q8router_ok(const QMat& w, int rows, int H) {
 bool moe_norm_ok(const MoeDev& m, int T, bool fast) {
   return gemv_norm_ok(m.router, T, fast) && gemv_norm_ok(m.shared_gate, T, fast) && m.router.cols == m.H &&
          m.shared_gate.cols == m.H;
-}
-
-bool& moe_rl80_enabled() {
-  static bool on = false;   // not yet measured: LILY_TRY turns it on
-  return on;
 }
 
 bool& moe_early_pick_enabled() {
@@ -1302,7 +1289,6 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
                             reinterpret_cast<const void*>(moe_persist_kernel<true>),
                             reinterpret_cast<const void*>(moe_persist_kernel<true, true>),
                             reinterpret_cast<const void*>(moe_persist_rl_kernel),
-                            reinterpret_cast<const void*>(moe_persist_rl80_kernel),
                             reinterpret_cast<const void*>(moe_persist_rl_free_kernel)}) {
         int n = 0;
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kPersistThreads, smem));
@@ -1325,9 +1311,8 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
         const char* v = std::getenv("LILY_D39_REGS");
         return v && *v && std::atoi(v) == 0;
       }();
-      launch(rl && rl_free              ? moe_persist_rl_free_kernel
-             : rl && moe_rl80_enabled() ? moe_persist_rl80_kernel   // D48
-             : rl                       ? moe_persist_rl_kernel
+      launch(rl && rl_free ? moe_persist_rl_free_kernel
+             : rl        ? moe_persist_rl_kernel
              : early     ? moe_persist_kernel<true, true>
              : special ? moe_persist_kernel<true>
                        : moe_persist_kernel<false>,
