@@ -133,6 +133,9 @@ bool& moe_persist_special_enabled();
 // D36: in the D31 instance each CTA's warps load their first routed rows once that slot is picked (warp 0 goes on
 // picking; named barriers) instead of after the whole top-k.
 bool& moe_early_pick_enabled();
+// D50: in D39's MoE instance warp 0 picks the experts from logits loaded into its registers while warps 1..7
+// stage x (process-wide switch, ablation D50).
+bool& moe_w0_pick_enabled();
 // D28: at T == 1 on the D20 path, the attention prep (q/k norms, RoPE, KV append) runs inside the
 // split-KV kernel (off: the separate prep kernel).
 bool& attn_prep_fused_enabled();

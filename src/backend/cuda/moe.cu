@@ -639,6 +639,50 @@ __device__ __forceinline__ void select_topk_lanes(const float* lg, int E, int K,
   __syncwarp();
 }
 
+// D50: select_topk_lanes on logits already in the lane's registers (v = logits [8l, 8l+8)), E == 256. No
+// shared-memory reads: the winner lane writes sid[k] (no logit load in the pick loop) and lane k keeps pick
+// k's logit decoded from its order key (*mine, exact); *top is pick 0's logit on every lane.
+__device__ __forceinline__ float key_float(uint32_t k) { return __uint_as_float((k & 0x80000000u) ? k ^ 0x80000000u : ~k); }
+__device__ __forceinline__ void select_topk_regs(const float (&v)[8], int K, int* sid, float* mine, float* top,
+                                                 int arrive_at, unsigned long long* tr) {
+  const int lane = threadIdx.x & 31;
+  uint64_t c[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) c[j] = (uint64_t(order_key(v[j])) << 3) | uint64_t(7 - j);
+  cswap_desc(c[0], c[2]); cswap_desc(c[1], c[3]); cswap_desc(c[4], c[6]); cswap_desc(c[5], c[7]);
+  cswap_desc(c[0], c[4]); cswap_desc(c[1], c[5]); cswap_desc(c[2], c[6]); cswap_desc(c[3], c[7]);
+  cswap_desc(c[0], c[1]); cswap_desc(c[2], c[3]); cswap_desc(c[4], c[5]); cswap_desc(c[6], c[7]);
+  cswap_desc(c[2], c[4]); cswap_desc(c[3], c[5]);
+  cswap_desc(c[1], c[4]); cswap_desc(c[3], c[6]);
+  cswap_desc(c[1], c[2]); cswap_desc(c[3], c[4]); cswap_desc(c[5], c[6]);
+  if (tr) {
+    asm volatile("" ::"l"(c[0]), "l"(c[7]));
+    trace_stamp(tr, 15);
+  }
+  uint32_t my = 0u, first = 0u;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    if (k >= K) break;
+    const uint32_t head = uint32_t(c[0] >> 3);
+    const uint32_t best = __reduce_max_sync(0xffffffffu, head);
+    const int w = __ffs(__ballot_sync(0xffffffffu, head == best)) - 1;
+    const bool win = lane == w;
+    if (win) sid[k] = 8 * lane + 7 - int(c[0] & 7u);
+    if (k == 0) first = best;
+    if (lane == k) my = best;
+#pragma unroll
+    for (int j = 0; j < 7; ++j) c[j] = win ? c[j + 1] : c[j];
+    c[7] = win ? 0ull : c[7];
+    if (k == arrive_at) {
+      __syncwarp();
+      named_bar_arrive(1, blockDim.x);
+    }
+  }
+  __syncwarp();
+  *mine = key_float(my);
+  *top = key_float(first);
+}
+
 constexpr int kRouterCols = 2048;   // H: 128 16-byte chunks of 16 codes per row, 4 per lane
 
 // Stages x (kRouterCols floats; gain ⊙ x with D9, adding the thread's share of Σx² to *ss) as
@@ -884,7 +928,10 @@ size_t persist_smem(const MoeDev& m) {
 // the CTA's 8 warps: gw / I) before loading it; warp 0 goes on picking meanwhile (named barriers 1 and 2).
 // RL (D39, with EP): the router logits come from the previous launch (a.rlog, unscaled: times the norm scale
 // here); no router rows and no logits handoff. The shared expert's rows move to warps 1..7 (warp 0 picks).
-template <bool F, bool EP, bool RL>
+// W0 (D50, with RL): warp 0 loads the 257 logits straight into registers after the PDL wait and picks at once
+// (select_topk_regs) while warps 1..7 stage x alone (3 float4s per thread; named barrier 3 among them, 4 to tell
+// warp 0); warp 0 then waits for the staging only to scale the routing weights by the norm scale.
+template <bool F, bool EP, bool RL, bool W0 = false>
 __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNorm& nrm, int* ctr) {
   extern __shared__ float4 smp[];
   __shared__ float lg[256];
@@ -920,6 +967,12 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
                              static_cast<const uint16_t*>(u.biases) + int64_t(row) * (H / 64)};
     q.load(rp, sp, bp);
   };
+  const int items = K * I;
+  auto load_routed = [&](Q4Rows<2, 2>& q, int it) {
+    const int sl = it / I, row = it % I;
+    load_q4(q, stack_mat(m.gate0, m.gate_stride, m.gate_sb_stride, sid[sl]),
+            stack_mat(m.up0, m.up_stride, m.up_sb_stride, sid[sl]), row);
+  };
   // Weights never change: this warp's first router or shared-expert row is loaded before the wait.
   Q8RouterRow rr;
   Q4Rows<2, 2> cur;
@@ -933,6 +986,7 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
   __shared__ unsigned long long s_gen;
   if (tickets && threadIdx.x == 0) s_gen = atomicAdd(&tk[0], 1ull) / unsigned(G);
   static_assert(!RL || EP, "D39 only in the D36 instance");
+  static_assert(!W0 || RL, "D50 only in the D39 instance");
   // RL: shared-expert row sr on warp `warp` (1..7) of CTA blockIdx.x, in its own registers (computed while
   // the warp's first routed rows load, after the picks: warp 0 picks alone).
   const int sr = RL && warp > 0 ? int(blockIdx.x) * (nwc - 1) + warp - 1 : Is;
@@ -947,146 +1001,89 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
   l2_prefetch(a.pf);   // D13: the next launch's weights
   const float* xin = NW ? nrm.h : a.x;
   float ns = 1.f;
-  if (SP || (a.stage_regs && H == 2 * 4 * kPersistThreads)) {
-    // D21: x once into registers (the norm gain, a weight, before the wait), both layouts from there.
-    XRegs<2> xr;
-    if (NW) xr.load(nrm.w, H / 4);
-    const XRegs<2> g = xr;
-    pdl_wait();
-    trace_mark(a, 1);
-    float lgv = 0.f;
-    if (RL) {   // D39: the logits (one per thread: E == 256 threads) in flight with x
-      lgv = __ldcg(a.rlog + threadIdx.x);
-      if (threadIdx.x == 0) s_sg = __ldcg(a.rlog + E);
-    }
-    xr.load(xin, H / 4);
-    if (RL) lg[threadIdx.x] = lgv;
-    if (NW) {
-      const float ss = warp_sum(xr.apply_gain(g));
-      if (lane == 0) red[warp] = ss;
-    }
-    // D24: the gate/up rows read x as int16 per 32 values (qx in the xq4 region).
-    if (SP || a.xq16) stage_x_i16_regs(xr, H, reinterpret_cast<uint4*>(xq4), reinterpret_cast<float*>(xq4) + H / 2, xs4);
-    else stage_x_q4_regs(xr, H, xq4, xs4);
-    if (!RL) stage_x_q8_regs(xr, xq8, xs8);
-    __syncthreads();
-    if (NW) {
-      ns = fold_norm_scale(red, nwc, H, nrm.eps, nrm.h, nrm.w, nullptr);
-      if (blockIdx.x == 0) xr.store_scaled(const_cast<float*>(a.x), H / 4, ns);
-    }
-  } else {
-    pdl_wait();
-    trace_mark(a, 1);
-    float ss = 0.f;
-    stage_x_q4(xin, H, xq4, xs4, nrm.w, &ss);
-    stage_x_q8(xin, nrm.w, xq8, xs8, nullptr);
-    if (NW) {
-      ss = warp_sum(ss);
-      if (lane == 0) red[warp] = ss;
-    }
-    __syncthreads();
-    // D9: the staged x is gain ⊙ h; the rmsnorm scale multiplies the dot products instead.
-    if (NW)
-      ns = fold_norm_scale(red, nwc, H, nrm.eps, nrm.h, nrm.w, blockIdx.x == 0 ? const_cast<float*>(a.x) : nullptr);
-  }
-  trace_mark(a, 2);
-  // 1. router rows (RL: none, the logits came with the previous launch)
-  for (int p = gw; !RL && p <= E; p += nw) {
-    if (p != gw) rr.load(p == E ? m.shared_gate : m.router, p < E ? p : 0);
-    const float v = rr.dot(xq8, xs8) * ns;
-    if (lane == 0) {
-      if (tags) st_relaxed_gpu64(tg + p, (uint64_t(uint32_t(s_gen + 1)) << 32) | __float_as_uint(v));
-      if (p == E) const_cast<float*>(a.sg)[0] = v;
-      else const_cast<float*>(a.logits)[p] = v;
-    }
-  }
-  __syncthreads();
-  trace_mark(a, 3);
-  if (blockIdx.x < nR) {   // with tags only counted (no fence), so that launches may mix the modes
-    if (tags) {
-      if (threadIdx.x == 0) atomicAdd(&tk[1], 1ull);
-    } else if (tickets) {
-      grid_arrive64(&tk[1]);
-    } else {
-      grid_arrive(&ctr[0]);
-    }
-  }
-  // 2. shared expert gate/up rows (unweighted SwiGLU); RL: below, with the first routed loads in flight
-  for (int p = gw; !RL && p < pre; p += nw) {
-    if (p <= E) continue;
-    if (p != gw) load_q4(cur, m.sh_gate, m.sh_up, p - E - 1);
-    float r[2];
-    if (SP || a.xq16) cur.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r);
-    else cur.dot(xq4, xs4, r);
-    if (lane == 0) act[K * imax + (p - E - 1)] = siluf_(r[0] * ns) * (r[1] * ns);
-  }
-  // 3. routing, then the routed experts' gate/up rows
-  trace_mark(a, 4);
-  if (RL) {
-    // D39: lg and s_sg were staged with x (before the staging barrier).
-  } else if (tags) {
-    // Tagged logits: each thread polls its slots until they carry this launch's tag (value and tag
-    // are one 8-byte word), so the logits arrive with the handoff in one round trip.
-    const uint32_t want = uint32_t(s_gen + 1);
-    for (int e = threadIdx.x; e <= E; e += kPersistThreads) {
-      uint64_t w;
-      while (uint32_t((w = ld_relaxed_gpu64(tg + e)) >> 32) != want) __nanosleep(32);
-      const float v = __uint_as_float(uint32_t(w));
-      if (e < E) lg[e] = v;
-      else s_sg = v;
-    }
-    __syncthreads();
-  } else {
-    if (tickets) grid_wait64(&tk[1], (s_gen + 1) * unsigned(nR));
-    else grid_wait(&ctr[0], nR);
-    for (int e = threadIdx.x; e < E; e += kPersistThreads) lg[e] = __ldcg(a.logits + e);
-    if (threadIdx.x == 0) s_sg = __ldcg(a.sg);
-    __syncthreads();
-  }
-  trace_mark(a, 5);
-  static_assert(!EP || F, "D36 only in the D31 instance");
-  if (EP) {
-    if (warp == 0) select_topk_lanes(lg, E, K, sid, sv, (blockIdx.x * nwc) / I, a.trace);
-  } else if (!SP && !a.topk_lanes) {
-    select_topk_block(lg, E, K, ckey, cidx, sid, sv);
-  } else if (warp == 0) {
-    select_topk_lanes(lg, E, K, sid, sv);
-  }
-  trace_mark(a, 12);
-  if (warp == 0) {
-    const float lsc = RL ? ns : 1.f;   // D39: the logits are unscaled (the norm scale is positive: same order)
-    const float p = lane < K ? __expf((sv[lane] - sv[0]) * lsc) : 0.f;   // the full softmax denominator cancels
-    const float sum = warp_sum(p);
-    if (lane < K) {
-      sw[lane] = p / sum;
-      slot_scale[lane] = 1.f;   // routed slots carry their weight already
-    }
-    if (lane == 0) {
-      sw[K] = sigmoidf_(s_sg * lsc);
-      slot_scale[K] = sw[K];   // the shared slot was written before σ(shared gate) was known
-    }
-    if (blockIdx.x == 0 && lane < K) {
-      a.ids[lane] = sid[lane];
-      a.wts[lane] = p / sum;
-      if (m.hist) atomicAdd(&m.hist[sid[lane]], 1);
-    }
-    if (blockIdx.x == 0 && lane == 0) a.wts[K] = sw[K];
-  }
-  trace_mark(a, 13);
-  const int items = K * I;
-  auto load_routed = [&](Q4Rows<2, 2>& q, int it) {
-    const int sl = it / I, row = it % I;
-    load_q4(q, stack_mat(m.gate0, m.gate_stride, m.gate_sb_stride, sid[sl]),
-            stack_mat(m.up0, m.up_stride, m.up_sb_stride, sid[sl]), row);
-  };
-  if (EP) {   // D36: barrier 1 = this CTA's first slot picked, 2 = all picks and weights
-    if (warp == 0) {
+  if constexpr (W0) {
+    if (warp == 0) {   // D50: the logits into registers, the picks at once
+      pdl_wait();
+      trace_mark(a, 1);
+      const float4* r4 = reinterpret_cast<const float4*>(a.rlog);
+      const float4 l0 = __ldcg(r4 + 2 * lane), l1 = __ldcg(r4 + 2 * lane + 1);
+      const float sgl = lane == 0 ? __ldcg(a.rlog + E) : 0.f;
+      trace_mark(a, 5);
+      const float v[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+      float mine, top;
+      select_topk_regs(v, K, sid, &mine, &top, (blockIdx.x * nwc) / I, a.trace);
+      trace_mark(a, 12);
+      named_bar_sync(4, kPersistThreads);   // warps 1..7 have staged x and their shares of Σx²
+      trace_mark(a, 2);
+      ns = fold_norm_scale(red + 1, nwc - 1, H, nrm.eps, nrm.h, nrm.w, nullptr);
+      const float p = lane < K ? __expf((mine - top) * ns) : 0.f;   // the full softmax denominator cancels
+      const float sum = warp_sum(p);
+      if (lane < K) {
+        sw[lane] = p / sum;
+        slot_scale[lane] = 1.f;
+      }
+      if (lane == 0) {
+        sw[K] = sigmoidf_(sgl * ns);
+        slot_scale[K] = sw[K];
+      }
+      if (blockIdx.x == 0 && lane < K) {
+        a.ids[lane] = sid[lane];
+        a.wts[lane] = p / sum;
+        if (m.hist) atomicAdd(&m.hist[sid[lane]], 1);
+      }
+      if (blockIdx.x == 0 && lane == 0) a.wts[K] = sw[K];
+      if (blockIdx.x < nR && lane == 0) atomicAdd(&tk[1], 1ull);   // counted as the other instances do
+      trace_mark(a, 13);
       named_bar_arrive(2, kPersistThreads);
       if (gw < items) load_routed(cur, gw);
-    } else {
+    } else {   // warps 1..7: x (float4 t + 224k of H / 4 = 512) with the norm gain, staged as int16
+      const int t = int(threadIdx.x) - 32;
+      float4 xg[3], xv[3];
+#pragma unroll
+      for (int k = 0; k < 3; ++k) {
+        const int idx = t + 224 * k;
+        if (idx < H / 4) xg[k] = reinterpret_cast<const float4*>(nrm.w)[idx];
+      }
+      pdl_wait();
+      float ss = 0.f;
+#pragma unroll
+      for (int k = 0; k < 3; ++k) {
+        const int idx = t + 224 * k;
+        if (idx < H / 4) {
+          xv[k] = reinterpret_cast<const float4*>(xin)[idx];
+          ss += xv[k].x * xv[k].x + xv[k].y * xv[k].y + xv[k].z * xv[k].z + xv[k].w * xv[k].w;
+          xv[k].x *= xg[k].x;
+          xv[k].y *= xg[k].y;
+          xv[k].z *= xg[k].z;
+          xv[k].w *= xg[k].w;
+        }
+      }
+      ss = warp_sum(ss);
+      if (lane == 0) red[warp] = ss;
+      uint4* qx = reinterpret_cast<uint4*>(xq4);
+      float* xd = reinterpret_cast<float*>(xq4) + H / 2;
+#pragma unroll
+      for (int k = 0; k < 3; ++k) {
+        const int idx = t + 224 * k;
+        if (idx >= H / 4) break;   // uniform per warp (224 and 512 are multiples of 32)
+        const int ci = idx >> 3;
+        q16_stage(xv[k], idx & 7, qx + (ci >> 5) * 128 + (ci & 31), 32, xs4 + ci, xd + ci);
+      }
+      named_bar_sync(3, kPersistThreads - 32);
+      ns = fold_norm_scale(red + 1, nwc - 1, H, nrm.eps, nrm.h, nrm.w, nullptr);
+      if (blockIdx.x == 0) {
+#pragma unroll
+        for (int k = 0; k < 3; ++k) {
+          const int idx = t + 224 * k;
+          if (idx < H / 4)
+            reinterpret_cast<float4*>(const_cast<float*>(a.x))[idx] =
+                make_float4(xv[k].x * ns, xv[k].y * ns, xv[k].z * ns, xv[k].w * ns);
+        }
+      }
+      named_bar_arrive(4, kPersistThreads);
       named_bar_sync(1, kPersistThreads);
       if (gw < items) load_routed(cur, gw);
-      if (RL && sr < Is) {   // D39: the shared row while the routed rows load and warp 0 finishes its picks
+      if (sr < Is) {   // D39: the shared row while the routed rows load and warp 0 finishes its picks
         float r[2];
         shr.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r);
         if (lane == 0) act[K * imax + sr] = siluf_(r[0] * ns) * (r[1] * ns);
@@ -1094,8 +1091,150 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
       named_bar_sync(2, kPersistThreads);
     }
   } else {
+    if (SP || (a.stage_regs && H == 2 * 4 * kPersistThreads)) {
+      // D21: x once into registers (the norm gain, a weight, before the wait), both layouts from there.
+      XRegs<2> xr;
+      if (NW) xr.load(nrm.w, H / 4);
+      const XRegs<2> g = xr;
+      pdl_wait();
+      trace_mark(a, 1);
+      float lgv = 0.f;
+      if (RL) {   // D39: the logits (one per thread: E == 256 threads) in flight with x
+        lgv = __ldcg(a.rlog + threadIdx.x);
+        if (threadIdx.x == 0) s_sg = __ldcg(a.rlog + E);
+      }
+      xr.load(xin, H / 4);
+      if (RL) lg[threadIdx.x] = lgv;
+      if (NW) {
+        const float ss = warp_sum(xr.apply_gain(g));
+        if (lane == 0) red[warp] = ss;
+      }
+      // D24: the gate/up rows read x as int16 per 32 values (qx in the xq4 region).
+      if (SP || a.xq16) stage_x_i16_regs(xr, H, reinterpret_cast<uint4*>(xq4), reinterpret_cast<float*>(xq4) + H / 2, xs4);
+      else stage_x_q4_regs(xr, H, xq4, xs4);
+      if (!RL) stage_x_q8_regs(xr, xq8, xs8);
+      __syncthreads();
+      if (NW) {
+        ns = fold_norm_scale(red, nwc, H, nrm.eps, nrm.h, nrm.w, nullptr);
+        if (blockIdx.x == 0) xr.store_scaled(const_cast<float*>(a.x), H / 4, ns);
+      }
+    } else {
+      pdl_wait();
+      trace_mark(a, 1);
+      float ss = 0.f;
+      stage_x_q4(xin, H, xq4, xs4, nrm.w, &ss);
+      stage_x_q8(xin, nrm.w, xq8, xs8, nullptr);
+      if (NW) {
+        ss = warp_sum(ss);
+        if (lane == 0) red[warp] = ss;
+      }
+      __syncthreads();
+      // D9: the staged x is gain ⊙ h; the rmsnorm scale multiplies the dot products instead.
+      if (NW)
+        ns = fold_norm_scale(red, nwc, H, nrm.eps, nrm.h, nrm.w, blockIdx.x == 0 ? const_cast<float*>(a.x) : nullptr);
+    }
+    trace_mark(a, 2);
+    // 1. router rows (RL: none, the logits came with the previous launch)
+    for (int p = gw; !RL && p <= E; p += nw) {
+      if (p != gw) rr.load(p == E ? m.shared_gate : m.router, p < E ? p : 0);
+      const float v = rr.dot(xq8, xs8) * ns;
+      if (lane == 0) {
+        if (tags) st_relaxed_gpu64(tg + p, (uint64_t(uint32_t(s_gen + 1)) << 32) | __float_as_uint(v));
+        if (p == E) const_cast<float*>(a.sg)[0] = v;
+        else const_cast<float*>(a.logits)[p] = v;
+      }
+    }
     __syncthreads();
-    if (gw < items) load_routed(cur, gw);
+    trace_mark(a, 3);
+    if (blockIdx.x < nR) {   // with tags only counted (no fence), so that launches may mix the modes
+      if (tags) {
+        if (threadIdx.x == 0) atomicAdd(&tk[1], 1ull);
+      } else if (tickets) {
+        grid_arrive64(&tk[1]);
+      } else {
+        grid_arrive(&ctr[0]);
+      }
+    }
+    // 2. shared expert gate/up rows (unweighted SwiGLU); RL: below, with the first routed loads in flight
+    for (int p = gw; !RL && p < pre; p += nw) {
+      if (p <= E) continue;
+      if (p != gw) load_q4(cur, m.sh_gate, m.sh_up, p - E - 1);
+      float r[2];
+      if (SP || a.xq16) cur.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r);
+      else cur.dot(xq4, xs4, r);
+      if (lane == 0) act[K * imax + (p - E - 1)] = siluf_(r[0] * ns) * (r[1] * ns);
+    }
+    // 3. routing, then the routed experts' gate/up rows
+    trace_mark(a, 4);
+    if (RL) {
+      // D39: lg and s_sg were staged with x (before the staging barrier).
+    } else if (tags) {
+      // Tagged logits: each thread polls its slots until they carry this launch's tag (value and tag
+      // are one 8-byte word), so the logits arrive with the handoff in one round trip.
+      const uint32_t want = uint32_t(s_gen + 1);
+      for (int e = threadIdx.x; e <= E; e += kPersistThreads) {
+        uint64_t w;
+        while (uint32_t((w = ld_relaxed_gpu64(tg + e)) >> 32) != want) __nanosleep(32);
+        const float v = __uint_as_float(uint32_t(w));
+        if (e < E) lg[e] = v;
+        else s_sg = v;
+      }
+      __syncthreads();
+    } else {
+      if (tickets) grid_wait64(&tk[1], (s_gen + 1) * unsigned(nR));
+      else grid_wait(&ctr[0], nR);
+      for (int e = threadIdx.x; e < E; e += kPersistThreads) lg[e] = __ldcg(a.logits + e);
+      if (threadIdx.x == 0) s_sg = __ldcg(a.sg);
+      __syncthreads();
+    }
+    trace_mark(a, 5);
+    static_assert(!EP || F, "D36 only in the D31 instance");
+    if (EP) {
+      if (warp == 0) select_topk_lanes(lg, E, K, sid, sv, (blockIdx.x * nwc) / I, a.trace);
+    } else if (!SP && !a.topk_lanes) {
+      select_topk_block(lg, E, K, ckey, cidx, sid, sv);
+    } else if (warp == 0) {
+      select_topk_lanes(lg, E, K, sid, sv);
+    }
+    trace_mark(a, 12);
+    if (warp == 0) {
+      const float lsc = RL ? ns : 1.f;   // D39: the logits are unscaled (the norm scale is positive: same order)
+      const float p = lane < K ? __expf((sv[lane] - sv[0]) * lsc) : 0.f;   // the full softmax denominator cancels
+      const float sum = warp_sum(p);
+      if (lane < K) {
+        sw[lane] = p / sum;
+        slot_scale[lane] = 1.f;   // routed slots carry their weight already
+      }
+      if (lane == 0) {
+        sw[K] = sigmoidf_(s_sg * lsc);
+        slot_scale[K] = sw[K];   // the shared slot was written before σ(shared gate) was known
+      }
+      if (blockIdx.x == 0 && lane < K) {
+        a.ids[lane] = sid[lane];
+        a.wts[lane] = p / sum;
+        if (m.hist) atomicAdd(&m.hist[sid[lane]], 1);
+      }
+      if (blockIdx.x == 0 && lane == 0) a.wts[K] = sw[K];
+    }
+    trace_mark(a, 13);
+    if (EP) {   // D36: barrier 1 = this CTA's first slot picked, 2 = all picks and weights
+      if (warp == 0) {
+        named_bar_arrive(2, kPersistThreads);
+        if (gw < items) load_routed(cur, gw);
+      } else {
+        named_bar_sync(1, kPersistThreads);
+        if (gw < items) load_routed(cur, gw);
+        if (RL && sr < Is) {   // D39: the shared row while the routed rows load and warp 0 finishes its picks
+          float r[2];
+          shr.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r);
+          if (lane == 0) act[K * imax + sr] = siluf_(r[0] * ns) * (r[1] * ns);
+        }
+        named_bar_sync(2, kPersistThreads);
+      }
+    } else {
+      __syncthreads();
+      if (gw < items) load_routed(cur, gw);
+    }
   }
   trace_mark(a, 6);
   for (int it = gw; it < items; it += nw) {
@@ -1177,6 +1316,11 @@ __global__ void __maxnreg__(kRlRegs)
     moe_persist_rl_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
   moe_persist_body<true, true, true>(a, nrm, ctr);
 }
+// D50: the same with warp 0 picking from registers while warps 1..7 stage x.
+__global__ void __maxnreg__(kRlRegs)
+    moe_persist_rlw0_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
+  moe_persist_body<true, true, true, true>(a, nrm, ctr);
+}
 __global__ void __launch_bounds__(kPersistThreads, 2)
     moe_persist_rl_free_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
   moe_persist_body<true, true, true>(a, nrm, ctr);
@@ -1192,6 +1336,11 @@ bool q8router_ok(const QMat& w, int rows, int H) {
 bool moe_norm_ok(const MoeDev& m, int T, bool fast) {
   return gemv_norm_ok(m.router, T, fast) && gemv_norm_ok(m.shared_gate, T, fast) && m.router.cols == m.H &&
          m.shared_gate.cols == m.H;
+}
+
+bool& moe_w0_pick_enabled() {
+  static bool on = false;   // not yet measured: LILY_TRY turns it on
+  return on;
 }
 
 bool& moe_early_pick_enabled() {
@@ -1289,6 +1438,7 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
                             reinterpret_cast<const void*>(moe_persist_kernel<true>),
                             reinterpret_cast<const void*>(moe_persist_kernel<true, true>),
                             reinterpret_cast<const void*>(moe_persist_rl_kernel),
+                            reinterpret_cast<const void*>(moe_persist_rlw0_kernel),
                             reinterpret_cast<const void*>(moe_persist_rl_free_kernel)}) {
         int n = 0;
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kPersistThreads, smem));
@@ -1312,6 +1462,7 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
         return v && *v && std::atoi(v) == 0;
       }();
       launch(rl && rl_free ? moe_persist_rl_free_kernel
+             : rl && moe_w0_pick_enabled() ? moe_persist_rlw0_kernel
              : rl        ? moe_persist_rl_kernel
              : early     ? moe_persist_kernel<true, true>
              : special ? moe_persist_kernel<true>
