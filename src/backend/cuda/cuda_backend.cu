@@ -405,19 +405,7 @@ class CudaBackend final : public Backend {
       return;
     }
     float* ws = workspace(attention_workspace_floats(d, T));
-    // D51: the launch before this one (the q / k / v projections) prefetches the cache rows of the positions
-    // before this one into L2 while the context is at most kv_pf_max_ positions (LILY_KV_PF_MAX).
-    L2Prefetch mine;
-    if (kv_pf_ && pos_dev && kv16) {
-      const uint32_t row = uint32_t(d.kv_heads) * d.head_dim * 2;
-      mine.pos = pos_dev;
-      mine.max_pos = uint32_t(std::min<int64_t>(kv_pf_max_, kPfCap / (2 * row)));
-      for (const void* p : {static_cast<const void*>(kv.k), static_cast<const void*>(kv.v)}) {
-        mine.p[mine.n] = p;
-        mine.row[mine.n++] = row;
-      }
-    }
-    const L2Prefetch pf = unit_prefetch(mine, T, 2);
+    const L2Prefetch pf = unit_prefetch(L2Prefetch{}, T, 2);
     if (T == 1) attn_trace_next() = {trace_slot("attn.split"), trace_slot("attn.merge")};
     timed("attention", bytes, [&] {
       cuda::attention(d, w.q_norm.data, w.k_norm.data, kv.k, kv.v, kv16, pos0, pos_dev, q, k, v, T, o, ws,
@@ -667,17 +655,14 @@ class CudaBackend final : public Backend {
     merge_warps_enabled() = !abl_.has("D11");   // D11: split-KV merge with warps across splits
     gdn_split_enabled() = !abl_.has("D12");     // D12: GDN decode step over 4 CTAs per value head
     auto env_int = [](const char* n, int def) { const char* e = std::getenv(n); return e && *e ? std::atoi(e) : def; };
-    // Switches written but not yet measured on the device are off unless LILY_TRY=ID,... names them.
-    Ablations trial;
-    trial.merge_env("LILY_TRY");
-    moe_w0_pick_enabled() = trial.has("D50") && !abl_.has("D50");   // D50: the MoE picks on warp 0 while x is staged
+    // Switches written but not yet measured on the device are off unless LILY_TRY=ID,... names them
+    // (`Ablations trial; trial.merge_env("LILY_TRY");`, then trial.has("ID") && !abl_.has("ID")); none now.
+    moe_w0_pick_enabled() = !abl_.has("D50");   // D50: the MoE picks on warp 0 while x is staged
     gdn_push_enabled() = !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier
     gdn_s_late_enabled() = !abl_.has("D45");   // D45: D12's state written after its cluster barrier
     // Tuning aid: late PDL triggers (a mask of cuda_ops.h's kLate* bits; none paid in session 17, see CUDA.md).
     pdl_late_mask() = env_int("LILY_PDL_LATE", 0);
     prefetch_ = !abl_.has("D13");               // D13: L2 prefetch of the next launch's weights
-    kv_pf_ = trial.has("D51") && !abl_.has("D51");   // D51: the attention's cache rows prefetched one launch ahead
-    kv_pf_max_ = env_int("LILY_KV_PF_MAX", 8192);
     pf_skip_ = env_int("LILY_PF_SKIP", 0);      // tuning aid: D13 off for some launch kinds (unit_prefetch)
     gemv_one_wave_enabled() = !abl_.has("D14");  // D14: one wave of CTAs per decode GEMV batch
     // D15 (router as one 8-CTA cluster) and D16 (its L2 prefetch of the chosen experts) were measured
@@ -1303,8 +1288,6 @@ class CudaBackend final : public Backend {
   bool fast_ = true, batch_ = true, fuse_add_ = true, pack_gqa_ = true, fold_norm_ = true, fuse_router_ = true;
   int splits_ = 0;
   int pf_skip_ = 0;
-  bool kv_pf_ = false;      // D51
-  int kv_pf_max_ = 8192;    // D51: positions (LILY_KV_PF_MAX)
   int short_splits_ = 0, short_len_ = 0, cap_splits_ = 0;   // D44
   bool d41_ = true;
   bool kv16_ = true;

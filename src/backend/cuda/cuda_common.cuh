@@ -57,12 +57,6 @@ struct L2Prefetch {
   const void* p[kMax] = {};
   uint32_t bytes[kMax] = {};
   int n = 0;
-  // D51: with pos set, an entry with row[i] > 0 covers the positions [0, *pos) of a position-major cache
-  // (row[i] bytes each) when *pos <= max_pos, else nothing; bytes[i] is ignored. *pos may be read a step
-  // stale before the PDL wait: one row fewer, nothing else (a prefetch only).
-  const int32_t* pos = nullptr;
-  uint32_t row[kMax] = {};
-  uint32_t max_pos = 0;
 };
 
 __device__ __forceinline__ void l2_prefetch(const L2Prefetch& pf) {
@@ -70,17 +64,11 @@ __device__ __forceinline__ void l2_prefetch(const L2Prefetch& pf) {
   constexpr uint32_t kPiece = 32768;
   const uint32_t cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   const uint32_t ncta = gridDim.x * gridDim.y * gridDim.z;
-  uint32_t np = 0;
-  if (pf.pos) {
-    np = uint32_t(__ldcg(pf.pos));
-    if (np > pf.max_pos) np = 0;
-  }
   for (int i = 0; i < pf.n && i < L2Prefetch::kMax; ++i) {
-    const uint32_t bytes = pf.pos && pf.row[i] ? np * pf.row[i] : pf.bytes[i];
-    const uint32_t pieces = (bytes + kPiece - 1) / kPiece;
+    const uint32_t pieces = (pf.bytes[i] + kPiece - 1) / kPiece;
     for (uint32_t k = cta + ncta * threadIdx.x; k < pieces; k += ncta * 32) {
       const char* a = static_cast<const char*>(pf.p[i]) + size_t(k) * kPiece;
-      const uint32_t n = min(kPiece, bytes - k * kPiece);
+      const uint32_t n = min(kPiece, pf.bytes[i] - k * kPiece);
       asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(n) : "memory");
     }
   }

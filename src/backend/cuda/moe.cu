@@ -1339,7 +1339,7 @@ bool moe_norm_ok(const MoeDev& m, int T, bool fast) {
 }
 
 bool& moe_w0_pick_enabled() {
-  static bool on = false;   // not yet measured: LILY_TRY turns it on
+  static bool on = true;
   return on;
 }
 
