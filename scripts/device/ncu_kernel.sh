@@ -2,8 +2,10 @@
 # Nsight Compute on single launches of prefill kernels inside `lily bench prefill` (full-size synthetic model):
 # the full section set with source correlation, clocks left alone (--clock-control none, METHOD.md), then per
 # kernel the details page and a stall summary (ncu_stalls.py). Session 13 found P32 / P33 / P34 this way.
-# Usage: ncu_kernel.sh [build-dir] [kernel-regex] [launch-skip] [launch-count] [length]
+# Usage: [BENCH=decode] ncu_kernel.sh [build-dir] [kernel-regex] [launch-skip] [launch-count] [length]
 #   e.g. ncu_kernel.sh /root/work/build 'gemm_moe_rs4|attn_flash_wg' 12 4 4096
+#   BENCH=decode: inside `lily bench decode` at context `length` (graph kernel nodes are profiled one by one,
+#   so PDL overlap with the neighbours is gone: stall reasons of the kernel alone).
 set -o pipefail
 export PATH=/usr/local/cuda/bin:$PATH
 B=${1:-/root/work/build}
@@ -17,7 +19,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || ls /usr/local/cuda/bin/ncu)
 timeout "${NCU_TIMEOUT:-300}" "$NCU" --clock-control none --kernel-name-base demangled --kernel-name "regex:$K" \
   --launch-skip "$SKIP" --launch-count "$COUNT" --set full --import-source yes -f -o /tmp/ncu_kernel \
-  "$B/lily" bench prefill --lengths "$LEN" --rounds 1 --out /tmp/ncu_kernel_bench >"$OUT/ncu_kernel_run.txt" 2>&1
+  "$B/lily" bench "${BENCH:-prefill}" $([ "${BENCH:-prefill}" = decode ] && echo "--contexts $LEN --tokens 16" || echo "--lengths $LEN") \
+  --rounds 1 --out /tmp/ncu_kernel_bench >"$OUT/ncu_kernel_run.txt" 2>&1
 echo "ncu rc=$?"
 "$NCU" -i /tmp/ncu_kernel.ncu-rep --page details --csv >"$OUT/ncu_kernel_details.csv" 2>&1
 "$NCU" -i /tmp/ncu_kernel.ncu-rep --page source --csv --print-source sass >"$OUT/ncu_kernel_source.csv" 2>&1
