@@ -3,7 +3,7 @@
 # with the seconds since the start), a build into $B (its log in $OUT/${BUILD_LOG:-build.txt}; the script
 # exits when it fails) and L (the binary).
 set -o pipefail
-SRC=$(cd "$(dirname "${BASH_SOURCE[1]}")/../.." && pwd)
+SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)   # this file is scripts/device/lib.sh
 B=${B:-/root/work/build}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

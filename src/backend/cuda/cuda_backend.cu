@@ -1267,6 +1267,7 @@ class CudaBackend final : public Backend {
     o.host_routing = p2_off_;
     o.slot16 = slot16_;
     o.sg_in_convert = !abl_.has("P19");   // P19: shared-expert gate in the router's operand conversion
+    o.router_split = !abl_.has("P37");    // P37: the router GEMM at M-tile 128 with K in 4 slices
     if (pn.h) o.pre_norm = {pn.h, pn.r, pn.w, pn.eps};   // P25 (x = pn.out)
     if (!profiling_ || capturing_) {
       timed("moe_prefill", 0, [&] { cuda::moe_prefill(m, x, T, out, ws, o, s_); });   // (skip= applies)
