@@ -90,6 +90,21 @@ struct QMat {
 
 __device__ __forceinline__ float bf16f(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
 
+// D52: the decode kernels' preloaded affine scales / biases stay raw bf16 bits (the 16-bit load zero-extends
+// them into a register) and become floats at their use. Converted at the load instead, the conversion waits for
+// the load, and where the load sits in a branch (a row group past the end, the next group of a software
+// pipeline) the warp waits there for DRAM before it goes on. Compile-time: on with -DLILY_SB_LAZY until measured
+// (scripts/device/two_binary_ab.sh FLAGS_B=-DLILY_SB_LAZY).
+#ifdef LILY_SB_LAZY
+using SbReg = uint32_t;
+__device__ __forceinline__ SbReg sb_load(const uint16_t* p) { return *p; }
+__device__ __forceinline__ float sb_val(SbReg v) { return __uint_as_float(v << 16); }
+#else
+using SbReg = float;
+__device__ __forceinline__ SbReg sb_load(const uint16_t* p) { return bf16f(*p); }
+__device__ __forceinline__ float sb_val(SbReg v) { return v; }
+#endif
+
 // Scale or bias `g` of row `r` (bf16 or f32 storage).
 __device__ __forceinline__ float qm_sb(const QMat& m, const void* p, int64_t r, int g) {
   int64_t ng = m.cols / m.gs;
@@ -316,7 +331,7 @@ __device__ __forceinline__ void stage_x_q4(const float* x, int cols, float4* sm4
 template <int CPL, int R>
 struct Q4Rows {
   uint4 w[R][CPL];
-  float s[R][CPL], b[R][CPL];
+  SbReg s[R][CPL], b[R][CPL];   // D52
 
   __device__ __forceinline__ void load(const uint4* const* rp, const uint16_t* const* sp, const uint16_t* const* bp) {
     const int lane = threadIdx.x & 31;
@@ -325,8 +340,8 @@ struct Q4Rows {
 #pragma unroll
       for (int i = 0; i < CPL; ++i) {
         w[r][i] = __ldcs(rp[r] + lane + 32 * i);
-        s[r][i] = bf16f(sp[r][(lane + 32 * i) >> 1]);
-        b[r][i] = bf16f(bp[r][(lane + 32 * i) >> 1]);
+        s[r][i] = sb_load(sp[r] + ((lane + 32 * i) >> 1));
+        b[r][i] = sb_load(bp[r] + ((lane + 32 * i) >> 1));
       }
   }
   __device__ __forceinline__ void dot(const float4* sm4, const float* xsum, float* out) const {
@@ -347,7 +362,7 @@ struct Q4Rows {
         for (int r = 0; r < R; ++r) d[r] += dot8_q4(word_of(w[r][i], f), xa, xb);
       }
 #pragma unroll
-      for (int r = 0; r < R; ++r) out[r] = fmaf(s[r][i], d[r], fmaf(b[r][i], xs, out[r]));
+      for (int r = 0; r < R; ++r) out[r] = fmaf(sb_val(s[r][i]), d[r], fmaf(sb_val(b[r][i]), xs, out[r]));
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) out[r] = warp_sum(out[r]);
@@ -369,7 +384,7 @@ struct Q4Rows {
         int acc = 0;
 #pragma unroll
         for (int f = 0; f < 4; ++f) acc = dot8_q4_i16(word_of(w[r][i], f), xq[f], acc);
-        out[r] = fmaf(s[r][i], float(acc) * dx, fmaf(b[r][i], xs, out[r]));
+        out[r] = fmaf(sb_val(s[r][i]), float(acc) * dx, fmaf(sb_val(b[r][i]), xs, out[r]));
       }
     }
 #pragma unroll

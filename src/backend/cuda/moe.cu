@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(256, 2) moe_gate_up_mma_kernel(const __grid_co
 template <int R = 2>
 struct DownRowsT {
   uint4 wv[5][R];
-  float sc[5][R], bi[5][R];
+  SbReg sc[5][R], bi[5][R];   // D52
   template <typename IdOf>
   __device__ __forceinline__ void load(const MoeDev& m, int h0, IdOf id_of) {
     const int lane = threadIdx.x & 31, half = lane >> 4, c = lane & 15, S = m.K + 1;
@@ -334,8 +334,8 @@ struct DownRowsT {
       for (int r = 0; r < R; ++r) {
         const int64_t row = min(h0 + r, m.H - 1);
         wv[q][r] = __ldcs(static_cast<const uint4*>(w.data) + row * 16 + c);
-        sc[q][r] = bf16f(static_cast<const uint16_t*>(w.scales)[row * 8 + (c >> 1)]);
-        bi[q][r] = bf16f(static_cast<const uint16_t*>(w.biases)[row * 8 + (c >> 1)]);
+        sc[q][r] = sb_load(static_cast<const uint16_t*>(w.scales) + row * 8 + (c >> 1));
+        bi[q][r] = sb_load(static_cast<const uint16_t*>(w.biases) + row * 8 + (c >> 1));
       }
     }
   }
@@ -357,7 +357,7 @@ struct DownRowsT {
         for (int r = 0; r < R; ++r) d[r] += dot8_q4(word_of(wv[q][r], f), xa, xb);
       }
 #pragma unroll
-      for (int r = 0; r < R; ++r) acc[r] = fmaf(sc[q][r], d[r], fmaf(bi[q][r], xs, acc[r]));
+      for (int r = 0; r < R; ++r) acc[r] = fmaf(sb_val(sc[q][r]), d[r], fmaf(sb_val(bi[q][r]), xs, acc[r]));
     }
   }
   // D24: against the activations as int16 per 32 values (stage_down_act with x16): slot s, chunk c,
@@ -377,7 +377,7 @@ struct DownRowsT {
         int d = 0;
 #pragma unroll
         for (int f = 0; f < 4; ++f) d = dot8_q4_i16(word_of(wv[q][r], f), xq[f], d);
-        acc[r] = fmaf(sc[q][r], float(d) * dx, fmaf(bi[q][r], xs, acc[r]));
+        acc[r] = fmaf(sb_val(sc[q][r]), float(d) * dx, fmaf(sb_val(bi[q][r]), xs, acc[r]));
       }
     }
   }
