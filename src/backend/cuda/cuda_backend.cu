@@ -655,10 +655,8 @@ class CudaBackend final : public Backend {
     merge_warps_enabled() = !abl_.has("D11");   // D11: split-KV merge with warps across splits
     gdn_split_enabled() = !abl_.has("D12");     // D12: GDN decode step over 4 CTAs per value head
     auto env_int = [](const char* n, int def) { const char* e = std::getenv(n); return e && *e ? std::atoi(e) : def; };
-    // Switches written but not yet measured on the device are off unless LILY_TRY=ID,... names them.
-    Ablations trial;
-    trial.merge_env("LILY_TRY");
-    p37_ = trial.has("P37") && !abl_.has("P37");   // P37: the prefill router GEMM with K in slices
+    // Switches written but not yet measured on the device are off unless LILY_TRY=ID,... names them
+    // (`Ablations trial; trial.merge_env("LILY_TRY");`, then trial.has("ID") && !abl_.has("ID")); none now.
     moe_w0_pick_enabled() = !abl_.has("D50");   // D50: the MoE picks on warp 0 while x is staged
     gdn_push_enabled() = !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier
     gdn_s_late_enabled() = !abl_.has("D45");   // D45: D12's state written after its cluster barrier
@@ -1269,7 +1267,6 @@ class CudaBackend final : public Backend {
     o.host_routing = p2_off_;
     o.slot16 = slot16_;
     o.sg_in_convert = !abl_.has("P19");   // P19: shared-expert gate in the router's operand conversion
-    o.router_split = p37_;                // P37: the router GEMM at M-tile 128 with K in 4 slices
     if (pn.h) o.pre_norm = {pn.h, pn.r, pn.w, pn.eps};   // P25 (x = pn.out)
     if (!profiling_ || capturing_) {
       timed("moe_prefill", 0, [&] { cuda::moe_prefill(m, x, T, out, ws, o, s_); });   // (skip= applies)
@@ -1305,7 +1302,6 @@ class CudaBackend final : public Backend {
   std::map<KeptKey, uint16_t*> kept_[2];         // P21: [bf16, fp16] copies by (codes, rows, cols)
   std::map<KeptKey, uint16_t*> kept_stack_[2];   // P30: by (first codes, rows, count)
   bool p30_ = true;   // P30: the dense projections of one input as one GEMM
-  bool p37_ = false;  // P37: the router GEMM at M-tile 128, K in slices (opt-in until measured)
   struct {
     MoeDev m;
     int T;
