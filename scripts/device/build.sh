@@ -14,7 +14,7 @@ for f in "$SRC"/tools/cmd_*.cpp; do
     mv "$f" "$f.skipped"
   fi
 done
-# EXTRA_CUDA_FLAGS (e.g. -DLILY_SB_LAZY): a variant binary for a two-binary A/B (two_binary_ab.sh).
+# EXTRA_CUDA_FLAGS (e.g. -DLILY_SB_EAGER): a variant binary for a two-binary A/B (two_binary_ab.sh).
 cmake -S "$SRC" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_TESTS=OFF -DLILY_CUDA=ON \
   ${EXTRA_CUDA_FLAGS:+"-DCMAKE_CUDA_FLAGS=$EXTRA_CUDA_FLAGS"} >"$B/cmake.log" 2>&1 ||
   { tail -40 "$B/cmake.log"; exit 1; }

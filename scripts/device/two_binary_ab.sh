@@ -1,9 +1,9 @@
 #!/bin/bash
-# A change that has no runtime switch (a compile-time form, e.g. D52's -DLILY_SB_LAZY) measured against the
+# A change that has no runtime switch (a compile-time form, e.g. D52: -DLILY_SB_EAGER builds the form without it) measured against the
 # default build in one device call: builds the default binary (lib.sh, $B) and a variant with
 # EXTRA_CUDA_FLAGS=$FLAGS_B ($B_B), then ROUNDS rounds of `bench decode --rounds 1` per binary, the order of the
 # two alternating per round; prints per context each round's tok/s and the medians.
-# Usage: FLAGS_B=-DLILY_SB_LAZY [CONTEXTS=4096,32768,131072] [ROUNDS=3] [OUT=dir] [LILY_COMMIT=rev]
+# Usage: FLAGS_B=-DLILY_SB_EAGER [CONTEXTS=4096,32768,131072] [ROUNDS=3] [OUT=dir] [LILY_COMMIT=rev]
 #   bash scripts/device/two_binary_ab.sh
 FLAGS_B=${FLAGS_B:?FLAGS_B names the variant build\'s CUDA flags}
 C=${LILY_COMMIT:-unknown}

@@ -93,9 +93,10 @@ __device__ __forceinline__ float bf16f(uint16_t b) { return __uint_as_float(uint
 // D52: the decode kernels' preloaded affine scales / biases stay raw bf16 bits (the 16-bit load zero-extends
 // them into a register) and become floats at their use. Converted at the load instead, the conversion waits for
 // the load, and where the load sits in a branch (a row group past the end, the next group of a software
-// pipeline) the warp waits there for DRAM before it goes on. Compile-time: on with -DLILY_SB_LAZY until measured
-// (scripts/device/two_binary_ab.sh FLAGS_B=-DLILY_SB_LAZY).
-#ifdef LILY_SB_LAZY
+// pipeline, the MoE's routed rows) the warp waits there for DRAM before it goes on. Measured +2.4 % decode at 4K
+// (session 18 call 4). Compile-time: -DLILY_SB_EAGER builds the form before D52 (for a two-binary A/B,
+// scripts/device/two_binary_ab.sh FLAGS_B=-DLILY_SB_EAGER).
+#ifndef LILY_SB_EAGER
 using SbReg = uint32_t;
 __device__ __forceinline__ SbReg sb_load(const uint16_t* p) { return *p; }
 __device__ __forceinline__ float sb_val(SbReg v) { return __uint_as_float(v << 16); }
