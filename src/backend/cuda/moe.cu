@@ -596,6 +596,30 @@ __device__ __forceinline__ void cswap_desc(uint64_t& a, uint64_t& b) {
 }
 __device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+// The lane's 8 composites sorted in descending order (19-comparator network); tr (investigation aid): thread 0
+// stamps phase 15 once they are sorted.
+__device__ __forceinline__ void sort8_desc(uint64_t (&c)[8], unsigned long long* tr) {
+  cswap_desc(c[0], c[2]); cswap_desc(c[1], c[3]); cswap_desc(c[4], c[6]); cswap_desc(c[5], c[7]);
+  cswap_desc(c[0], c[4]); cswap_desc(c[1], c[5]); cswap_desc(c[2], c[6]); cswap_desc(c[3], c[7]);
+  cswap_desc(c[0], c[1]); cswap_desc(c[2], c[3]); cswap_desc(c[4], c[5]); cswap_desc(c[6], c[7]);
+  cswap_desc(c[2], c[4]); cswap_desc(c[3], c[5]);
+  cswap_desc(c[1], c[4]); cswap_desc(c[3], c[6]);
+  cswap_desc(c[1], c[2]); cswap_desc(c[3], c[4]); cswap_desc(c[5], c[6]);
+  if (tr) {   // the stamp must wait for the sorted lists: make them inputs of the timer read
+    asm volatile("" ::"l"(c[0]), "l"(c[7]));
+    trace_stamp(tr, 15);
+  }
+}
+// After pick k: the winning lane drops its head; at pick arrive_at the warp arrives on named barrier 1 (D36).
+__device__ __forceinline__ void pick_done(uint64_t (&c)[8], bool win, int k, int arrive_at) {
+#pragma unroll
+  for (int j = 0; j < 7; ++j) c[j] = win ? c[j + 1] : c[j];
+  c[7] = win ? 0ull : c[7];
+  if (k == arrive_at) {
+    __syncwarp();
+    named_bar_arrive(1, blockDim.x);
+  }
+}
 // arrive_at >= 0 (D36): after pick arrive_at the warp arrives on named barrier 1 (whole CTA counted), so the
 // block's other warps may read sid[arrive_at] while this warp goes on picking.
 // tr (investigation aid): thread 0 stamps phase 15 once the lanes' lists are sorted.
@@ -608,16 +632,7 @@ __device__ __forceinline__ void select_topk_lanes(const float* lg, int E, int K,
     const int e = 8 * lane + j;
     c[j] = e < E ? (uint64_t(order_key(lg[e])) << 3) | uint64_t(7 - j) : 0ull;
   }
-  cswap_desc(c[0], c[2]); cswap_desc(c[1], c[3]); cswap_desc(c[4], c[6]); cswap_desc(c[5], c[7]);
-  cswap_desc(c[0], c[4]); cswap_desc(c[1], c[5]); cswap_desc(c[2], c[6]); cswap_desc(c[3], c[7]);
-  cswap_desc(c[0], c[1]); cswap_desc(c[2], c[3]); cswap_desc(c[4], c[5]); cswap_desc(c[6], c[7]);
-  cswap_desc(c[2], c[4]); cswap_desc(c[3], c[5]);
-  cswap_desc(c[1], c[4]); cswap_desc(c[3], c[6]);
-  cswap_desc(c[1], c[2]); cswap_desc(c[3], c[4]); cswap_desc(c[5], c[6]);
-  if (tr) {   // the stamp must wait for the sorted lists: make them inputs of the timer read
-    asm volatile("" ::"l"(c[0]), "l"(c[7]));
-    trace_stamp(tr, 15);
-  }
+  sort8_desc(c, tr);
   for (int k = 0; k < K; ++k) {
     const uint32_t head = uint32_t(c[0] >> 3);
     const uint32_t best = __reduce_max_sync(0xffffffffu, head);
@@ -628,13 +643,7 @@ __device__ __forceinline__ void select_topk_lanes(const float* lg, int E, int K,
       sid[k] = e;
       sv[k] = lg[e];
     }
-#pragma unroll
-    for (int j = 0; j < 7; ++j) c[j] = win ? c[j + 1] : c[j];
-    c[7] = win ? 0ull : c[7];
-    if (k == arrive_at) {
-      __syncwarp();
-      named_bar_arrive(1, blockDim.x);
-    }
+    pick_done(c, win, k, arrive_at);
   }
   __syncwarp();
 }
@@ -649,16 +658,7 @@ __device__ __forceinline__ void select_topk_regs(const float (&v)[8], int K, int
   uint64_t c[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) c[j] = (uint64_t(order_key(v[j])) << 3) | uint64_t(7 - j);
-  cswap_desc(c[0], c[2]); cswap_desc(c[1], c[3]); cswap_desc(c[4], c[6]); cswap_desc(c[5], c[7]);
-  cswap_desc(c[0], c[4]); cswap_desc(c[1], c[5]); cswap_desc(c[2], c[6]); cswap_desc(c[3], c[7]);
-  cswap_desc(c[0], c[1]); cswap_desc(c[2], c[3]); cswap_desc(c[4], c[5]); cswap_desc(c[6], c[7]);
-  cswap_desc(c[2], c[4]); cswap_desc(c[3], c[5]);
-  cswap_desc(c[1], c[4]); cswap_desc(c[3], c[6]);
-  cswap_desc(c[1], c[2]); cswap_desc(c[3], c[4]); cswap_desc(c[5], c[6]);
-  if (tr) {
-    asm volatile("" ::"l"(c[0]), "l"(c[7]));
-    trace_stamp(tr, 15);
-  }
+  sort8_desc(c, tr);
   uint32_t my = 0u, first = 0u;
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
@@ -670,13 +670,7 @@ __device__ __forceinline__ void select_topk_regs(const float (&v)[8], int K, int
     if (win) sid[k] = 8 * lane + 7 - int(c[0] & 7u);
     if (k == 0) first = best;
     if (lane == k) my = best;
-#pragma unroll
-    for (int j = 0; j < 7; ++j) c[j] = win ? c[j + 1] : c[j];
-    c[7] = win ? 0ull : c[7];
-    if (k == arrive_at) {
-      __syncwarp();
-      named_bar_arrive(1, blockDim.x);
-    }
+    pick_done(c, win, k, arrive_at);
   }
   __syncwarp();
   *mine = key_float(my);
