@@ -48,6 +48,7 @@ struct GemvRouterRows {
   float* out = nullptr;         // [n]
   int n = 0;
   bool used = false;
+  bool early_add = false;       // D53: add[b] read by thread 0 right after the PDL wait (with x), not after the barrier
 };
 GemvRouterRows& gemv_router_next();
 // Q for one layer: rows e < E from the 8-bit router, row E from the shared-expert gate, each times w2

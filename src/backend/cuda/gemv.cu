@@ -103,6 +103,7 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
   // x staged from registers, every load in flight at once; the norm gain (a weight) before the wait.
   XRegs<CPL> xr;
   float resv[R];
+  float radd = 0.f;   // D53
   // X16 is launched only with L.stage_regs (launch_fast): the other staging compiled out of it.
   const bool regs = X16 || L.stage_regs;
   if (regs) {
@@ -115,6 +116,10 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     const int rq = bj * 8 * R + warp * R;
 #pragma unroll
     for (int r = 0; r < R; ++r) resv[r] = jb.res && lane == 0 && rq + r < rows ? __ldcg(jb.res + rq + r) : 0.f;
+    // D53: the in-projection's Q_h·h for this CTA's router row, in flight with x (after the barrier it cost thread 0
+    // a dependent L2 round trip before its own rows).
+    if constexpr (RT)
+      if (has_r && threadIdx.x == 0 && L.rt.add && L.rt.early_add) radd = __ldcg(L.rt.add + rrow);
     if (L.trace) {   // investigation aid: when this thread's x has arrived
       asm volatile("" ::"f"(xr.v[0].x));
       trace_stamp(L.trace, 4);
@@ -155,7 +160,7 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
   __syncthreads();
   if constexpr (RT) {
     if (has_r && threadIdx.x == 0) {
-      float v = L.rt.add ? __ldcg(L.rt.add + rrow) : 0.f;
+      float v = !L.rt.add ? 0.f : L.rt.early_add ? radd : __ldcg(L.rt.add + rrow);
 #pragma unroll
       for (int w = 0; w < 8; ++w) v += rred[w];
       L.rt.out[rrow] = v;
