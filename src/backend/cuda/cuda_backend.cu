@@ -655,10 +655,9 @@ class CudaBackend final : public Backend {
     merge_warps_enabled() = !abl_.has("D11");   // D11: split-KV merge with warps across splits
     gdn_split_enabled() = !abl_.has("D12");     // D12: GDN decode step over 4 CTAs per value head
     auto env_int = [](const char* n, int def) { const char* e = std::getenv(n); return e && *e ? std::atoi(e) : def; };
-    // Switches written but not yet measured on the device are off unless LILY_TRY=ID,... names them.
-    Ablations trial;
-    trial.merge_env("LILY_TRY");
-    d53_ = trial.has("D53") && !abl_.has("D53");   // D53: the out-projection's router-row add loaded with x
+    // Switches written but not yet measured on the device are off unless LILY_TRY=ID,... names them
+    // (`Ablations trial; trial.merge_env("LILY_TRY");`, then trial.has("ID") && !abl_.has("ID")); none now.
+    d53_ = !abl_.has("D53");   // D53: the out-projection's router-row add loaded with x
     moe_w0_pick_enabled() = !abl_.has("D50");   // D50: the MoE picks on warp 0 while x is staged
     gdn_push_enabled() = !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier
     gdn_s_late_enabled() = !abl_.has("D45");   // D45: D12's state written after its cluster barrier
@@ -1304,7 +1303,7 @@ class CudaBackend final : public Backend {
   std::map<KeptKey, uint16_t*> kept_[2];         // P21: [bf16, fp16] copies by (codes, rows, cols)
   std::map<KeptKey, uint16_t*> kept_stack_[2];   // P30: by (first codes, rows, count)
   bool p30_ = true;   // P30: the dense projections of one input as one GEMM
-  bool d53_ = false;  // D53 (opt-in until measured)
+  bool d53_ = true;   // D53
   struct {
     MoeDev m;
     int T;
