@@ -911,6 +911,31 @@ size_t persist_smem(const MoeDev& m) {
   return size_t(m.H + m.H / 32 + std::max(m.H + m.H / 16, S * 512 + S * 16)) * 4;
 }
 
+// Warp 0, after the picks: p (lanes < K) is pick lane's unnormalised softmax term; the routing weights go to
+// sw / slot_scale (routed slots carry their weight already; the shared slot's σ(gate) is applied at staging, as
+// that slot was written before it was known), and CTA 0 publishes ids / weights (and the expert histogram).
+// sg_logit() (read by lane 0 only) is the shared-expert gate's logit, lsc the logits' scale.
+template <class SgLogit>
+__device__ __forceinline__ void route_weights(const MoeArgs& a, int K, const int* sid, float p, SgLogit sg_logit,
+                                              float lsc, float* sw, float* slot_scale) {
+  const int lane = threadIdx.x & 31;
+  const float sum = warp_sum(p);
+  if (lane < K) {
+    sw[lane] = p / sum;
+    slot_scale[lane] = 1.f;
+  }
+  if (lane == 0) {
+    sw[K] = sigmoidf_(sg_logit() * lsc);
+    slot_scale[K] = sw[K];
+  }
+  if (blockIdx.x == 0 && lane < K) {
+    a.ids[lane] = sid[lane];
+    a.wts[lane] = p / sum;
+    if (a.m.hist) atomicAdd(&a.m.hist[sid[lane]], 1);
+  }
+  if (blockIdx.x == 0 && lane == 0) a.wts[K] = sw[K];
+}
+
 // F (D31): the instance for the default configuration only — x staged from registers at H = 2,048 (D21),
 // int16 x and activations (D24), ticket handoffs with tagged logits, the one-warp top-k (D27), one down row
 // per warp, no moep experiment bits. Every runtime alternative folds to a constant, so the compiler drops
@@ -1011,21 +1036,7 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
       trace_mark(a, 2);
       ns = fold_norm_scale(red + 1, nwc - 1, H, nrm.eps, nrm.h, nrm.w, nullptr);
       const float p = lane < K ? __expf((mine - top) * ns) : 0.f;   // the full softmax denominator cancels
-      const float sum = warp_sum(p);
-      if (lane < K) {
-        sw[lane] = p / sum;
-        slot_scale[lane] = 1.f;
-      }
-      if (lane == 0) {
-        sw[K] = sigmoidf_(sgl * ns);
-        slot_scale[K] = sw[K];
-      }
-      if (blockIdx.x == 0 && lane < K) {
-        a.ids[lane] = sid[lane];
-        a.wts[lane] = p / sum;
-        if (m.hist) atomicAdd(&m.hist[sid[lane]], 1);
-      }
-      if (blockIdx.x == 0 && lane == 0) a.wts[K] = sw[K];
+      route_weights(a, K, sid, p, [&] { return sgl; }, ns, sw, slot_scale);
       if (blockIdx.x < nR && lane == 0) atomicAdd(&tk[1], 1ull);   // counted as the other instances do
       trace_mark(a, 13);
       named_bar_arrive(2, kPersistThreads);
@@ -1194,21 +1205,7 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
     if (warp == 0) {
       const float lsc = RL ? ns : 1.f;   // D39: the logits are unscaled (the norm scale is positive: same order)
       const float p = lane < K ? __expf((sv[lane] - sv[0]) * lsc) : 0.f;   // the full softmax denominator cancels
-      const float sum = warp_sum(p);
-      if (lane < K) {
-        sw[lane] = p / sum;
-        slot_scale[lane] = 1.f;   // routed slots carry their weight already
-      }
-      if (lane == 0) {
-        sw[K] = sigmoidf_(s_sg * lsc);
-        slot_scale[K] = sw[K];   // the shared slot was written before σ(shared gate) was known
-      }
-      if (blockIdx.x == 0 && lane < K) {
-        a.ids[lane] = sid[lane];
-        a.wts[lane] = p / sum;
-        if (m.hist) atomicAdd(&m.hist[sid[lane]], 1);
-      }
-      if (blockIdx.x == 0 && lane == 0) a.wts[K] = sw[K];
+      route_weights(a, K, sid, p, [&] { return s_sg; }, lsc, sw, slot_scale);
     }
     trace_mark(a, 13);
     if (EP) {   // D36: barrier 1 = this CTA's first slot picked, 2 = all picks and weights
