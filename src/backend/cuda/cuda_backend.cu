@@ -655,8 +655,13 @@ class CudaBackend final : public Backend {
     merge_warps_enabled() = !abl_.has("D11");   // D11: split-KV merge with warps across splits
     gdn_split_enabled() = !abl_.has("D12");     // D12: GDN decode step over 4 CTAs per value head
     auto env_int = [](const char* n, int def) { const char* e = std::getenv(n); return e && *e ? std::atoi(e) : def; };
-    // Switches written but not yet measured on the device are off unless LILY_TRY=ID,... names them
-    // (`Ablations trial; trial.merge_env("LILY_TRY");`, then trial.has("ID") && !abl_.has("ID")); none now.
+    // Switches written but not yet measured on the device are off unless LILY_TRY=ID,... names them.
+    Ablations trial;
+    trial.merge_env("LILY_TRY");
+    auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };
+    attn_kv_early_enabled() = tried("D54");   // D54: the split-KV first step's K / V rows loaded before the wait
+    gdn_early_state_enabled() = tried("D55");   // D55: D12's state / conv rows loaded before the wait
+    attn_merge_early_gate_enabled() = tried("D56");   // D56: the merge's output gate loaded with the partials
     d53_ = !abl_.has("D53");   // D53: the out-projection's router-row add loaded with x
     moe_w0_pick_enabled() = !abl_.has("D50");   // D50: the MoE picks on warp 0 while x is staged
     gdn_push_enabled() = !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier

@@ -104,6 +104,7 @@ bool& gdn_push_enabled();
 // D45: the D12 kernel writes its updated state back after the cluster barrier (whose release would
 // otherwise wait for those stores) instead of before it (process-wide switch, ablation D45).
 bool& gdn_s_late_enabled();
+bool& gdn_early_state_enabled();   // D55: D12's state and conv rows loaded into registers before the PDL wait
 void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
          const float* norm_w, float* conv_state, float* S, const float* qkv, const float* z,
          const float* a, const float* b, int T, float* y, cudaStream_t s, const L2Prefetch* pf = nullptr);
@@ -164,6 +165,8 @@ bool& kv16_u4_enabled();
 bool& attn_mma_decode_enabled();
 // D43: the D20 kernel's CTAs prefetch their K / V rows into L2 before the PDL wait (ablation D43).
 bool& attn_kv_prefetch_enabled();
+bool& attn_kv_early_enabled();
+bool& attn_merge_early_gate_enabled();   // D56: the merge's output gate loaded with the partials   // D54: the split-KV first step's K / V rows loaded before the PDL wait
 // D20's load schedule (attn_split_mma_kernel's PM): 2 by default, 0 with ablation D25.
 int& attn_mma_pipe_mode();
 // Workspace floats needed for T tokens (prepared queries + split-KV partials).

@@ -157,7 +157,12 @@ constexpr int kGdnDecCh = 2 * kGdnDecDk + 32;  // conv channels per CTA: q | k |
 // without the second cluster barrier (off: each CTA reads its siblings' sums after the barrier, and a
 // final barrier keeps every CTA alive until they have). Same sums in the same order either way.
 // SLATE (D45): S is written back after the cluster barrier (see there).
-template <bool PUSH, bool SLATE>
+// ES (D55): the thread's 16 state values and its conv state rows are loaded into registers before the PDL
+// wait (instead of prefetched into L2 there and loaded after it). Both were last written by this layer's
+// kernel in an earlier step, which has completed by then: a replayed graph starts after the previous
+// replay, and in a stream a kernel launches only once all of its predecessor's CTAs have triggered, a
+// chain that the persistent MoE (it triggers after its own wait) cuts within every layer.
+template <bool PUSH, bool SLATE, bool ES = false>
 __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__ GdnArgs g) {
   __shared__ float raw[4][kGdnDecCh];   // conv taps: state rows 0..2, current input
   __shared__ float act[kGdnDecCh];      // conv + SiLU output
@@ -178,15 +183,28 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
   trace_stamp(g.tr, 0);
   if (!g.late) pdl_trigger();
   l2_prefetch(g.pf);
-  if (lane < kGdnDecRows) {
-    const float* line = S + (warp + 8 * lane) * d.dv + p * 32;   // one 128-byte line per row
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
-  }
-  if (tid < kGdnDecCh / 32)
-    for (int st = 0; st < 3; ++st) {
-      const float* line = g.conv_state + int64_t(st) * d.conv_dim + chan(tid * 32);
+  float sv[kGdnDecRows];
+  float cst[2][3];   // ES: the conv state rows of channels tid and tid + 256
+  if constexpr (ES) {
+#pragma unroll
+    for (int i = 0; i < kGdnDecRows; ++i) sv[i] = S[(warp + 8 * i) * d.dv + col];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int i = tid + 256 * u;
+#pragma unroll
+      for (int st = 0; st < 3; ++st) cst[u][st] = i < kGdnDecCh ? g.conv_state[int64_t(st) * d.conv_dim + chan(i)] : 0.f;
+    }
+  } else {
+    if (lane < kGdnDecRows) {
+      const float* line = S + (warp + 8 * lane) * d.dv + p * 32;   // one 128-byte line per row
       asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
     }
+    if (tid < kGdnDecCh / 32)
+      for (int st = 0; st < 3; ++st) {
+        const float* line = g.conv_state + int64_t(st) * d.conv_dim + chan(tid * 32);
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+      }
+  }
   float cw[2][4];   // conv weights of channels tid and tid + 256 (immutable: loaded before the wait)
 #pragma unroll
   for (int u = 0; u < 2; ++u) {
@@ -197,9 +215,9 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
   const float A = -__expf(g.A_log[j]), dtb = g.dt_bias[j], nw = g.norm_w[col];
   pdl_wait();
   trace_stamp(g.tr, 1);
-  float sv[kGdnDecRows];
+  if constexpr (!ES)
 #pragma unroll
-  for (int i = 0; i < kGdnDecRows; ++i) sv[i] = S[(warp + 8 * i) * d.dv + col];
+    for (int i = 0; i < kGdnDecRows; ++i) sv[i] = S[(warp + 8 * i) * d.dv + col];
   const float zv = g.z[j * d.dv + col];
   const float av = g.a[j] + dtb, bv = g.b[j];
 #pragma unroll
@@ -209,7 +227,7 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
       const int ch = chan(i);
       float r[4];
 #pragma unroll
-      for (int st = 0; st < 3; ++st) r[st] = g.conv_state[int64_t(st) * d.conv_dim + ch];
+      for (int st = 0; st < 3; ++st) r[st] = ES ? cst[u][st] : g.conv_state[int64_t(st) * d.conv_dim + ch];
       r[3] = g.qkv[ch];
       float acc = 0.f;
 #pragma unroll
@@ -318,6 +336,11 @@ bool& gdn_s_late_enabled() {
   return on;
 }
 
+bool& gdn_early_state_enabled() {
+  static bool on = false;
+  return on;
+}
+
 bool& gdn_push_enabled() {
   static bool on = true;
   return on;
@@ -355,7 +378,9 @@ void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float*
     cfg.blockDim = dim3(256);
     cfg.dynamicSmemBytes = 0;
     attr[0].val.clusterDim.x = ratio * (d.dv / 32);
-    const auto kern = gdn_push_enabled() ? (gdn_s_late_enabled() ? gdn_decode_kernel<true, true>   // D42, D45
+    const auto kern = gdn_push_enabled() ? (gdn_s_late_enabled() ? (gdn_early_state_enabled()   // D42, D45, D55
+                                                                        ? gdn_decode_kernel<true, true, true>
+                                                                        : gdn_decode_kernel<true, true>)
                                                                    : gdn_decode_kernel<true, false>)
                                          : (gdn_s_late_enabled() ? gdn_decode_kernel<false, true>
                                                                  : gdn_decode_kernel<false, false>);
