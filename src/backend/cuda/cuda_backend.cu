@@ -1442,8 +1442,9 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
   static const char* attn_names[kTracePhases] = {"entry", "past PDL wait", "q ready (split)", "end (thread 0)",
                                                  "KV loop done (split)", "", "", "", "", "", "", "", "", "", "",
                                                  ""};
-  static const char* gemv_names[6] = {"entry", "past PDL wait", "x staged, norm folded (after the barrier)",
-                                      "end (thread 0)", "x arrived (thread 0)", "x in shared memory (thread 0)"};
+  static const char* gemv_names[8] = {"entry", "past PDL wait", "x staged, norm folded (after the barrier)",
+                                      "end (thread 0)", "x arrived (thread 0)", "x in shared memory (thread 0)",
+                                      "x all arrived (thread 0)", "router row copied (thread 0, D39)"};
   // A launch's phase names, how many there are, and its end phase (MoE: the CTA's end, else thread 0's).
   struct Phases {
     const char* const* names;
@@ -1453,7 +1454,7 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
     if (n.rfind("moe", 0) == 0) return {moe_names, kTracePhases, 11};
     if (n.rfind("gdn", 0) == 0) return {gdn_names, kTracePhases, 3};
     if (n.rfind("attn", 0) == 0) return {attn_names, kTracePhases, 3};
-    return {gemv_names, 6, 3};
+    return {gemv_names, 8, 3};
   };
   // CTAs that wrote stamps into a slot (their entry stamps are non-zero, in CTA order).
   auto slot_ctas = [](const unsigned long long* b) {

@@ -120,14 +120,18 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     // a dependent L2 round trip before its own rows).
     if constexpr (RT)
       if (has_r && threadIdx.x == 0 && L.rt.add && L.rt.early_add) radd = __ldcg(L.rt.add + rrow);
-    if (L.trace) {   // investigation aid: when this thread's x has arrived
+    if (L.trace) {   // investigation aid: when this thread's x has arrived (its first float4, then all of it)
       asm volatile("" ::"f"(xr.v[0].x));
       trace_stamp(L.trace, 4);
+#pragma unroll
+      for (int k = 0; k < CPL; ++k) asm volatile("" ::"f"(xr.v[k].x), "f"(xr.v[k].y), "f"(xr.v[k].z), "f"(xr.v[k].w));
+      trace_stamp(L.trace, 6);
     }
     if constexpr (RT) {   // D39: the row · x as loaded (before a folded norm's gain), reduced after the barrier
       float part = 0.f;
       if (has_r) {
         asm volatile("cp.async.wait_group 0;" ::: "memory");   // this thread's own copies of the row
+        if (L.trace) trace_stamp(L.trace, 7);
 #pragma unroll
         for (int k = 0; k < CPL; ++k) {
           const float4 q = qs[threadIdx.x + 256 * k];
