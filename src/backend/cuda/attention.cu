@@ -397,70 +397,18 @@ __device__ __forceinline__ void prep_head_lanes(const float* src, const float* n
 }
 
 constexpr int kKvPrefetchRows = 16 * kMmaDecWarps;   // D43: positions of a slice prefetched before the wait
-// D54 (EK, T == 1): a warp's first 16 positions of K and V are loaded into the loop's registers before the PDL
-// wait instead of after the query preparation. Safe for every row below the position read then: those rows
-// were written by earlier decode steps, and a step's kernels can only have started once the previous step's
-// kernels completed (a replayed graph starts after the previous replay; in a stream, the chain of early
-// PDL triggers is cut by the persistent MoE, which triggers its dependents only after its own wait, and no
-// kernel launches before all of its predecessor's CTAs have triggered). The position is read with acquire
-// semantics; the row at the position itself (appended by this kernel after the wait) is loaded again after
-// the append, and if the position read after the wait differs (a stale read), the early rows are dropped.
-template <int PM, bool FP, bool EK = false>
+template <int PM, bool FP>
 __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(AttnDims d, const __half* kc,
                                                                              const __half* vc, int pos0,
                                                                              const int32_t* pos_dev,
                                                                              const float* qbuf, float* part,
                                                                              const __grid_constant__ AttnPrepArgs pa) {
-  static_assert(!EK || (PM == 2 && FP), "D54: the default instance only");
   constexpr int hd = 256, HPB = 8, NW = kMmaDecWarps;
   extern __shared__ float sm[];   // [NW][HPB][hd] acc, then [NW][HPB] (m, l); with FP first the queries [HPB][hd]
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int h0 = blockIdx.y * HPB, kvh = blockIdx.y;
-  const int64_t rs = int64_t(d.kv_heads) * hd;            // halves per cache row
-  const __half* kb = kc + int64_t(kvh) * hd;
-  const __half* vb = vc + int64_t(kvh) * hd;
-  // K rows p0+g and p0+g+8 (a row past the slice [lo, hi) loads row lo; its score is masked).
-  auto load_k_in = [&](int p0, int lo, int hi, uint4 (&kr)[2][8]) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int p = p0 + g + 8 * r;
-      const uint4* src = reinterpret_cast<const uint4*>(kb + int64_t(p < hi ? p : lo) * rs) + t;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) kr[r][i] = __ldcs(src + 4 * i);
-    }
-  };
-  // V rows p0 + {2t, 2t+1, 2t+8, 2t+9}, dims 64q + 8g + [0, 8).
-  auto load_v_in = [&](int p0, int lo, int hi, uint4 (&vr)[4][4]) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int p = p0 + 2 * t + (r & 1) + 8 * (r >> 1);
-      const uint4* src = reinterpret_cast<const uint4*>(vb + int64_t(p < hi ? p : lo) * rs) + g;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) vr[r][q] = __ldcs(src + 8 * q);
-    }
-  };
-  uint4 kr[2][8], vr[4][4];
-  int e_pos = -1, e_lo = 0, e_hi = 0;   // D54: the position and slice the early rows were loaded for
   trace_stamp_nd(pa.tr, 0);
   if (!pa.late) pdl_trigger();
   if constexpr (FP) l2_prefetch(pa.pf);
-  if constexpr (EK) {
-    if (pos_dev) {
-      asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(e_pos) : "l"(pos_dev) : "memory");
-    } else {
-      e_pos = pos0;
-    }
-    const int len = min(e_pos + 1, d.capacity);
-    const int chunk = split_chunk(len, int(gridDim.x), d.min_chunk);
-    e_lo = int(blockIdx.x) * chunk;
-    e_hi = min(len, e_lo + chunk);
-    // Rows at or past e_pos are not final yet: row e_lo stands in (reloaded after the append if it is e_pos).
-    const int fin = min(e_hi, e_pos);
-    if (e_lo < fin) {
-      load_k_in(e_lo + 16 * warp, e_lo, fin, kr);
-      load_v_in(e_lo + 16 * warp, e_lo, fin, vr);
-    }
-  } else if (pa.kv_prefetch) {
+  if (pa.kv_prefetch) {
     // D43: the rows of earlier positions were written by earlier steps; the position read here may be a
     // step stale before the wait, which only changes what is prefetched (L2 is the point of coherence).
     // At most the first kKvPrefetchRows positions (the loop's first step): a long slice prefetched whole
@@ -475,13 +423,12 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
   }
   pdl_wait();
   trace_stamp_nd(pa.tr, 1);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int tt = blockIdx.z;
+  const int h0 = blockIdx.y * HPB, kvh = blockIdx.y;
   const SplitSlice sl = split_slice<HPB>(d, pos0, pos_dev, tt, h0, hd, part);
   const int lo = sl.lo, hi = sl.hi;
   if (lo >= hi) return;
-  // D54: the early rows are used only if they were loaded for this slice and this position; the rows from
-  // e_pos on (at most the row e_pos itself: e_hi <= e_pos + 1) are loaded after the append below.
-  const bool early = EK && e_lo == lo && e_hi == hi && e_pos == cur_pos(pos0, pos_dev) && e_lo < min(e_hi, e_pos);
   if constexpr (FP) {
     const int pos = cur_pos(pos0, pos_dev);
     const float inv = powf(d.theta, -float(2 * lane) / float(d.rot_dim));
@@ -528,35 +475,35 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
 #pragma unroll
   for (int mt = 0; mt < 16; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
   float m0 = -FLT_MAX, m1 = -FLT_MAX, l0 = 0.f, l1 = 0.f;   // heads 2t, 2t+1
-  auto load_k = [&](int p0, uint4 (&kr)[2][8]) { load_k_in(p0, lo, hi, kr); };
-  auto load_v = [&](int p0, uint4 (&vr)[4][4]) { load_v_in(p0, lo, hi, vr); };
-  if constexpr (EK) {
-    // D54: the row at the new position was appended above (visible after the block barrier); load it again
-    // where a lane holds it. Raw loads only: nothing computed from them before their use in the loop.
-    if (early) {
-      const int p0 = lo + 16 * warp;
+  const int64_t rs = int64_t(d.kv_heads) * hd;            // halves per cache row
+  const __half* kb = kc + int64_t(kvh) * hd;
+  const __half* vb = vc + int64_t(kvh) * hd;
+  // K rows p0+g and p0+g+8 (a row past the slice loads row lo; its score is masked).
+  auto load_k = [&](int p0, uint4 (&kr)[2][8]) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
-        if (p0 + g + 8 * r == e_pos) {
-          const uint4* src = reinterpret_cast<const uint4*>(kb + int64_t(e_pos) * rs) + t;
+    for (int r = 0; r < 2; ++r) {
+      const int p = p0 + g + 8 * r;
+      const uint4* src = reinterpret_cast<const uint4*>(kb + int64_t(p < hi ? p : lo) * rs) + t;
 #pragma unroll
-          for (int i = 0; i < 8; ++i) kr[r][i] = __ldcs(src + 4 * i);
-        }
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-        if (p0 + 2 * t + (r & 1) + 8 * (r >> 1) == e_pos) {
-          const uint4* src = reinterpret_cast<const uint4*>(vb + int64_t(e_pos) * rs) + g;
-#pragma unroll
-          for (int q = 0; q < 4; ++q) vr[r][q] = __ldcs(src + 8 * q);
-        }
+      for (int i = 0; i < 8; ++i) kr[r][i] = __ldcs(src + 4 * i);
     }
-  }
-  if (PM == 2 && !early && lo + 16 * warp < hi) load_k(lo + 16 * warp, kr);
-  bool first = true;
+  };
+  // V rows p0 + {2t, 2t+1, 2t+8, 2t+9}, dims 64q + 8g + [0, 8).
+  auto load_v = [&](int p0, uint4 (&vr)[4][4]) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int p = p0 + 2 * t + (r & 1) + 8 * (r >> 1);
+      const uint4* src = reinterpret_cast<const uint4*>(vb + int64_t(p < hi ? p : lo) * rs) + g;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) vr[r][q] = __ldcs(src + 8 * q);
+    }
+  };
+  uint4 kr[2][8];
+  if (PM == 2 && lo + 16 * warp < hi) load_k(lo + 16 * warp, kr);
   for (int p0 = lo + 16 * warp; p0 < hi; p0 += 16 * NW) {
     if (PM != 2) load_k(p0, kr);
-    if (PM >= 1 && !(early && first)) load_v(p0, vr);
-    first = false;
+    uint4 vr[4][4];
+    if (PM >= 1) load_v(p0, vr);
     float sc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int ks = 0; ks < 16; ++ks) {
@@ -833,12 +780,7 @@ bool& attn_mma_decode_enabled() {
 }
 
 bool& attn_merge_early_gate_enabled() {
-  static bool on = false;
-  return on;
-}
-
-bool& attn_kv_early_enabled() {
-  static bool on = false;
+  static bool on = true;
   return on;
 }
 
@@ -882,8 +824,7 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void
     static bool attr_set = false;
     if (!attr_set) {
       for (auto kern : {attn_split_mma_kernel<0, false>, attn_split_mma_kernel<1, false>, attn_split_mma_kernel<2, false>,
-                        attn_split_mma_kernel<0, true>, attn_split_mma_kernel<1, true>, attn_split_mma_kernel<2, true>,
-                        attn_split_mma_kernel<2, true, true>})
+                        attn_split_mma_kernel<0, true>, attn_split_mma_kernel<1, true>, attn_split_mma_kernel<2, true>})
         CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
       attr_set = true;
     }
@@ -892,8 +833,6 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void
                                                                                 : attn_split_mma_kernel<0, true>)
                            : (pm == 2 ? attn_split_mma_kernel<2, false> : pm == 1 ? attn_split_mma_kernel<1, false>
                                                                                   : attn_split_mma_kernel<0, false>);
-    const bool early = fused_prep && pm == 2 && T == 1 && attn_kv_early_enabled();   // D54
-    if (early) kern = attn_split_mma_kernel<2, true, true>;   // (no D43 prefetch there: it loads the same rows)
     AttnPrepArgs pa{};
     if (fused_prep) pa = AttnPrepArgs{q, k, v, q_norm, k_norm, static_cast<__half*>(kc), static_cast<__half*>(vc),
                                       pf ? *pf : L2Prefetch{}, 0, 0, nullptr};

@@ -659,13 +659,13 @@ class CudaBackend final : public Backend {
     Ablations trial;
     trial.merge_env("LILY_TRY");
     auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };
-    attn_kv_early_enabled() = tried("D54");   // D54: the split-KV first step's K / V rows loaded before the wait
-    gdn_early_state_enabled() = tried("D55");   // D55: D12's state / conv rows loaded before the wait
-    attn_merge_early_gate_enabled() = tried("D56");   // D56: the merge's output gate loaded with the partials
+    d57_ = tried("D57");   // D57: D39's router-row dot after the GEMV's own rows, not before its x staging
     d53_ = !abl_.has("D53");   // D53: the out-projection's router-row add loaded with x
     moe_w0_pick_enabled() = !abl_.has("D50");   // D50: the MoE picks on warp 0 while x is staged
     gdn_push_enabled() = !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier
     gdn_s_late_enabled() = !abl_.has("D45");   // D45: D12's state written after its cluster barrier
+    gdn_early_state_enabled() = !abl_.has("D55");   // D55: D12's state / conv rows loaded before the PDL wait
+    attn_merge_early_gate_enabled() = !abl_.has("D56");   // D56: the merge's output gate loaded with the partials
     // Tuning aid: late PDL triggers (a mask of cuda_ops.h's kLate* bits; none paid in session 17, see CUDA.md).
     pdl_late_mask() = env_int("LILY_PDL_LATE", 0);
     prefetch_ = !abl_.has("D13");               // D13: L2 prefetch of the next launch's weights
@@ -1309,6 +1309,7 @@ class CudaBackend final : public Backend {
   std::map<KeptKey, uint16_t*> kept_stack_[2];   // P30: by (first codes, rows, count)
   bool p30_ = true;   // P30: the dense projections of one input as one GEMM
   bool d53_ = true;   // D53
+  bool d57_ = false;   // D57
   struct {
     MoeDev m;
     int T;
@@ -1370,6 +1371,7 @@ class CudaBackend final : public Backend {
     r.cols = a_part ? f.C : f.H;
     r.add = a_part ? d39_lh_ : nullptr;
     r.early_add = d53_;   // D53
+    r.late_dot = d57_;    // D57
     r.out = a_part ? d39_logits_ : d39_lh_;
     r.n = f.n;
     return r;

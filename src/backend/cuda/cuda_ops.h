@@ -49,6 +49,7 @@ struct GemvRouterRows {
   int n = 0;
   bool used = false;
   bool early_add = false;       // D53: add[b] read by thread 0 right after the PDL wait (with x), not after the barrier
+  bool late_dot = false;        // D57: the row · x after the CTA's own rows (x kept in shared memory), not before staging
 };
 GemvRouterRows& gemv_router_next();
 // Q for one layer: rows e < E from the 8-bit router, row E from the shared-expert gate, each times w2

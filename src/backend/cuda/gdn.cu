@@ -337,7 +337,7 @@ bool& gdn_s_late_enabled() {
 }
 
 bool& gdn_early_state_enabled() {
-  static bool on = false;
+  static bool on = true;
   return on;
 }
 

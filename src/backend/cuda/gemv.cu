@@ -83,6 +83,7 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
   // D39: this CTA's row of L.rt.q (CPL float4 per thread, x's layout).
   __shared__ float rred[8];
   float4* qs = sm4 + cols / 4 + CPL * 8;
+  float4* xraw = qs + cols / 4;   // D57 (L.rt.late_dot): x as loaded
   const int rrow = RT ? int(blockIdx.x) : 0;
   const bool has_r = RT && rrow < L.rt.n;
   trace_stamp(L.trace, 0);
@@ -127,7 +128,13 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
       for (int k = 0; k < CPL; ++k) asm volatile("" ::"f"(xr.v[k].x), "f"(xr.v[k].y), "f"(xr.v[k].z), "f"(xr.v[k].w));
       trace_stamp(L.trace, 6);
     }
-    if constexpr (RT) {   // D39: the row · x as loaded (before a folded norm's gain), reduced after the barrier
+    if constexpr (RT) {
+      // D57: x as loaded kept for the row's dot at the end (each thread reads back only what it wrote).
+      if (L.rt.late_dot && has_r)
+#pragma unroll
+        for (int k = 0; k < CPL; ++k) xraw[threadIdx.x + 256 * k] = xr.v[k];
+    }
+    if (RT && !L.rt.late_dot) {   // D39: the row · x as loaded (before a folded norm's gain), reduced after the barrier
       float part = 0.f;
       if (has_r) {
         asm volatile("cp.async.wait_group 0;" ::: "memory");   // this thread's own copies of the row
@@ -162,14 +169,16 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     }
   }
   __syncthreads();
-  if constexpr (RT) {
+  // D39: thread 0 adds the warps' shares of the row's dot (+ add[b]) into out[b].
+  auto rt_out = [&] {
     if (has_r && threadIdx.x == 0) {
       float v = !L.rt.add ? 0.f : L.rt.early_add ? radd : __ldcg(L.rt.add + rrow);
 #pragma unroll
       for (int w = 0; w < 8; ++w) v += rred[w];
       L.rt.out[rrow] = v;
     }
-  }
+  };
+  if (RT && !L.rt.late_dot) rt_out();
   float nscale = 1.f;
   if (L.norm.w) {
     nscale = fold_norm_scale(red, 8, cols, L.norm.eps, L.norm.h, L.norm.w,
@@ -202,6 +211,24 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
             gemv_store(jb, r0 + r, acc[r] * nscale);
           }
         }
+  }
+  if constexpr (RT) {
+    if (L.rt.late_dot) {   // D57: the same products and sums as before the staging, after the CTA's own rows
+      float part = 0.f;
+      if (has_r) {
+        asm volatile("cp.async.wait_group 0;" ::: "memory");   // this thread's own copies of the row
+        if (L.trace) trace_stamp(L.trace, 7);
+#pragma unroll
+        for (int k = 0; k < CPL; ++k) {
+          const float4 q = qs[threadIdx.x + 256 * k], x = xraw[threadIdx.x + 256 * k];
+          part += q.x * x.x + q.y * x.y + q.z * x.z + q.w * x.w;
+        }
+      }
+      part = warp_sum(part);
+      if (lane == 0) rred[warp] = part;
+      __syncthreads();
+      rt_out();
+    }
   }
   trace_stamp(L.trace, 3);
 }
@@ -465,7 +492,8 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
     const int smem = CPL * 1024 * 4 + CPL * 32 * 4;
     // D39: one CTA per router row at least (the CTAs past the jobs' rows only compute theirs).
     if (use_rt) {
-      launch(gemv_q4_kernel<CPL, R, true, true>, dim3(std::max(nb, L.rt.n)), dim3(256), smem + CPL * 1024 * 4, s, L);
+      launch(gemv_q4_kernel<CPL, R, true, true>, dim3(std::max(nb, L.rt.n)), dim3(256),
+             smem + (L.rt.late_dot ? 2 : 1) * CPL * 1024 * 4, s, L);
       CUDA_LAUNCH_CHECK();
       return;
     }
