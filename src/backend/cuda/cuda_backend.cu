@@ -659,6 +659,7 @@ class CudaBackend final : public Backend {
     Ablations trial;
     trial.merge_env("LILY_TRY");
     auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };
+    gemv_x_tma_enabled() = tried("D58");   // D58: the decode GEMVs' x copied into shared memory by the TMA engine
     d57_ = tried("D57");   // D57: D39's router-row dot after the GEMV's own rows, not before its x staging
     d53_ = !abl_.has("D53");   // D53: the out-projection's router-row add loaded with x
     moe_w0_pick_enabled() = !abl_.has("D50");   // D50: the MoE picks on warp 0 while x is staged

@@ -215,6 +215,33 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int f) {
   return f == 0 ? v.x : f == 1 ? v.y : f == 2 ? v.z : v.w;
 }
 
+// A 1D bulk copy global -> shared memory on the TMA engine (not through the load/store unit's queues),
+// completing on an mbarrier in shared memory (one phase per launch: parity 0). Addresses and size: multiples of 16.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait_parity(uint64_t* bar, int parity) {
+  const uint32_t b = smem_addr(bar);
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(b), "r"(parity)
+        : "memory");
+}
+
 constexpr int kTracePhases = 16;   // trace stamps per CTA
 constexpr int kTraceCtas = 1024;   // CTAs per traced launch slot
 // Investigation aid (cuda_tools::set_kernel_trace): thread 0 of each CTA writes %globaltimer to
@@ -223,6 +250,19 @@ __device__ __forceinline__ void trace_stamp(unsigned long long* tr, int phase) {
   if (tr && threadIdx.x == 0) {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    tr[blockIdx.x * kTracePhases + phase] = t;
+  }
+}
+// The same, taken only once `bits` (a loaded value) has arrived: the timer read is predicated on a compare
+// with it, so the warp waits for the load there (an empty asm with the value as input emits no instruction
+// and so does not wait).
+__device__ __forceinline__ void trace_stamp_after(unsigned long long* tr, int phase, uint32_t bits) {
+  if (tr && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0x7fc00001;\n@p mov.u64 %0, 0;\n@!p mov.u64 %0, %%globaltimer;\n}"
+        : "=l"(t)
+        : "r"(bits));
     tr[blockIdx.x * kTracePhases + phase] = t;
   }
 }

@@ -105,7 +105,8 @@ bool& gdn_push_enabled();
 // D45: the D12 kernel writes its updated state back after the cluster barrier (whose release would
 // otherwise wait for those stores) instead of before it (process-wide switch, ablation D45).
 bool& gdn_s_late_enabled();
-bool& gdn_early_state_enabled();   // D55: D12's state and conv rows loaded into registers before the PDL wait
+bool& gdn_early_state_enabled();
+bool& gemv_x_tma_enabled();   // D58: the decode GEMVs' x copied to shared memory by the TMA engine   // D55: D12's state and conv rows loaded into registers before the PDL wait
 void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
          const float* norm_w, float* conv_state, float* S, const float* qkv, const float* z,
          const float* a, const float* b, int T, float* y, cudaStream_t s, const L2Prefetch* pf = nullptr);

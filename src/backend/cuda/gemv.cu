@@ -12,6 +12,11 @@
 
 namespace lily::cuda {
 
+bool& gemv_x_tma_enabled() {
+  static bool on = false;
+  return on;
+}
+
 int& pdl_late_mask() {
   static int m = 0;
   return m;
@@ -31,6 +36,7 @@ struct GemvLaunch {
   unsigned long long* trace;   // investigation aid: phase stamps (trace_stamp)
   GemvRouterRows rt;    // D39: router rows (gemv_q4_kernel<.., RT> only)
   int late;             // pdl_late_mask(): trigger the dependents after x staging instead of at entry
+  int x_tma;            // D58 (register staging only): x copied to shared memory by the TMA engine, then to registers
 };
 
 // Epilogue of one output: y, plus the folded residual add (D9).
@@ -84,6 +90,8 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
   __shared__ float rred[8];
   float4* qs = sm4 + cols / 4 + CPL * 8;
   float4* xraw = qs + cols / 4;   // D57 (L.rt.late_dot): x as loaded
+  float4* xt = qs + 2 * (cols / 4);   // D58 (L.x_tma): x as copied by the TMA engine
+  __shared__ alignas(8) uint64_t xbar;   // D58: its mbarrier
   const int rrow = RT ? int(blockIdx.x) : 0;
   const bool has_r = RT && rrow < L.rt.n;
   trace_stamp(L.trace, 0);
@@ -110,9 +118,26 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
   if (regs) {
     if (L.norm.w) xr.load(L.norm.w, cols / 4);
     XRegs<CPL> g = xr;
+    if (L.x_tma) {   // D58: the barrier initialised before the wait (off the critical path)
+      if (threadIdx.x == 0) mbar_init(&xbar, 1);
+      __syncthreads();
+    }
     pdl_wait();
     trace_stamp(L.trace, 1);
-    xr.load(L.norm.w ? L.norm.h : jb.x, cols / 4);
+    const float* xsrc = L.norm.w ? L.norm.h : jb.x;
+    if (L.x_tma) {
+      // D58: x's loads do not queue behind the weight loads this SM issued before the wait; 2 KB per copy.
+      if (warp == 0) {
+        if (lane == 0) mbar_expect_tx(&xbar, cols * 4);
+        __syncwarp();
+        if (lane < cols / 512) bulk_copy_g2s(xt + lane * 128, xsrc + lane * 512, 2048, &xbar);
+      }
+      mbar_wait_parity(&xbar, 0);
+#pragma unroll
+      for (int k = 0; k < CPL; ++k) xr.v[k] = xt[threadIdx.x + 256 * k];
+    } else {
+      xr.load(xsrc, cols / 4);
+    }
     // The residual values of the first group, read with x (not after the dot: one round trip less).
     const int rq = bj * 8 * R + warp * R;
 #pragma unroll
@@ -122,11 +147,13 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     if constexpr (RT)
       if (has_r && threadIdx.x == 0 && L.rt.add && L.rt.early_add) radd = __ldcg(L.rt.add + rrow);
     if (L.trace) {   // investigation aid: when this thread's x has arrived (its first float4, then all of it)
-      asm volatile("" ::"f"(xr.v[0].x));
-      trace_stamp(L.trace, 4);
+      trace_stamp_after(L.trace, 4, __float_as_uint(xr.v[0].x));
+      uint32_t all = 0;
 #pragma unroll
-      for (int k = 0; k < CPL; ++k) asm volatile("" ::"f"(xr.v[k].x), "f"(xr.v[k].y), "f"(xr.v[k].z), "f"(xr.v[k].w));
-      trace_stamp(L.trace, 6);
+      for (int k = 0; k < CPL; ++k)
+        all ^= __float_as_uint(xr.v[k].x) ^ __float_as_uint(xr.v[k].y) ^ __float_as_uint(xr.v[k].z) ^
+               __float_as_uint(xr.v[k].w);
+      trace_stamp_after(L.trace, 6, all);
     }
     if constexpr (RT) {
       // D57: x as loaded kept for the row's dot at the end (each thread reads back only what it wrote).
@@ -489,17 +516,26 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
     const int smem = CPL * 512 * 4 + CPL * 32 * 4;
     launch(gemv_q8_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   } else {
+    // Dynamic shared memory: x staged (+ sums), then D39's router row, D57's copy of x, D58's TMA copy of x.
     const int smem = CPL * 1024 * 4 + CPL * 32 * 4;
+    L.x_tma = gemv_x_tma_enabled() && L.stage_regs ? 1 : 0;
+    const int ext = L.x_tma ? 3 : use_rt ? (L.rt.late_dot ? 2 : 1) : 0;
+    static bool attr_set = false;   // per instance (CPL, R): above 48 KB needs the opt-in
+    if (!attr_set) {
+      for (auto k : {gemv_q4_kernel<CPL, R, true, true>, gemv_q4_kernel<CPL, R, true>, gemv_q4_kernel<CPL, R>})
+        CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem + 3 * CPL * 1024 * 4));
+      attr_set = true;
+    }
     // D39: one CTA per router row at least (the CTAs past the jobs' rows only compute theirs).
     if (use_rt) {
-      launch(gemv_q4_kernel<CPL, R, true, true>, dim3(std::max(nb, L.rt.n)), dim3(256),
-             smem + (L.rt.late_dot ? 2 : 1) * CPL * 1024 * 4, s, L);
+      launch(gemv_q4_kernel<CPL, R, true, true>, dim3(std::max(nb, L.rt.n)), dim3(256), smem + ext * CPL * 1024 * 4,
+             s, L);
       CUDA_LAUNCH_CHECK();
       return;
     }
     // D24: int16 x and dp2a (needs D21's register staging).
-    if (x16 && L.stage_regs) launch(gemv_q4_kernel<CPL, R, true>, dim3(nb), dim3(256), smem, s, L);
-    else launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
+    if (x16 && L.stage_regs) launch(gemv_q4_kernel<CPL, R, true>, dim3(nb), dim3(256), smem + ext * CPL * 1024 * 4, s, L);
+    else launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem + ext * CPL * 1024 * 4, s, L);
   }
   CUDA_LAUNCH_CHECK();
 }
