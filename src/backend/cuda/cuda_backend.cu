@@ -659,8 +659,8 @@ class CudaBackend final : public Backend {
     Ablations trial;
     trial.merge_env("LILY_TRY");
     auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };
-    gemv_x_tma_enabled() = tried("D58");   // D58: the decode GEMVs' x copied into shared memory by the TMA engine
-    d57_ = tried("D57");   // D57: D39's router-row dot after the GEMV's own rows, not before its x staging
+    gdn_mbar_enabled() = tried("D60");   // D60: the GDN step's Σo² on an mbarrier, not a cluster barrier
+    moe_act_tma_enabled() = tried("D59");   // D59: the decode MoE's down activations copied by the TMA engine
     d53_ = !abl_.has("D53");   // D53: the out-projection's router-row add loaded with x
     moe_w0_pick_enabled() = !abl_.has("D50");   // D50: the MoE picks on warp 0 while x is staged
     gdn_push_enabled() = !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier
@@ -1310,7 +1310,6 @@ class CudaBackend final : public Backend {
   std::map<KeptKey, uint16_t*> kept_stack_[2];   // P30: by (first codes, rows, count)
   bool p30_ = true;   // P30: the dense projections of one input as one GEMM
   bool d53_ = true;   // D53
-  bool d57_ = false;   // D57
   struct {
     MoeDev m;
     int T;
@@ -1372,7 +1371,6 @@ class CudaBackend final : public Backend {
     r.cols = a_part ? f.C : f.H;
     r.add = a_part ? d39_lh_ : nullptr;
     r.early_add = d53_;   // D53
-    r.late_dot = d57_;    // D57
     r.out = a_part ? d39_logits_ : d39_lh_;
     r.n = f.n;
     return r;

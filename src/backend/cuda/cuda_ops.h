@@ -49,7 +49,6 @@ struct GemvRouterRows {
   int n = 0;
   bool used = false;
   bool early_add = false;       // D53: add[b] read by thread 0 right after the PDL wait (with x), not after the barrier
-  bool late_dot = false;        // D57: the row · x after the CTA's own rows (x kept in shared memory), not before staging
 };
 GemvRouterRows& gemv_router_next();
 // Q for one layer: rows e < E from the 8-bit router, row E from the shared-expert gate, each times w2
@@ -105,8 +104,10 @@ bool& gdn_push_enabled();
 // D45: the D12 kernel writes its updated state back after the cluster barrier (whose release would
 // otherwise wait for those stores) instead of before it (process-wide switch, ablation D45).
 bool& gdn_s_late_enabled();
+// D55: the D12 kernel loads its state and conv state rows into registers before its PDL wait (ablation D55).
 bool& gdn_early_state_enabled();
-bool& gemv_x_tma_enabled();   // D58: the decode GEMVs' x copied to shared memory by the TMA engine   // D55: D12's state and conv rows loaded into registers before the PDL wait
+bool& gdn_mbar_enabled();   // D60: D12's Σo² exchange on an mbarrier (st.async) instead of a cluster barrier
+bool& moe_act_tma_enabled();   // D59: the decode MoE's down activations copied to shared memory by the TMA engine
 void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
          const float* norm_w, float* conv_state, float* S, const float* qkv, const float* z,
          const float* a, const float* b, int T, float* y, cudaStream_t s, const L2Prefetch* pf = nullptr);
@@ -167,8 +168,7 @@ bool& kv16_u4_enabled();
 bool& attn_mma_decode_enabled();
 // D43: the D20 kernel's CTAs prefetch their K / V rows into L2 before the PDL wait (ablation D43).
 bool& attn_kv_prefetch_enabled();
-bool& attn_kv_early_enabled();
-bool& attn_merge_early_gate_enabled();   // D56: the merge's output gate loaded with the partials   // D54: the split-KV first step's K / V rows loaded before the PDL wait
+bool& attn_merge_early_gate_enabled();   // D56: the merge's output gate loaded with the partials
 // D20's load schedule (attn_split_mma_kernel's PM): 2 by default, 0 with ablation D25.
 int& attn_mma_pipe_mode();
 // Workspace floats needed for T tokens (prepared queries + split-KV partials).

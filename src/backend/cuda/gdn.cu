@@ -162,14 +162,21 @@ constexpr int kGdnDecCh = 2 * kGdnDecDk + 32;  // conv channels per CTA: q | k |
 // kernel in an earlier step, which has completed by then: a replayed graph starts after the previous
 // replay, and in a stream a kernel launches only once all of its predecessor's CTAs have triggered, a
 // chain that the persistent MoE (it triggers after its own wait) cuts within every layer.
-template <bool PUSH, bool SLATE, bool ES = false>
+// MB (D60, with PUSH and SLATE): the partial Σo² go to all the cluster's CTAs by st.async, each completing 4 bytes
+// on the receiver's mbarrier, and each CTA waits for its own 8 arrivals instead of passing a cluster barrier.
+// Receiving all of them also tells a CTA that every CTA of the cluster has read the old conv state (each push
+// is computed from it), which is what the barrier ordered before the conv state is rewritten. The mbarriers are
+// initialised before the PDL wait and published by a cluster barrier there (off the critical path).
+template <bool PUSH, bool SLATE, bool ES = false, bool MB = false>
 __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__ GdnArgs g) {
+  static_assert(!MB || (PUSH && SLATE), "D60: on D42 and D45");
   __shared__ float raw[4][kGdnDecCh];   // conv taps: state rows 0..2, current input
   __shared__ float act[kGdnDecCh];      // conv + SiLU output
   __shared__ float red[8];
   __shared__ float part[8][32], part2[8][32];
   __shared__ float ssq;
-  __shared__ float ssq_all[8];   // PUSH: the head's partial Σo², slot q from its CTA q
+  __shared__ float ssq_all[8];   // PUSH: the head's partial Σo², slot q from its CTA q (MB: slot = cluster rank)
+  __shared__ alignas(8) uint64_t sbar;   // MB: the pushes' mbarrier
   const GdnDims& d = g.d;
   constexpr int dk = kGdnDecDk;
   const int P = d.dv / 32, ratio = d.nv / d.nk;
@@ -213,6 +220,13 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
     for (int tap = 0; tap < 4; ++tap) cw[u][tap] = i < kGdnDecCh ? g.conv_w[int64_t(chan(i)) * 4 + tap] : 0.f;
   }
   const float A = -__expf(g.A_log[j]), dtb = g.dt_bias[j], nw = g.norm_w[col];
+  if constexpr (MB) {
+    if (tid == 0) {
+      mbar_init(&sbar, 1);
+      mbar_expect_tx(&sbar, uint32_t(cg::this_cluster().num_blocks()) * 4);   // the one arrival, 4 bytes per CTA
+    }
+    cg::this_cluster().sync();   // every CTA's mbarrier initialised before any push
+  }
   pdl_wait();
   trace_stamp(g.tr, 1);
   if constexpr (!ES)
@@ -287,7 +301,16 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
   const int rank = int(cluster.block_rank()), nrank = ratio * P, head0 = (rank / P) * P;
   if (warp == 0) {
     const float s2 = warp_sum(o * o);
-    if constexpr (PUSH) {
+    if constexpr (MB) {
+      if (lane < nrank) {
+        uint32_t ra, rb;
+        asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(smem_addr(ssq_all + rank)), "r"(lane));
+        asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_addr(&sbar)), "r"(lane));
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(ra),
+                     "r"(__float_as_uint(s2)), "r"(rb)
+                     : "memory");
+      }
+    } else if constexpr (PUSH) {
       if (lane < P) cluster.map_shared_rank(ssq_all, head0 + lane)[rank - head0] = s2;
     } else {
       if (lane == 0) ssq = s2;
@@ -295,14 +318,15 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
   }
   // The barrier's release waits for this thread's earlier stores to be performed: with D45 the 16 KB of S per
   // CTA are written after it, so that it waits for no global store (only the Σo² pushes and the conv reads).
-  cluster.sync();   // partial Σo² visible cluster-wide; every CTA has read the old conv state
+  if constexpr (MB) mbar_wait_parity(&sbar, 0);   // D60: the cluster's 8 pushes have landed here
+  else cluster.sync();   // partial Σo² visible cluster-wide; every CTA has read the old conv state
   trace_stamp(g.tr, 7);
   if constexpr (SLATE)
 #pragma unroll
     for (int i = 0; i < kGdnDecRows; ++i) S[(warp + 8 * i) * d.dv + col] = sv[i];
   if (warp == 0) {
     float tot = 0.f;
-    for (int q = 0; q < P; ++q) tot += PUSH ? ssq_all[q] : *cluster.map_shared_rank(&ssq, head0 + q);
+    for (int q = 0; q < P; ++q) tot += MB ? ssq_all[head0 + q] : PUSH ? ssq_all[q] : *cluster.map_shared_rank(&ssq, head0 + q);
     g.y[j * d.dv + col] = o * rsqrtf(tot / float(d.dv) + d.eps) * nw * siluf_(zv);
   }
   trace_stamp(g.tr, 8);
@@ -338,6 +362,11 @@ bool& gdn_s_late_enabled() {
 
 bool& gdn_early_state_enabled() {
   static bool on = true;
+  return on;
+}
+
+bool& gdn_mbar_enabled() {
+  static bool on = false;
   return on;
 }
 
@@ -379,7 +408,9 @@ void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float*
     cfg.dynamicSmemBytes = 0;
     attr[0].val.clusterDim.x = ratio * (d.dv / 32);
     const auto kern = gdn_push_enabled() ? (gdn_s_late_enabled() ? (gdn_early_state_enabled()   // D42, D45, D55
-                                                                        ? gdn_decode_kernel<true, true, true>
+                                                                        ? (gdn_mbar_enabled() && ratio * (d.dv / 32) <= 8
+                                                                               ? gdn_decode_kernel<true, true, true, true>
+                                                                               : gdn_decode_kernel<true, true, true>)
                                                                         : gdn_decode_kernel<true, true>)
                                                                    : gdn_decode_kernel<true, false>)
                                          : (gdn_s_late_enabled() ? gdn_decode_kernel<false, true>

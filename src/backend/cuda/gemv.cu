@@ -12,11 +12,6 @@
 
 namespace lily::cuda {
 
-bool& gemv_x_tma_enabled() {
-  static bool on = false;
-  return on;
-}
-
 int& pdl_late_mask() {
   static int m = 0;
   return m;
@@ -36,7 +31,6 @@ struct GemvLaunch {
   unsigned long long* trace;   // investigation aid: phase stamps (trace_stamp)
   GemvRouterRows rt;    // D39: router rows (gemv_q4_kernel<.., RT> only)
   int late;             // pdl_late_mask(): trigger the dependents after x staging instead of at entry
-  int x_tma;            // D58 (register staging only): x copied to shared memory by the TMA engine, then to registers
 };
 
 // Epilogue of one output: y, plus the folded residual add (D9).
@@ -89,9 +83,6 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
   // D39: this CTA's row of L.rt.q (CPL float4 per thread, x's layout).
   __shared__ float rred[8];
   float4* qs = sm4 + cols / 4 + CPL * 8;
-  float4* xraw = qs + cols / 4;   // D57 (L.rt.late_dot): x as loaded
-  float4* xt = qs + 2 * (cols / 4);   // D58 (L.x_tma): x as copied by the TMA engine
-  __shared__ alignas(8) uint64_t xbar;   // D58: its mbarrier
   const int rrow = RT ? int(blockIdx.x) : 0;
   const bool has_r = RT && rrow < L.rt.n;
   trace_stamp(L.trace, 0);
@@ -118,26 +109,9 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
   if (regs) {
     if (L.norm.w) xr.load(L.norm.w, cols / 4);
     XRegs<CPL> g = xr;
-    if (L.x_tma) {   // D58: the barrier initialised before the wait (off the critical path)
-      if (threadIdx.x == 0) mbar_init(&xbar, 1);
-      __syncthreads();
-    }
     pdl_wait();
     trace_stamp(L.trace, 1);
-    const float* xsrc = L.norm.w ? L.norm.h : jb.x;
-    if (L.x_tma) {
-      // D58: x's loads do not queue behind the weight loads this SM issued before the wait; 2 KB per copy.
-      if (warp == 0) {
-        if (lane == 0) mbar_expect_tx(&xbar, cols * 4);
-        __syncwarp();
-        if (lane < cols / 512) bulk_copy_g2s(xt + lane * 128, xsrc + lane * 512, 2048, &xbar);
-      }
-      mbar_wait_parity(&xbar, 0);
-#pragma unroll
-      for (int k = 0; k < CPL; ++k) xr.v[k] = xt[threadIdx.x + 256 * k];
-    } else {
-      xr.load(xsrc, cols / 4);
-    }
+    xr.load(L.norm.w ? L.norm.h : jb.x, cols / 4);
     // The residual values of the first group, read with x (not after the dot: one round trip less).
     const int rq = bj * 8 * R + warp * R;
 #pragma unroll
@@ -155,13 +129,7 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
                __float_as_uint(xr.v[k].w);
       trace_stamp_after(L.trace, 6, all);
     }
-    if constexpr (RT) {
-      // D57: x as loaded kept for the row's dot at the end (each thread reads back only what it wrote).
-      if (L.rt.late_dot && has_r)
-#pragma unroll
-        for (int k = 0; k < CPL; ++k) xraw[threadIdx.x + 256 * k] = xr.v[k];
-    }
-    if (RT && !L.rt.late_dot) {   // D39: the row · x as loaded (before a folded norm's gain), reduced after the barrier
+    if constexpr (RT) {   // D39: the row · x as loaded (before a folded norm's gain), reduced after the barrier
       float part = 0.f;
       if (has_r) {
         asm volatile("cp.async.wait_group 0;" ::: "memory");   // this thread's own copies of the row
@@ -196,16 +164,14 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     }
   }
   __syncthreads();
-  // D39: thread 0 adds the warps' shares of the row's dot (+ add[b]) into out[b].
-  auto rt_out = [&] {
+  if constexpr (RT) {
     if (has_r && threadIdx.x == 0) {
       float v = !L.rt.add ? 0.f : L.rt.early_add ? radd : __ldcg(L.rt.add + rrow);
 #pragma unroll
       for (int w = 0; w < 8; ++w) v += rred[w];
       L.rt.out[rrow] = v;
     }
-  };
-  if (RT && !L.rt.late_dot) rt_out();
+  }
   float nscale = 1.f;
   if (L.norm.w) {
     nscale = fold_norm_scale(red, 8, cols, L.norm.eps, L.norm.h, L.norm.w,
@@ -238,24 +204,6 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
             gemv_store(jb, r0 + r, acc[r] * nscale);
           }
         }
-  }
-  if constexpr (RT) {
-    if (L.rt.late_dot) {   // D57: the same products and sums as before the staging, after the CTA's own rows
-      float part = 0.f;
-      if (has_r) {
-        asm volatile("cp.async.wait_group 0;" ::: "memory");   // this thread's own copies of the row
-        if (L.trace) trace_stamp(L.trace, 7);
-#pragma unroll
-        for (int k = 0; k < CPL; ++k) {
-          const float4 q = qs[threadIdx.x + 256 * k], x = xraw[threadIdx.x + 256 * k];
-          part += q.x * x.x + q.y * x.y + q.z * x.z + q.w * x.w;
-        }
-      }
-      part = warp_sum(part);
-      if (lane == 0) rred[warp] = part;
-      __syncthreads();
-      rt_out();
-    }
   }
   trace_stamp(L.trace, 3);
 }
@@ -516,26 +464,16 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
     const int smem = CPL * 512 * 4 + CPL * 32 * 4;
     launch(gemv_q8_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   } else {
-    // Dynamic shared memory: x staged (+ sums), then D39's router row, D57's copy of x, D58's TMA copy of x.
     const int smem = CPL * 1024 * 4 + CPL * 32 * 4;
-    L.x_tma = gemv_x_tma_enabled() && L.stage_regs ? 1 : 0;
-    const int ext = L.x_tma ? 3 : use_rt ? (L.rt.late_dot ? 2 : 1) : 0;
-    static bool attr_set = false;   // per instance (CPL, R): above 48 KB needs the opt-in
-    if (!attr_set) {
-      for (auto k : {gemv_q4_kernel<CPL, R, true, true>, gemv_q4_kernel<CPL, R, true>, gemv_q4_kernel<CPL, R>})
-        CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem + 3 * CPL * 1024 * 4));
-      attr_set = true;
-    }
     // D39: one CTA per router row at least (the CTAs past the jobs' rows only compute theirs).
     if (use_rt) {
-      launch(gemv_q4_kernel<CPL, R, true, true>, dim3(std::max(nb, L.rt.n)), dim3(256), smem + ext * CPL * 1024 * 4,
-             s, L);
+      launch(gemv_q4_kernel<CPL, R, true, true>, dim3(std::max(nb, L.rt.n)), dim3(256), smem + CPL * 1024 * 4, s, L);
       CUDA_LAUNCH_CHECK();
       return;
     }
     // D24: int16 x and dp2a (needs D21's register staging).
-    if (x16 && L.stage_regs) launch(gemv_q4_kernel<CPL, R, true>, dim3(nb), dim3(256), smem + ext * CPL * 1024 * 4, s, L);
-    else launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem + ext * CPL * 1024 * 4, s, L);
+    if (x16 && L.stage_regs) launch(gemv_q4_kernel<CPL, R, true>, dim3(nb), dim3(256), smem, s, L);
+    else launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   }
   CUDA_LAUNCH_CHECK();
 }
