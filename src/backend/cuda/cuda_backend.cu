@@ -660,7 +660,6 @@ class CudaBackend final : public Backend {
     trial.merge_env("LILY_TRY");
     auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };
     gdn_mbar_enabled() = tried("D60");   // D60: the GDN step's Σo² on an mbarrier, not a cluster barrier
-    moe_act_tma_enabled() = tried("D59");   // D59: the decode MoE's down activations copied by the TMA engine
     d53_ = !abl_.has("D53");   // D53: the out-projection's router-row add loaded with x
     moe_w0_pick_enabled() = !abl_.has("D50");   // D50: the MoE picks on warp 0 while x is staged
     gdn_push_enabled() = !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier

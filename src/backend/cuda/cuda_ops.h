@@ -107,7 +107,6 @@ bool& gdn_s_late_enabled();
 // D55: the D12 kernel loads its state and conv state rows into registers before its PDL wait (ablation D55).
 bool& gdn_early_state_enabled();
 bool& gdn_mbar_enabled();   // D60: D12's Σo² exchange on an mbarrier (st.async) instead of a cluster barrier
-bool& moe_act_tma_enabled();   // D59: the decode MoE's down activations copied to shared memory by the TMA engine
 void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
          const float* norm_w, float* conv_state, float* S, const float* qkv, const float* z,
          const float* a, const float* b, int T, float* y, cudaStream_t s, const L2Prefetch* pf = nullptr);

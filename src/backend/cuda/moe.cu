@@ -37,7 +37,6 @@ struct MoeArgs {
   int topk_lanes;          // D27: the decode top-k on one warp (select_topk_lanes)
   unsigned long long* trace;   // investigation aid: D19 phase timestamps [CTA][kTracePhases]
   const float* rlog;       // D39: unscaled router logits [E] + shared gate, from the previous launch
-  int act_tma;             // D59 (D31 instance): the down stage's activations copied by the TMA engine
 };
 
 // D19 phase timestamp (thread 0 of each CTA; only with a trace buffer).
@@ -391,11 +390,8 @@ using DownRows = DownRowsT<2>;
 // D21 (`regs`, 256 threads): every load of a round of 5 float4s per thread is issued first (S <= 10
 // is one round) instead of one L2 round trip per loop iteration. D24 (`x16`, with regs): the values
 // as int16 per 32 (DownRowsT::dot_i16): words in the first S·64 uint4s of sm4, the steps after them.
-// D59 (`from`, with regs): the slots were copied to shared memory first (slot s at from + 128 s), possibly into sm4
-// itself: every value is read into registers and a block barrier passed before anything is written.
 __device__ __forceinline__ void stage_down_act(const float* act, int S, int imax, float4* sm4, float* xsum,
-                                               const float* slot_scale, bool regs = false, bool x16 = false,
-                                               const float4* from = nullptr) {
+                                               const float* slot_scale, bool regs = false, bool x16 = false) {
   if (regs) {
     constexpr int kN = 5;
     for (int base = 0; base < S * 128; base += kN * 256) {
@@ -403,11 +399,9 @@ __device__ __forceinline__ void stage_down_act(const float* act, int S, int imax
 #pragma unroll
       for (int k = 0; k < kN; ++k) {
         const int idx = base + int(threadIdx.x) + 256 * k;
-        vr[k] = idx >= S * 128 ? make_float4(0.f, 0.f, 0.f, 0.f)
-                : from         ? from[idx]
-                               : __ldcg(reinterpret_cast<const float4*>(act + (idx / 128) * imax) + idx % 128);
+        vr[k] = idx < S * 128 ? __ldcg(reinterpret_cast<const float4*>(act + (idx / 128) * imax) + idx % 128)
+                              : make_float4(0.f, 0.f, 0.f, 0.f);
       }
-      if (from) __syncthreads();
 #pragma unroll
       for (int k = 0; k < kN; ++k) {
         const int idx = base + int(threadIdx.x) + 256 * k;
@@ -1010,11 +1004,6 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
   unsigned long long* tg = reinterpret_cast<unsigned long long*>(ctr + 16);
   __shared__ unsigned long long s_gen;
   if (tickets && threadIdx.x == 0) s_gen = atomicAdd(&tk[0], 1ull) / unsigned(G);
-  // D59: the activations' copy completes on abar (initialised here; block barriers follow before any wait on it).
-  __shared__ alignas(8) uint64_t abar;
-  const bool atma = SP && a.act_tma;
-  float4* acts = xq8;   // D59: [S][128] float4 in the down stage's own region (dq, below its sums)
-  if (atma && threadIdx.x == 0) mbar_init(&abar, 1);
   static_assert(!RL || EP, "D39 only in the D36 instance");
   static_assert(!W0 || RL, "D50 only in the D39 instance");
   // RL: shared-expert row sr on warp `warp` (1..7) of CTA blockIdx.x, in its own registers (computed while
@@ -1268,23 +1257,8 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
 #pragma unroll
         for (int r = 0; r < R; ++r) resv[r] = h0 + r < H ? a.res[h0 + r] : 0.f;
     }
-    if (atma) {
-      // D59: thread 0 issues the S slots' copies as soon as its acquire sees every CTA's gate/up arrival (a proxy
-      // fence orders the other CTAs' generic-proxy stores, acquired here, before the TMA engine's reads).
-      if (threadIdx.x == 0) {
-        while (ld_acquire_gpu64(&tk[2]) < (s_gen + 1) * unsigned(G)) __nanosleep(32);
-        if (blockIdx.x < nbd) {
-          asm volatile("fence.proxy.async.global;" ::: "memory");
-          mbar_expect_tx(&abar, uint32_t(S) * 512 * 4);
-          for (int sl = 0; sl < S; ++sl) bulk_copy_g2s(acts + sl * 128, act + sl * imax, 512 * 4, &abar);
-        }
-      }
-      __syncthreads();
-    } else if (tickets) {
-      grid_wait64(&tk[2], (s_gen + 1) * unsigned(G));
-    } else {
-      grid_wait(&ctr[1], G);
-    }
+    if (tickets) grid_wait64(&tk[2], (s_gen + 1) * unsigned(G));
+    else grid_wait(&ctr[1], G);
     trace_mark(a, 8);
     if (SP || !(a.flags & 1)) pdl_trigger();   // every CTA of the grid is resident now (see above)
     if (!tickets && threadIdx.x == 0 && atomicAdd(&ctr[2], 1) == G - 1) {   // last CTA past the handoffs
@@ -1294,8 +1268,7 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
     }
     if (blockIdx.x >= nbd) return;
     const bool x16 = SP || (a.xq16 && !(a.flags & 256));   // D24 (moep bit 256: float down stage)
-    if (atma) mbar_wait_parity(&abar, 0);
-    stage_down_act(act, S, imax, dq, dsum, slot_scale, SP || a.stage_regs, x16, atma ? acts : nullptr);
+    stage_down_act(act, S, imax, dq, dsum, slot_scale, SP || a.stage_regs, x16);
     __syncthreads();
     trace_mark(a, 9);
     float acc[R];
@@ -1350,11 +1323,6 @@ bool q8router_ok(const QMat& w, int rows, int H) {
 }
 
 }  // namespace
-
-bool& moe_act_tma_enabled() {
-  static bool on = false;
-  return on;
-}
 
 bool moe_norm_ok(const MoeDev& m, int T, bool fast) {
   return gemv_norm_ok(m.router, T, fast) && gemv_norm_ok(m.shared_gate, T, fast) && m.router.cols == m.H &&
@@ -1448,7 +1416,6 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   if (stages == 7 && dec && dec->persist && fused_router && moe_persist_ok(m, T, fast)) {
     static int grid = -1;
     static size_t grid_smem = 0;
-    a.act_tma = moe_act_tma_enabled() ? 1 : 0;   // D59 (read by the D31 instances only)
     const size_t smem = persist_smem(m);
     if (grid < 0 || grid_smem != smem) {
       // All CTAs must be co-resident (they spin on each other): at most the occupancy per SM
