@@ -369,7 +369,7 @@ bool& gdn_early_state_enabled() {
 }
 
 bool& gdn_mbar_enabled() {
-  static bool on = false;
+  static bool on = true;
   return on;
 }
 
