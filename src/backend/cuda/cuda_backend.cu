@@ -655,8 +655,12 @@ class CudaBackend final : public Backend {
     merge_warps_enabled() = !abl_.has("D11");   // D11: split-KV merge with warps across splits
     gdn_split_enabled() = !abl_.has("D12");     // D12: GDN decode step over 4 CTAs per value head
     auto env_int = [](const char* n, int def) { const char* e = std::getenv(n); return e && *e ? std::atoi(e) : def; };
-    // Switches written but not yet measured on the device are off unless LILY_TRY=ID,... names them
-    // (`Ablations trial; trial.merge_env("LILY_TRY");`, then trial.has("ID") && !abl_.has("ID")); none now.
+    // Switches written but not yet measured on the device are off unless LILY_TRY=ID,... names them.
+    Ablations trial;
+    trial.merge_env("LILY_TRY");
+    auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };
+    gemv_chunk_stage_enabled() = tried("D61");   // D61: x staged with one chunk's float4s per thread (not yet run)
+    gemv_lean_stage_enabled() = tried("D62");   // D62: the same staging of x in fewer instructions (not yet run)
     gdn_mbar_enabled() = !abl_.has("D60");   // D60: the GDN step's Σo² on an mbarrier (st.async), not a cluster barrier
     d53_ = !abl_.has("D53");   // D53: the out-projection's router-row add loaded with x
     moe_w0_pick_enabled() = !abl_.has("D50");   // D50: the MoE picks on warp 0 while x is staged

@@ -294,16 +294,17 @@ __device__ __forceinline__ float4 q4_stage(float4 v, int f, float* sum) {
 }
 
 // A vector of floats held in registers across a block of NT threads: thread t owns float4s
-// t, t + NT, ..., t + (NIT-1)·NT. load() issues every load before any is used, so staging a
-// vector costs one memory round trip instead of one per loop iteration (the loop form waits for
-// each load before the next: 2.6 µs for x in the D19 trace, 2–4 L2 round trips).
-template <int NIT, int NT = 256>
+// t, t + NT, ..., t + (NIT-1)·NT (CH, D61: t·NIT ... t·NIT + NIT - 1, consecutive). load() issues every load
+// before any is used, so staging a vector costs one memory round trip instead of one per loop iteration (the loop
+// form waits for each load before the next: 2.6 µs for x in the D19 trace, 2–4 L2 round trips).
+template <int NIT, int NT = 256, bool CH = false>
 struct XRegs {
   float4 v[NIT];
+  __device__ __forceinline__ static int index(int k) { return CH ? int(threadIdx.x) * NIT + k : int(threadIdx.x) + NT * k; }
   __device__ __forceinline__ void load(const float* p, int n4) {
 #pragma unroll
     for (int k = 0; k < NIT; ++k) {
-      const int idx = int(threadIdx.x) + NT * k;
+      const int idx = index(k);
       v[k] = idx < n4 ? reinterpret_cast<const float4*>(p)[idx] : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
@@ -325,7 +326,7 @@ struct XRegs {
   __device__ __forceinline__ void store_scaled(float* out, int n4, float scale) const {
 #pragma unroll
     for (int k = 0; k < NIT; ++k) {
-      const int idx = int(threadIdx.x) + NT * k;
+      const int idx = index(k);
       if (idx < n4)
         reinterpret_cast<float4*>(out)[idx] = make_float4(v[k].x * scale, v[k].y * scale, v[k].z * scale, v[k].w * scale);
     }
@@ -452,6 +453,83 @@ __device__ __forceinline__ void q16_stage(float4 v, int fi, uint4* words, int st
   if (fi == 0) {
     *sum = s;
     *step = m * (1.f / 32767.f);
+  }
+}
+
+// D61: the same staging from XRegs<NIT, 256, true>: thread t holds float4s f0 .. f0 + NIT - 1 (f0 = (t % T)·NIT) of
+// chunk t / T, T = 8 / NIT threads per chunk (consecutive lanes). The chunk's sum and max take the thread's own
+// float4s, then log2(T) shuffle levels once (not 3 levels per float4), and the division runs once per thread.
+// Bit-identical to stage_x_i16_regs: the float4 sums (x + y) + (z + w) are added in the same pairs as its butterfly
+// ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)), the max is exact, q and the step use the same expressions.
+template <int NIT>
+__device__ __forceinline__ void stage_x_i16_chunk_regs(const XRegs<NIT, 256, true>& x, int cols, uint4* qx, float* xd,
+                                                       float* xsum) {
+  static_assert(NIT == 1 || NIT == 2 || NIT == 4 || NIT == 8, "a chunk is 8 float4s");
+  constexpr int T = 8 / NIT;
+  const int t = int(threadIdx.x);
+  if (t * NIT >= cols / 4) return;   // uniform per warp (cols / 4 is a multiple of 32·NIT)
+  const int ci = t / T, f0 = (t % T) * NIT;
+  float p[NIT];
+  float m = 0.f;
+#pragma unroll
+  for (int j = 0; j < NIT; ++j) {
+    const float4 v = x.v[j];
+    p[j] = (v.x + v.y) + (v.z + v.w);
+    m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+  }
+  // The butterfly's pairing inside the thread: level o adds the partial of float4s f and f ^ o.
+#pragma unroll
+  for (int o = 1; o < NIT; o <<= 1)
+#pragma unroll
+    for (int j = 0; j < NIT; j += 2 * o) p[j] = p[j] + p[j + o];
+  float s = p[0];
+#pragma unroll
+  for (int o = 1; o < T; o <<= 1) {   // then across the chunk's T lanes
+    s += __shfl_xor_sync(0xffffffffu, s, o);
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  }
+  const float inv = m > 0.f ? 32767.f / m : 0.f;
+  uint4* words = qx + (ci >> 5) * 128 + (ci & 31);
+#pragma unroll
+  for (int j = 0; j < NIT; ++j) {
+    const float4 v = x.v[j];
+    const int fi = f0 + j;
+    const uint32_t q0 = uint32_t(__float2int_rn(v.x * inv)) & 0xFFFFu, q1 = uint32_t(__float2int_rn(v.y * inv)) & 0xFFFFu;
+    const uint32_t q2 = uint32_t(__float2int_rn(v.z * inv)) & 0xFFFFu, q3 = uint32_t(__float2int_rn(v.w * inv)) & 0xFFFFu;
+    reinterpret_cast<uint2*>(words + (fi >> 1) * 32)[fi & 1] = make_uint2(q0 | (q2 << 16), q1 | (q3 << 16));
+  }
+  xsum[ci] = s;   // the chunk's T lanes hold the same sum and max: all of them store (no branch)
+  xd[ci] = m * (1.f / 32767.f);
+}
+
+// D62: stage_x_i16_regs for 256 threads that each hold NIT float4s (cols == 1024·NIT), in fewer instructions, same
+// bits: the thread's chunk c0 + 32k and float4 fi = t & 7 are fixed, so its word addresses are one base plus
+// constants (the generic form recomputes the shared-window base and the indices per float4); the step's division
+// runs without a branch around it (m > 0 selects afterwards; the divisor max(m, smallest denormal) equals m
+// whenever m > 0); the chunk's sum and step are stored by all its 8 lanes (no branch).
+template <int NIT>
+__device__ __forceinline__ void stage_x_i16_regs_lean(const XRegs<NIT>& x, uint4* qx, float* xd, float* xsum) {
+  const int t = int(threadIdx.x), fi = t & 7, c0 = t >> 3;
+  uint2* w = reinterpret_cast<uint2*>(qx + c0 + (fi >> 1) * 32) + (fi & 1);
+#pragma unroll
+  for (int k = 0; k < NIT; ++k) {
+    const float4 v = x.v[k];
+    float s = (v.x + v.y) + (v.z + v.w);
+    float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) {
+      s += __shfl_xor_sync(0xffffffffu, s, o);
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    }
+    const float q = 32767.f / fmaxf(m, __uint_as_float(1u));
+    const float inv = m > 0.f ? q : 0.f;
+    const uint32_t q0 = uint32_t(__float2int_rn(v.x * inv)) & 0xFFFFu, q1 = uint32_t(__float2int_rn(v.y * inv)) & 0xFFFFu;
+    const uint32_t q2 = uint32_t(__float2int_rn(v.z * inv)) & 0xFFFFu, q3 = uint32_t(__float2int_rn(v.w * inv)) & 0xFFFFu;
+    w[k * 256] = make_uint2(q0 | (q2 << 16), q1 | (q3 << 16));   // chunk c0 + 32k: 128 uint4 further per k
+    // All 8 lanes of the chunk hold the same sum and max (the butterfly adds the same pairs in every lane, and a
+    // float add is commutative), so all of them store it: no branch per float4.
+    xsum[c0 + 32 * k] = s;
+    xd[c0 + 32 * k] = m * (1.f / 32767.f);
   }
 }
 

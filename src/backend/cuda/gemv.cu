@@ -12,6 +12,16 @@
 
 namespace lily::cuda {
 
+bool& gemv_chunk_stage_enabled() {
+  static bool on = false;
+  return on;
+}
+
+bool& gemv_lean_stage_enabled() {
+  static bool on = false;
+  return on;
+}
+
 int& pdl_late_mask() {
   static int m = 0;
   return m;
@@ -52,9 +62,15 @@ __device__ __forceinline__ int find_job(const GemvLaunch& L) {
 // with this launch's x as loaded (the raw residual h when a norm is folded: before its gain), plus L.rt.add[b]
 // if set, into L.rt.out[b]. The row goes to shared memory before the PDL wait (cp.async; each thread reads back
 // only what it copied: no barrier), after the x staging area (cols floats more of dynamic shared memory).
-template <int CPL, int R, bool X16 = false, bool RT = false>   // X16 (D24): x as int16 per 32 values, dp2a
+// ST (with X16), the int16 staging of x: 0 = stage_x_i16_regs; 1 (D61) = each thread holds CPL consecutive float4s
+// of one 32-value chunk (XRegs' CH mapping), so a chunk's sum and max are reduced once per thread
+// (stage_x_i16_chunk_regs; the router row is copied and read in the same mapping); 2 (D62) = stage_x_i16_regs_lean.
+template <int CPL, int R, bool X16 = false, bool RT = false, int ST = 0>   // X16 (D24): x as int16 per 32 values, dp2a
 __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__ GemvLaunch L) {
   static_assert(!RT || X16, "D39: the int16 register-staged kernel");
+  static_assert(ST == 0 || X16, "D61 / D62: the int16 register-staged kernel");
+  constexpr bool CH = ST == 1;
+  using XR = XRegs<CPL, 256, CH>;
   extern __shared__ float4 sm4[];
   constexpr int cols = CPL * 1024;
   float* xsum = reinterpret_cast<float*>(sm4 + cols / 4);
@@ -94,21 +110,21 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
       const float4* qr = reinterpret_cast<const float4*>(L.rt.q + int64_t(rrow) * L.rt.qstride + L.rt.qoff);
 #pragma unroll
       for (int k = 0; k < CPL; ++k) {
-        const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(qs + threadIdx.x + 256 * k));
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(qr + threadIdx.x + 256 * k) : "memory");
+        const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(qs + XR::index(k)));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(qr + XR::index(k)) : "memory");
       }
       asm volatile("cp.async.commit_group;" ::: "memory");
     }
   }
   // x staged from registers, every load in flight at once; the norm gain (a weight) before the wait.
-  XRegs<CPL> xr;
+  XR xr;
   float resv[R];
   float radd = 0.f;   // D53
   // X16 is launched only with L.stage_regs (launch_fast): the other staging compiled out of it.
   const bool regs = X16 || L.stage_regs;
   if (regs) {
     if (L.norm.w) xr.load(L.norm.w, cols / 4);
-    XRegs<CPL> g = xr;
+    XR g = xr;
     pdl_wait();
     trace_stamp(L.trace, 1);
     xr.load(L.norm.w ? L.norm.h : jb.x, cols / 4);
@@ -136,7 +152,7 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
         if (L.trace) trace_stamp(L.trace, 7);
 #pragma unroll
         for (int k = 0; k < CPL; ++k) {
-          const float4 q = qs[threadIdx.x + 256 * k];
+          const float4 q = qs[XR::index(k)];
           part += q.x * xr.v[k].x + q.y * xr.v[k].y + q.z * xr.v[k].z + q.w * xr.v[k].w;
         }
       }
@@ -149,7 +165,12 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     }
     // D24: x as int16 per 32 values in the first 2·cols bytes, the x steps after that.
     if constexpr (X16)
-      stage_x_i16_regs(xr, cols, reinterpret_cast<uint4*>(sm4), reinterpret_cast<float*>(sm4) + cols / 2, xsum);
+      if constexpr (ST == 1)
+        stage_x_i16_chunk_regs(xr, cols, reinterpret_cast<uint4*>(sm4), reinterpret_cast<float*>(sm4) + cols / 2, xsum);
+      else if constexpr (ST == 2)
+        stage_x_i16_regs_lean(xr, reinterpret_cast<uint4*>(sm4), reinterpret_cast<float*>(sm4) + cols / 2, xsum);
+      else
+        stage_x_i16_regs(xr, cols, reinterpret_cast<uint4*>(sm4), reinterpret_cast<float*>(sm4) + cols / 2, xsum);
     else
       stage_x_q4_regs(xr, cols, sm4, xsum);
     trace_stamp(L.trace, 5);
@@ -467,12 +488,20 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
     const int smem = CPL * 1024 * 4 + CPL * 32 * 4;
     // D39: one CTA per router row at least (the CTAs past the jobs' rows only compute theirs).
     if (use_rt) {
-      launch(gemv_q4_kernel<CPL, R, true, true>, dim3(std::max(nb, L.rt.n)), dim3(256), smem + CPL * 1024 * 4, s, L);
+      const dim3 g(std::max(nb, L.rt.n));
+      const int sm = smem + CPL * 1024 * 4;
+      if (gemv_chunk_stage_enabled()) launch(gemv_q4_kernel<CPL, R, true, true, 1>, g, dim3(256), sm, s, L);   // D61
+      else if (gemv_lean_stage_enabled()) launch(gemv_q4_kernel<CPL, R, true, true, 2>, g, dim3(256), sm, s, L);   // D62
+      else launch(gemv_q4_kernel<CPL, R, true, true>, g, dim3(256), sm, s, L);
       CUDA_LAUNCH_CHECK();
       return;
     }
     // D24: int16 x and dp2a (needs D21's register staging).
-    if (x16 && L.stage_regs) launch(gemv_q4_kernel<CPL, R, true>, dim3(nb), dim3(256), smem, s, L);
+    if (x16 && L.stage_regs && gemv_chunk_stage_enabled())   // D61
+      launch(gemv_q4_kernel<CPL, R, true, false, 1>, dim3(nb), dim3(256), smem, s, L);
+    else if (x16 && L.stage_regs && gemv_lean_stage_enabled())   // D62
+      launch(gemv_q4_kernel<CPL, R, true, false, 2>, dim3(nb), dim3(256), smem, s, L);
+    else if (x16 && L.stage_regs) launch(gemv_q4_kernel<CPL, R, true>, dim3(nb), dim3(256), smem, s, L);
     else launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   }
   CUDA_LAUNCH_CHECK();
