@@ -438,6 +438,12 @@ struct Q4Rows {
 // dx = max|x| / 32767 over the chunk, q = round(x / dx) as int16. Values 4fi..4fi+3 are 8f + 4·(fi & 1)
 // + 0..3 of word f = fi / 2; the lane writes (q0 q2, q1 q3) as one uint2 to words[f] half fi & 1 (words:
 // the chunk's 4 uint4s, `stride` uint4s apart). The lane with fi == 0 writes the plain sum and dx.
+// One float4 as int16 at the chunk's scale inv, packed as the two words (q0 q2, q1 q3) of dot8_q4_i16's layout.
+__device__ __forceinline__ uint2 q16_pack(float4 v, float inv) {
+  const uint32_t q0 = uint32_t(__float2int_rn(v.x * inv)) & 0xFFFFu, q1 = uint32_t(__float2int_rn(v.y * inv)) & 0xFFFFu;
+  const uint32_t q2 = uint32_t(__float2int_rn(v.z * inv)) & 0xFFFFu, q3 = uint32_t(__float2int_rn(v.w * inv)) & 0xFFFFu;
+  return make_uint2(q0 | (q2 << 16), q1 | (q3 << 16));
+}
 __device__ __forceinline__ void q16_stage(float4 v, int fi, uint4* words, int stride, float* sum, float* step) {
   float s = (v.x + v.y) + (v.z + v.w);
   float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
@@ -447,9 +453,7 @@ __device__ __forceinline__ void q16_stage(float4 v, int fi, uint4* words, int st
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   }
   const float inv = m > 0.f ? 32767.f / m : 0.f;
-  const uint32_t q0 = uint32_t(__float2int_rn(v.x * inv)) & 0xFFFFu, q1 = uint32_t(__float2int_rn(v.y * inv)) & 0xFFFFu;
-  const uint32_t q2 = uint32_t(__float2int_rn(v.z * inv)) & 0xFFFFu, q3 = uint32_t(__float2int_rn(v.w * inv)) & 0xFFFFu;
-  reinterpret_cast<uint2*>(words + (fi >> 1) * stride)[fi & 1] = make_uint2(q0 | (q2 << 16), q1 | (q3 << 16));
+  reinterpret_cast<uint2*>(words + (fi >> 1) * stride)[fi & 1] = q16_pack(v, inv);
   if (fi == 0) {
     *sum = s;
     *step = m * (1.f / 32767.f);
@@ -492,14 +496,26 @@ __device__ __forceinline__ void stage_x_i16_chunk_regs(const XRegs<NIT, 256, tru
   uint4* words = qx + (ci >> 5) * 128 + (ci & 31);
 #pragma unroll
   for (int j = 0; j < NIT; ++j) {
-    const float4 v = x.v[j];
     const int fi = f0 + j;
-    const uint32_t q0 = uint32_t(__float2int_rn(v.x * inv)) & 0xFFFFu, q1 = uint32_t(__float2int_rn(v.y * inv)) & 0xFFFFu;
-    const uint32_t q2 = uint32_t(__float2int_rn(v.z * inv)) & 0xFFFFu, q3 = uint32_t(__float2int_rn(v.w * inv)) & 0xFFFFu;
-    reinterpret_cast<uint2*>(words + (fi >> 1) * 32)[fi & 1] = make_uint2(q0 | (q2 << 16), q1 | (q3 << 16));
+    reinterpret_cast<uint2*>(words + (fi >> 1) * 32)[fi & 1] = q16_pack(x.v[j], inv);
   }
   xsum[ci] = s;   // the chunk's T lanes hold the same sum and max: all of them store (no branch)
   xd[ci] = m * (1.f / 32767.f);
+}
+
+// D62 / D63: q16_stage's reductions and scale for one float4 of a chunk held by 8 consecutive lanes; every lane
+// ends with the chunk's sum and max (the butterfly adds the same pairs in every lane; a float add is commutative),
+// and the division has no branch around it (max(m, smallest denormal) equals m whenever m > 0). Same bits.
+__device__ __forceinline__ uint2 q16_lean(float4 v, float& sum, float& m) {
+  sum = (v.x + v.y) + (v.z + v.w);
+  m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) {
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  }
+  const float q = 32767.f / fmaxf(m, __uint_as_float(1u));
+  return q16_pack(v, m > 0.f ? q : 0.f);
 }
 
 // D62: stage_x_i16_regs for 256 threads that each hold NIT float4s (cols == 1024·NIT), in fewer instructions, same
@@ -513,22 +529,9 @@ __device__ __forceinline__ void stage_x_i16_regs_lean(const XRegs<NIT>& x, uint4
   uint2* w = reinterpret_cast<uint2*>(qx + c0 + (fi >> 1) * 32) + (fi & 1);
 #pragma unroll
   for (int k = 0; k < NIT; ++k) {
-    const float4 v = x.v[k];
-    float s = (v.x + v.y) + (v.z + v.w);
-    float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) {
-      s += __shfl_xor_sync(0xffffffffu, s, o);
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    }
-    const float q = 32767.f / fmaxf(m, __uint_as_float(1u));
-    const float inv = m > 0.f ? q : 0.f;
-    const uint32_t q0 = uint32_t(__float2int_rn(v.x * inv)) & 0xFFFFu, q1 = uint32_t(__float2int_rn(v.y * inv)) & 0xFFFFu;
-    const uint32_t q2 = uint32_t(__float2int_rn(v.z * inv)) & 0xFFFFu, q3 = uint32_t(__float2int_rn(v.w * inv)) & 0xFFFFu;
-    w[k * 256] = make_uint2(q0 | (q2 << 16), q1 | (q3 << 16));   // chunk c0 + 32k: 128 uint4 further per k
-    // All 8 lanes of the chunk hold the same sum and max (the butterfly adds the same pairs in every lane, and a
-    // float add is commutative), so all of them store it: no branch per float4.
-    xsum[c0 + 32 * k] = s;
+    float s, m;
+    w[k * 256] = q16_lean(x.v[k], s, m);   // chunk c0 + 32k: 128 uint4 further per k
+    xsum[c0 + 32 * k] = s;   // by all 8 lanes of the chunk (the same values): no branch per float4
     xd[c0 + 32 * k] = m * (1.f / 32767.f);
   }
 }

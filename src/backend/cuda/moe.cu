@@ -465,18 +465,8 @@ __device__ __forceinline__ void stage_down_act_lean(const float* act, float4* sm
     v.y *= sk;
     v.z *= sk;
     v.w *= sk;
-    float sum = (v.x + v.y) + (v.z + v.w);
-    float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) {
-      sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    }
-    const float q = 32767.f / fmaxf(m, __uint_as_float(1u));
-    const float inv = m > 0.f ? q : 0.f;
-    const uint32_t q0 = uint32_t(__float2int_rn(v.x * inv)) & 0xFFFFu, q1 = uint32_t(__float2int_rn(v.y * inv)) & 0xFFFFu;
-    const uint32_t q2 = uint32_t(__float2int_rn(v.z * inv)) & 0xFFFFu, q3 = uint32_t(__float2int_rn(v.w * inv)) & 0xFFFFu;
-    w[k * 2 * 64 * 2] = make_uint2(q0 | (q2 << 16), q1 | (q3 << 16));   // slot + 2: 128 uint4 = 256 uint2 further
+    float sum, m;
+    w[k * 2 * 64 * 2] = q16_lean(v, sum, m);   // slot + 2: 128 uint4 = 256 uint2 further
     xsum[sl * 16 + cc] = sum;
     xd[sl * 16 + cc] = m * (1.f / 32767.f);
   }
