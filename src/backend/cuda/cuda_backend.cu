@@ -662,13 +662,13 @@ class CudaBackend final : public Backend {
     gemv_chunk_stage_enabled() = tried("D61");   // D61: x staged with one chunk's float4s per thread (not yet run)
     gemv_lean_stage_enabled() = tried("D62");   // D62: the same staging of x in fewer instructions (not yet run)
     moe_lean_act_enabled() = tried("D63");   // D63: the MoE's down activations staged in fewer instructions (not yet run)
-    gdn_mbar_enabled() = !abl_.has("D60");   // D60: the GDN step's Σo² on an mbarrier (st.async), not a cluster barrier
     d53_ = !abl_.has("D53");   // D53: the out-projection's router-row add loaded with x
     moe_w0_pick_enabled() = !abl_.has("D50");   // D50: the MoE picks on warp 0 while x is staged
     gdn_push_enabled() = !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier
     gdn_s_late_enabled() = !abl_.has("D45");   // D45: D12's state written after its cluster barrier
     gdn_early_state_enabled() = !abl_.has("D55");   // D55: D12's state / conv rows loaded before the PDL wait
     attn_merge_early_gate_enabled() = !abl_.has("D56");   // D56: the merge's output gate loaded with the partials
+    gdn_mbar_enabled() = !abl_.has("D60");   // D60: the GDN step's Σo² on an mbarrier (st.async), not a cluster barrier
     // Tuning aid: late PDL triggers (a mask of cuda_ops.h's kLate* bits; none paid in session 17, see CUDA.md).
     pdl_late_mask() = env_int("LILY_PDL_LATE", 0);
     prefetch_ = !abl_.has("D13");               // D13: L2 prefetch of the next launch's weights

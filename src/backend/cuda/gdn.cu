@@ -319,9 +319,9 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
       if (lane == 0) ssq = s2;
     }
   }
-  // The barrier's release waits for this thread's earlier stores to be performed: with D45 the 16 KB of S per
-  // CTA are written after it, so that it waits for no global store (only the Σo² pushes and the conv reads).
-  if constexpr (MB) mbar_wait_parity(&sbar, 0);   // D60: the cluster's 8 pushes have landed here
+  // Without D60: the barrier's release waits for this thread's earlier stores to be performed; with D45 the 16 KB
+  // of S per CTA are written after it, so that it waits for no global store (only the Σo² pushes and the conv reads).
+  if constexpr (MB) mbar_wait_parity(&sbar, 0);   // D60: the cluster's pushes have all landed here
   else cluster.sync();   // partial Σo² visible cluster-wide; every CTA has read the old conv state
   trace_stamp(g.tr, 7);
   if constexpr (SLATE)
@@ -410,14 +410,12 @@ void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float*
     cfg.blockDim = dim3(256);
     cfg.dynamicSmemBytes = 0;
     attr[0].val.clusterDim.x = ratio * (d.dv / 32);
-    const auto kern = gdn_push_enabled() ? (gdn_s_late_enabled() ? (gdn_early_state_enabled()   // D42, D45, D55
-                                                                        ? (gdn_mbar_enabled() && ratio * (d.dv / 32) <= 8
-                                                                               ? gdn_decode_kernel<true, true, true, true>
-                                                                               : gdn_decode_kernel<true, true, true>)
-                                                                        : gdn_decode_kernel<true, true>)
-                                                                   : gdn_decode_kernel<true, false>)
-                                         : (gdn_s_late_enabled() ? gdn_decode_kernel<false, true>
-                                                                 : gdn_decode_kernel<false, false>);
+    // D42 (PUSH), D45 (SLATE), D55 (ES), D60 (MB): the instances that the switches' combinations select.
+    const bool push = gdn_push_enabled(), late = gdn_s_late_enabled();
+    auto kern = push ? (late ? gdn_decode_kernel<true, true> : gdn_decode_kernel<true, false>)
+                     : (late ? gdn_decode_kernel<false, true> : gdn_decode_kernel<false, false>);
+    if (push && late && gdn_early_state_enabled())
+      kern = gdn_mbar_enabled() ? gdn_decode_kernel<true, true, true, true> : gdn_decode_kernel<true, true, true>;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, g));
     return;
   }
