@@ -486,22 +486,22 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
     launch(gemv_q8_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   } else {
     const int smem = CPL * 1024 * 4 + CPL * 32 * 4;
+    const int st = gemv_chunk_stage_enabled() ? 1 : gemv_lean_stage_enabled() ? 2 : 0;   // D61, D62: the int16 staging
     // D39: one CTA per router row at least (the CTAs past the jobs' rows only compute theirs).
     if (use_rt) {
-      const dim3 g(std::max(nb, L.rt.n));
-      const int sm = smem + CPL * 1024 * 4;
-      if (gemv_chunk_stage_enabled()) launch(gemv_q4_kernel<CPL, R, true, true, 1>, g, dim3(256), sm, s, L);   // D61
-      else if (gemv_lean_stage_enabled()) launch(gemv_q4_kernel<CPL, R, true, true, 2>, g, dim3(256), sm, s, L);   // D62
-      else launch(gemv_q4_kernel<CPL, R, true, true>, g, dim3(256), sm, s, L);
+      launch(st == 1   ? gemv_q4_kernel<CPL, R, true, true, 1>
+             : st == 2 ? gemv_q4_kernel<CPL, R, true, true, 2>
+                       : gemv_q4_kernel<CPL, R, true, true>,
+             dim3(std::max(nb, L.rt.n)), dim3(256), smem + CPL * 1024 * 4, s, L);
       CUDA_LAUNCH_CHECK();
       return;
     }
     // D24: int16 x and dp2a (needs D21's register staging).
-    if (x16 && L.stage_regs && gemv_chunk_stage_enabled())   // D61
-      launch(gemv_q4_kernel<CPL, R, true, false, 1>, dim3(nb), dim3(256), smem, s, L);
-    else if (x16 && L.stage_regs && gemv_lean_stage_enabled())   // D62
-      launch(gemv_q4_kernel<CPL, R, true, false, 2>, dim3(nb), dim3(256), smem, s, L);
-    else if (x16 && L.stage_regs) launch(gemv_q4_kernel<CPL, R, true>, dim3(nb), dim3(256), smem, s, L);
+    if (x16 && L.stage_regs)
+      launch(st == 1   ? gemv_q4_kernel<CPL, R, true, false, 1>
+             : st == 2 ? gemv_q4_kernel<CPL, R, true, false, 2>
+                       : gemv_q4_kernel<CPL, R, true>,
+             dim3(nb), dim3(256), smem, s, L);
     else launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   }
   CUDA_LAUNCH_CHECK();
