@@ -215,8 +215,7 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int f) {
   return f == 0 ? v.x : f == 1 ? v.y : f == 2 ? v.z : v.w;
 }
 
-// A 1D bulk copy global -> shared memory on the TMA engine (not through the load/store unit's queues),
-// completing on an mbarrier in shared memory (one phase per launch: parity 0). Addresses and size: multiples of 16.
+// mbarriers in shared memory, one phase per launch (parity 0): D60's pushes complete their bytes on them.
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
@@ -224,12 +223,6 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
 }
 __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_addr(dst)),
-               "l"(src), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
 }
 __device__ __forceinline__ void mbar_wait_parity(uint64_t* bar, int parity) {
   const uint32_t b = smem_addr(bar);
@@ -434,16 +427,17 @@ struct Q4Rows {
   }
 };
 
-// D24, one float4 of a 32-value chunk held by 8 consecutive lanes (fi = 0..7: values 4fi..4fi+3):
-// dx = max|x| / 32767 over the chunk, q = round(x / dx) as int16. Values 4fi..4fi+3 are 8f + 4·(fi & 1)
-// + 0..3 of word f = fi / 2; the lane writes (q0 q2, q1 q3) as one uint2 to words[f] half fi & 1 (words:
-// the chunk's 4 uint4s, `stride` uint4s apart). The lane with fi == 0 writes the plain sum and dx.
 // One float4 as int16 at the chunk's scale inv, packed as the two words (q0 q2, q1 q3) of dot8_q4_i16's layout.
 __device__ __forceinline__ uint2 q16_pack(float4 v, float inv) {
   const uint32_t q0 = uint32_t(__float2int_rn(v.x * inv)) & 0xFFFFu, q1 = uint32_t(__float2int_rn(v.y * inv)) & 0xFFFFu;
   const uint32_t q2 = uint32_t(__float2int_rn(v.z * inv)) & 0xFFFFu, q3 = uint32_t(__float2int_rn(v.w * inv)) & 0xFFFFu;
   return make_uint2(q0 | (q2 << 16), q1 | (q3 << 16));
 }
+
+// D24, one float4 of a 32-value chunk held by 8 consecutive lanes (fi = 0..7: values 4fi..4fi+3):
+// dx = max|x| / 32767 over the chunk, q = round(x / dx) as int16. Values 4fi..4fi+3 are 8f + 4·(fi & 1)
+// + 0..3 of word f = fi / 2; the lane writes (q0 q2, q1 q3) as one uint2 to words[f] half fi & 1 (words:
+// the chunk's 4 uint4s, `stride` uint4s apart). The lane with fi == 0 writes the plain sum and dx.
 __device__ __forceinline__ void q16_stage(float4 v, int fi, uint4* words, int stride, float* sum, float* step) {
   float s = (v.x + v.y) + (v.z + v.w);
   float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));

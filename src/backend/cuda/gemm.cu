@@ -101,9 +101,6 @@ __device__ __forceinline__ __half sat_half(float x) {
   return __float2half_rn(fabsf(x) > 65504.f ? copysignf(65504.f, x) : x);
 }
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
