@@ -658,10 +658,8 @@ class CudaBackend final : public Backend {
     // Switches written but not yet measured on the device are off unless LILY_TRY=ID,... names them.
     Ablations trial;
     trial.merge_env("LILY_TRY");
-    auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };
-    gemv_chunk_stage_enabled() = tried("D61");   // D61: x staged with one chunk's float4s per thread (not yet run)
-    gemv_lean_stage_enabled() = tried("D62");   // D62: the same staging of x in fewer instructions (not yet run)
-    moe_lean_act_enabled() = tried("D63");   // D63: the MoE's down activations staged in fewer instructions (not yet run)
+    [[maybe_unused]] auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };   // none now
+    moe_lean_act_enabled() = !abl_.has("D63");   // D63: the MoE's down activations staged in fewer instructions
     d53_ = !abl_.has("D53");   // D53: the out-projection's router-row add loaded with x
     moe_w0_pick_enabled() = !abl_.has("D50");   // D50: the MoE picks on warp 0 while x is staged
     gdn_push_enabled() = !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier

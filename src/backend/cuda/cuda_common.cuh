@@ -287,13 +287,13 @@ __device__ __forceinline__ float4 q4_stage(float4 v, int f, float* sum) {
 }
 
 // A vector of floats held in registers across a block of NT threads: thread t owns float4s
-// t, t + NT, ..., t + (NIT-1)·NT (CH, D61: t·NIT ... t·NIT + NIT - 1, consecutive). load() issues every load
+// t, t + NT, ..., t + (NIT-1)·NT. load() issues every load
 // before any is used, so staging a vector costs one memory round trip instead of one per loop iteration (the loop
 // form waits for each load before the next: 2.6 µs for x in the D19 trace, 2–4 L2 round trips).
-template <int NIT, int NT = 256, bool CH = false>
+template <int NIT, int NT = 256>
 struct XRegs {
   float4 v[NIT];
-  __device__ __forceinline__ static int index(int k) { return CH ? int(threadIdx.x) * NIT + k : int(threadIdx.x) + NT * k; }
+  __device__ __forceinline__ static int index(int k) { return int(threadIdx.x) + NT * k; }
   __device__ __forceinline__ void load(const float* p, int n4) {
 #pragma unroll
     for (int k = 0; k < NIT; ++k) {
@@ -454,50 +454,7 @@ __device__ __forceinline__ void q16_stage(float4 v, int fi, uint4* words, int st
   }
 }
 
-// D61: the same staging from XRegs<NIT, 256, true>: thread t holds float4s f0 .. f0 + NIT - 1 (f0 = (t % T)·NIT) of
-// chunk t / T, T = 8 / NIT threads per chunk (consecutive lanes). The chunk's sum and max take the thread's own
-// float4s, then log2(T) shuffle levels once (not 3 levels per float4), and the division runs once per thread.
-// Bit-identical to stage_x_i16_regs: the float4 sums (x + y) + (z + w) are added in the same pairs as its butterfly
-// ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)), the max is exact, q and the step use the same expressions.
-template <int NIT>
-__device__ __forceinline__ void stage_x_i16_chunk_regs(const XRegs<NIT, 256, true>& x, int cols, uint4* qx, float* xd,
-                                                       float* xsum) {
-  static_assert(NIT == 1 || NIT == 2 || NIT == 4 || NIT == 8, "a chunk is 8 float4s");
-  constexpr int T = 8 / NIT;
-  const int t = int(threadIdx.x);
-  if (t * NIT >= cols / 4) return;   // uniform per warp (cols / 4 is a multiple of 32·NIT)
-  const int ci = t / T, f0 = (t % T) * NIT;
-  float p[NIT];
-  float m = 0.f;
-#pragma unroll
-  for (int j = 0; j < NIT; ++j) {
-    const float4 v = x.v[j];
-    p[j] = (v.x + v.y) + (v.z + v.w);
-    m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-  }
-  // The butterfly's pairing inside the thread: level o adds the partial of float4s f and f ^ o.
-#pragma unroll
-  for (int o = 1; o < NIT; o <<= 1)
-#pragma unroll
-    for (int j = 0; j < NIT; j += 2 * o) p[j] = p[j] + p[j + o];
-  float s = p[0];
-#pragma unroll
-  for (int o = 1; o < T; o <<= 1) {   // then across the chunk's T lanes
-    s += __shfl_xor_sync(0xffffffffu, s, o);
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  }
-  const float inv = m > 0.f ? 32767.f / m : 0.f;
-  uint4* words = qx + (ci >> 5) * 128 + (ci & 31);
-#pragma unroll
-  for (int j = 0; j < NIT; ++j) {
-    const int fi = f0 + j;
-    reinterpret_cast<uint2*>(words + (fi >> 1) * 32)[fi & 1] = q16_pack(x.v[j], inv);
-  }
-  xsum[ci] = s;   // the chunk's T lanes hold the same sum and max: all of them store (no branch)
-  xd[ci] = m * (1.f / 32767.f);
-}
-
-// D62 / D63: q16_stage's reductions and scale for one float4 of a chunk held by 8 consecutive lanes; every lane
+// D63: q16_stage's reductions and scale for one float4 of a chunk held by 8 consecutive lanes; every lane
 // ends with the chunk's sum and max (the butterfly adds the same pairs in every lane; a float add is commutative),
 // and the division has no branch around it (max(m, smallest denormal) equals m whenever m > 0). Same bits.
 __device__ __forceinline__ uint2 q16_lean(float4 v, float& sum, float& m) {
@@ -510,24 +467,6 @@ __device__ __forceinline__ uint2 q16_lean(float4 v, float& sum, float& m) {
   }
   const float q = 32767.f / fmaxf(m, __uint_as_float(1u));
   return q16_pack(v, m > 0.f ? q : 0.f);
-}
-
-// D62: stage_x_i16_regs for 256 threads that each hold NIT float4s (cols == 1024·NIT), in fewer instructions, same
-// bits: the thread's chunk c0 + 32k and float4 fi = t & 7 are fixed, so its word addresses are one base plus
-// constants (the generic form recomputes the shared-window base and the indices per float4); the step's division
-// runs without a branch around it (m > 0 selects afterwards; the divisor max(m, smallest denormal) equals m
-// whenever m > 0); the chunk's sum and step are stored by all its 8 lanes (no branch).
-template <int NIT>
-__device__ __forceinline__ void stage_x_i16_regs_lean(const XRegs<NIT>& x, uint4* qx, float* xd, float* xsum) {
-  const int t = int(threadIdx.x), fi = t & 7, c0 = t >> 3;
-  uint2* w = reinterpret_cast<uint2*>(qx + c0 + (fi >> 1) * 32) + (fi & 1);
-#pragma unroll
-  for (int k = 0; k < NIT; ++k) {
-    float s, m;
-    w[k * 256] = q16_lean(x.v[k], s, m);   // chunk c0 + 32k: 128 uint4 further per k
-    xsum[c0 + 32 * k] = s;   // by all 8 lanes of the chunk (the same values): no branch per float4
-    xd[c0 + 32 * k] = m * (1.f / 32767.f);
-  }
 }
 
 // 16-bit staging (256 threads, x in registers) for Q4Rows::dot_i16: chunk ci's word f at

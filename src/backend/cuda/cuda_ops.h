@@ -106,8 +106,6 @@ bool& gdn_push_enabled();
 bool& gdn_s_late_enabled();
 // D55: the D12 kernel loads its state and conv state rows into registers before its PDL wait (ablation D55).
 bool& gdn_early_state_enabled();
-bool& gemv_chunk_stage_enabled();   // D61: the X16 decode GEMVs stage x with one chunk's float4s per thread
-bool& gemv_lean_stage_enabled();   // D62: the X16 decode GEMVs' int16 staging in fewer instructions (same bits)
 bool& moe_lean_act_enabled();   // D63: the persistent MoE's down activations staged in fewer instructions (same bits)
 bool& gdn_mbar_enabled();   // D60: D12's Σo² exchange on an mbarrier (st.async) instead of a cluster barrier
 void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,

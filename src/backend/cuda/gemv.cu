@@ -12,16 +12,6 @@
 
 namespace lily::cuda {
 
-bool& gemv_chunk_stage_enabled() {
-  static bool on = false;
-  return on;
-}
-
-bool& gemv_lean_stage_enabled() {
-  static bool on = false;
-  return on;
-}
-
 int& pdl_late_mask() {
   static int m = 0;
   return m;
@@ -62,15 +52,10 @@ __device__ __forceinline__ int find_job(const GemvLaunch& L) {
 // with this launch's x as loaded (the raw residual h when a norm is folded: before its gain), plus L.rt.add[b]
 // if set, into L.rt.out[b]. The row goes to shared memory before the PDL wait (cp.async; each thread reads back
 // only what it copied: no barrier), after the x staging area (cols floats more of dynamic shared memory).
-// ST (with X16), the int16 staging of x: 0 = stage_x_i16_regs; 1 (D61) = each thread holds CPL consecutive float4s
-// of one 32-value chunk (XRegs' CH mapping), so a chunk's sum and max are reduced once per thread
-// (stage_x_i16_chunk_regs; the router row is copied and read in the same mapping); 2 (D62) = stage_x_i16_regs_lean.
-template <int CPL, int R, bool X16 = false, bool RT = false, int ST = 0>   // X16 (D24): x as int16 per 32 values, dp2a
+template <int CPL, int R, bool X16 = false, bool RT = false>   // X16 (D24): x as int16 per 32 values, dp2a
 __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__ GemvLaunch L) {
   static_assert(!RT || X16, "D39: the int16 register-staged kernel");
-  static_assert(ST == 0 || X16, "D61 / D62: the int16 register-staged kernel");
-  constexpr bool CH = ST == 1;
-  using XR = XRegs<CPL, 256, CH>;
+  using XR = XRegs<CPL, 256>;
   extern __shared__ float4 sm4[];
   constexpr int cols = CPL * 1024;
   float* xsum = reinterpret_cast<float*>(sm4 + cols / 4);
@@ -165,12 +150,7 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     }
     // D24: x as int16 per 32 values in the first 2·cols bytes, the x steps after that.
     if constexpr (X16)
-      if constexpr (ST == 1)
-        stage_x_i16_chunk_regs(xr, cols, reinterpret_cast<uint4*>(sm4), reinterpret_cast<float*>(sm4) + cols / 2, xsum);
-      else if constexpr (ST == 2)
-        stage_x_i16_regs_lean(xr, reinterpret_cast<uint4*>(sm4), reinterpret_cast<float*>(sm4) + cols / 2, xsum);
-      else
-        stage_x_i16_regs(xr, cols, reinterpret_cast<uint4*>(sm4), reinterpret_cast<float*>(sm4) + cols / 2, xsum);
+      stage_x_i16_regs(xr, cols, reinterpret_cast<uint4*>(sm4), reinterpret_cast<float*>(sm4) + cols / 2, xsum);
     else
       stage_x_q4_regs(xr, cols, sm4, xsum);
     trace_stamp(L.trace, 5);
@@ -486,22 +466,15 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
     launch(gemv_q8_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   } else {
     const int smem = CPL * 1024 * 4 + CPL * 32 * 4;
-    const int st = gemv_chunk_stage_enabled() ? 1 : gemv_lean_stage_enabled() ? 2 : 0;   // D61, D62: the int16 staging
     // D39: one CTA per router row at least (the CTAs past the jobs' rows only compute theirs).
     if (use_rt) {
-      launch(st == 1   ? gemv_q4_kernel<CPL, R, true, true, 1>
-             : st == 2 ? gemv_q4_kernel<CPL, R, true, true, 2>
-                       : gemv_q4_kernel<CPL, R, true, true>,
-             dim3(std::max(nb, L.rt.n)), dim3(256), smem + CPL * 1024 * 4, s, L);
+      launch(gemv_q4_kernel<CPL, R, true, true>, dim3(std::max(nb, L.rt.n)), dim3(256), smem + CPL * 1024 * 4, s, L);
       CUDA_LAUNCH_CHECK();
       return;
     }
     // D24: int16 x and dp2a (needs D21's register staging).
     if (x16 && L.stage_regs)
-      launch(st == 1   ? gemv_q4_kernel<CPL, R, true, false, 1>
-             : st == 2 ? gemv_q4_kernel<CPL, R, true, false, 2>
-                       : gemv_q4_kernel<CPL, R, true>,
-             dim3(nb), dim3(256), smem, s, L);
+      launch(gemv_q4_kernel<CPL, R, true>, dim3(nb), dim3(256), smem, s, L);
     else launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   }
   CUDA_LAUNCH_CHECK();

@@ -1360,7 +1360,7 @@ bool q8router_ok(const QMat& w, int rows, int H) {
 }  // namespace
 
 bool& moe_lean_act_enabled() {
-  static bool on = false;
+  static bool on = true;
   return on;
 }
 
