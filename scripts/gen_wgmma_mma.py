@@ -19,7 +19,7 @@ for N in (32, 64, 128):
     out.append("      : " + cons)
     out.append('      : "l"(da), "l"(db), "r"(1));')
     out.append("}")
-for N in (64, 128):
+for N in (32, 64, 96, 128):
     R = N // 2
     regs = ",".join("%%%d" % i for i in range(R))
     out.append("// D[64 x %d] += A[64 x 16] * B[16 x %d]: A from registers a[0..3] (m16n8k16 A layout per warp), B K-major" % (N, N))

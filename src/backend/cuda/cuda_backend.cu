@@ -658,7 +658,8 @@ class CudaBackend final : public Backend {
     // Switches written but not yet measured on the device are off unless LILY_TRY=ID,... names them.
     Ablations trial;
     trial.merge_env("LILY_TRY");
-    [[maybe_unused]] auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };   // none now
+    auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };
+    gemm_set_moe_p38(tried("P38"));   // P38: the P34 MoE kernel's wgmma N = tile rows rounded to 32 (not yet run)
     moe_lean_act_enabled() = !abl_.has("D63");   // D63: the MoE's down activations staged in fewer instructions
     d53_ = !abl_.has("D53");   // D53: the out-projection's router-row add loaded with x
     moe_w0_pick_enabled() = !abl_.has("D50");   // D50: the MoE picks on warp 0 while x is staged

@@ -29,6 +29,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,7 @@ struct GemmArgs {
   bool pre_scatter;   // P35 (gemm_kernel, AM 2, kScatter): dst / scale read before the mainloop
   const float* scale;
   int y16;                      // P16, scatter mode on the mma.sync kernel: y holds fp16 (saturated), ldy in halves
+  int var_n;                    // P38 (P34 MoE kernel): wgmma N = the tile's rows rounded up to 32, not 128
   // P30 (plain store mode, P13 kernel only): nseg > 0 splits the output columns into segments; column
   // n of segment q (seg_n0[q] <= n < seg_n0[q + 1]) is written to seg_y[q] + row · seg_ld[q] + n - seg_n0[q].
   int nseg;
@@ -1154,6 +1156,9 @@ bool g_moe_p35 = true;
 void gemm_set_moe_p35(bool on) { g_moe_p35 = on; }
 bool g_moe_p34 = true;
 void gemm_set_moe_p34(bool on) { g_moe_p34 = on; }
+// P38 (P34 kernel): each tile's wgmmas span its rows rounded up to 32 tokens instead of 128 (same bits).
+bool g_moe_p38 = false;
+void gemm_set_moe_p38(bool on) { g_moe_p38 = on; }
 bool gemm_moe_p34() { return g_moe_p34; }
 int gemm_moe_wg() {
   const int forced = env_int("LILY_MOE_WG", -1);
@@ -1550,6 +1555,7 @@ void gemm_grouped_swiglu(const GroupedB& b, const GemmA& x, const int* a_rows, c
   a.ld_act = ld_act;
   a.act_exp = act_exp;
   a.ld_exp = ld_act / 64;
+  a.var_n = g_moe_p38 ? 1 : 0;
   LILY_CHECK(a.N % 64 == 0 && ld_act >= a.N && (!x.f16 || (x.rs && act_exp)), "gemm_grouped_swiglu: arguments");
   // P10: 256-wide tiles = 128 gate + 128 up rows, 128 activation columns (two exponent groups) per CTA;
   // 512 wide: 256 + 256 rows, 256 columns (four groups).
@@ -1578,6 +1584,7 @@ bool gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* 
   a.mode = kScatter;
   a.dst = dst;
   a.pre_scatter = g_moe_p35;
+  a.var_n = g_moe_p38 ? 1 : 0;
   a.scale = scale;
   a.y = y;
   a.ldy = ldy;

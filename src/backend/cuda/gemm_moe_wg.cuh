@@ -437,7 +437,9 @@ __device__ __forceinline__ void mr_wait(uint32_t bar, int parity) {
 }
 template <int BM>
 __device__ __forceinline__ void wgmma_rs_tile(float* d, const uint32_t* a, uint64_t db) {
-  if constexpr (BM == 64) wgmma_f16_rs_n64(d, a, db);
+  if constexpr (BM == 32) wgmma_f16_rs_n32(d, a, db);
+  else if constexpr (BM == 64) wgmma_f16_rs_n64(d, a, db);
+  else if constexpr (BM == 96) wgmma_f16_rs_n96(d, a, db);
   else wgmma_f16_rs_n128(d, a, db);
 }
 template <int N>
@@ -826,6 +828,16 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_const
     // scale of group k8 at OFF_SB + slot·2·RW·16 + Rw·16 + 2·k8 (+ 128; the bias RW·16 further).
     const uint8_t* crd = smem + C::X_BYTES + rowb * 32 + t * 8;
     const uint8_t* srd = smem + C::OFF_SB + rowb * 16;
+    // P38: the wgmmas span NT = the tile's rows rounded up to 32 tokens (activation rows NT.. of the stage are
+    // the zero fill; accumulators NT/2.. stay 0 and the epilogue skips rows >= rows): the same products in
+    // the same order for every token the tile has, so the same bits, with up to 4x fewer MMAs on short tiles.
+    // Each instance has its own accumulators (NT / 2 per thread) and epilogue: with one array shared by the
+    // four instances ptxas serialised the wgmmas (C7511).
+    auto mainloop = [&](auto ntag) {
+    constexpr int NT = decltype(ntag)::value;
+    float acc[NT / 2];
+#pragma unroll
+    for (int i = 0; i < NT / 2; ++i) acc[i] = 0.f;
     for (int kq = 0; kq < nst; ++kq) {
       const int s = kq & (S - 1);
       mr_wait(bar_full + 8 * s, (kq / S) & 1);
@@ -867,7 +879,7 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_const
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           wg_wait<1>();   // half j of step kg - 1 has retired: af[j] is free
-          wg_fence_regs<R>(acc0);
+          wg_fence_regs<NT / 2>(acc);
           mr_fence_u32<8>(&af[j][0][0]);
           // All of stage kq - 1 retired (its last half is step kg - 1's half 1).
           if (u == 0 && j == 1 && kq > 0) mbar_arrive(bar_empty + 8 * ((kq - 1) & (S - 1)));
@@ -882,13 +894,24 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_const
           }
           mr_fence_u32<8>(&af[j][0][0]);
           wg_fence();
-          wgmma_rs_tile<BM>(acc0, af[j][0], wg_desc_lo(dlo + 2 * (2 * j)));
-          wgmma_rs_tile<BM>(acc0, af[j][1], wg_desc_lo(dlo + 2 * (2 * j + 1)));
+          wgmma_rs_tile<NT>(acc, af[j][0], wg_desc_lo(dlo + 2 * (2 * j)));
+          wgmma_rs_tile<NT>(acc, af[j][1], wg_desc_lo(dlo + 2 * (2 * j + 1)));
           wg_commit();
         }
       }
       if (iq < nst) issue2();   // stage kq + LEAD into the slot of stage kq - 2 (released during kq - 1)
     }
+    wg_wait<0>();
+    wg_fence_regs<NT / 2>(acc);
+    mr_fence_u32<16>(&af[0][0][0]);
+    mw_epilogue<NT, AM, C::SVLD, 1, 4>(a, acc, acc1, smem, srf, by, pos0, rows, tid, wgc, warp, g, t);
+    };
+    const int nt = a.var_n ? (rows + 31) / 32 * 32 : BM;
+    if (nt <= 32) mainloop(std::integral_constant<int, 32>{});
+    else if (nt <= 64) mainloop(std::integral_constant<int, 64>{});
+    else if (nt <= 96) mainloop(std::integral_constant<int, 96>{});
+    else mainloop(std::integral_constant<int, BM>{});
+    return;
   } else {
     for (int kg = 0; kg < nk; ++kg) {
       const int s = kg % S;
