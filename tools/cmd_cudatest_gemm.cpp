@@ -1013,17 +1013,15 @@ int run(const Options& o) {
         set_abl(host ? std::vector<std::string>{"P1w", "P2", "P16"} : std::vector<std::string>{"P1w", "P16"});
         // wg 4 (tile 128 only): P15 both with P18 off, i.e. P17's kernel (P18's is the default at 128);
         // wg 5 / 6: P15 both with P34 off (P32's one-step stages) / P32 off (P18's loop as first written).
-        // wg 7: P15 both with P38 (wgmma N = the tile's rows rounded up to 32), which must equal wg 3 bit for bit.
-        std::vector<float> yp34;
+        // wg 7: P15 both with P38 off (wgmma N = 128 for every tile), which must equal wg 3 (P38: N = the tile's
+        // rows rounded up to 32) bit for bit.
+        std::vector<float> yp38;
         for (int wg = 0; wg < 8; ++wg) {
           if (wg >= 4 && tl != "128") continue;
           if (wg == 4) set_abl({"P1w", "P16", "P18"});
           if (wg == 5) set_abl({"P1w", "P16", "P34"});
           if (wg == 6) set_abl({"P1w", "P16", "P32"});
-          if (wg == 7) {
-            setenv("LILY_TRY", "P38", 1);
-            set_abl({"P1w", "P16"});
-          }
+          if (wg == 7) set_abl({"P1w", "P16", "P38"});
           char what[160];
           std::snprintf(what, sizeof what, "moe T=%-4d tile %-4s fp16 %s P14 %s", T, tl.empty() ? "auto" : tl.c_str(),
                         host ? "P2 off (host routing)" : "",
@@ -1034,26 +1032,25 @@ int run(const Options& o) {
                         : wg == 4 ? "P15 rs both, P18 off (P17)"
                         : wg == 5 ? "P15 rs both, P34 off (P32)"
                         : wg == 6 ? "P15 rs both, P32 off (P18)"
-                                  : "P15 rs both, P38 (wgmma N by rows)");
+                                  : "P15 rs both, P38 off (wgmma N 128)");
           std::printf("  running %s\n", what);
           std::fflush(stdout);
           setenv("LILY_MOE_WG", std::to_string(wg >= 4 ? 3 : wg).c_str(), 1);
           int diff = 0;
           Err e, ee;
           run_moe_case(eref[1], eref32[1], diff, e, ee);
-          if (wg == 3) yp34 = y;
+          if (wg == 3) yp38 = y;
           if (wg == 7) {
-            unsetenv("LILY_TRY");
-            double m34 = yp34.size() == y.size() ? 0 : 1;
-            for (size_t i = 0; i < y.size() && i < yp34.size(); ++i) m34 = std::max(m34, double(std::fabs(y[i] - yp34[i])));
-            if (m34 != 0) {   // the same products in the same order: any difference is a bug
+            double m = yp38.size() == y.size() ? 0 : 1;
+            for (size_t i = 0; i < y.size() && i < yp38.size(); ++i) m = std::max(m, double(std::fabs(y[i] - yp38[i])));
+            if (m != 0) {   // the same products in the same order: any difference is a bug
               char b[200];
-              std::snprintf(b, sizeof b, "FAIL moe T=%-4d tile %s P38 differs from P34 (wg 3) by %.3g", T, tl.c_str(), m34);
+              std::snprintf(b, sizeof b, "FAIL moe T=%-4d tile %s P38 off differs from P38 (wg 3) by %.3g", T, tl.c_str(), m);
               std::printf("%s\n", b);
               tally.fail += 1;
               tally.failed.push_back(b);
             } else {
-              std::printf("PASS moe T=%-4d tile %s P38 == P34 (wg 3) bit for bit\n", T, tl.c_str());
+              std::printf("PASS moe T=%-4d tile %s P38 off == P38 (wg 3) bit for bit\n", T, tl.c_str());
               tally.pass += 1;
             }
           }

@@ -660,7 +660,8 @@ class CudaBackend final : public Backend {
     trial.merge_env("LILY_TRY");
     auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };
     d64_ = tried("D64");   // D64: D13's prefetches for the next two launches (not yet run)
-    gemm_set_moe_p38(tried("P38"));   // P38: the P34 MoE kernel's wgmma N = tile rows rounded to 32 (not yet run)
+    gemm_set_moe_p39(tried("P39"));   // P39: the MoE down GEMM skips m16 tiles past its tile's rows (not yet run)
+    gemm_set_moe_p38(!abl_.has("P38"));   // P38: the P34 MoE kernel's wgmma N = the tile's rows rounded up to 32
     moe_lean_act_enabled() = !abl_.has("D63");   // D63: the MoE's down activations staged in fewer instructions
     d53_ = !abl_.has("D53");   // D53: the out-projection's router-row add loaded with x
     moe_w0_pick_enabled() = !abl_.has("D50");   // D50: the MoE picks on warp 0 while x is staged

@@ -90,6 +90,7 @@ struct GemmArgs {
   const float* scale;
   int y16;                      // P16, scatter mode on the mma.sync kernel: y holds fp16 (saturated), ldy in halves
   int var_n;                    // P38 (P34 MoE kernel): wgmma N = the tile's rows rounded up to 32, not 128
+  int skip_pad;                 // P39 (gemm_kernel, AM 2): no MMAs for m16 tiles past the tile's rows
   // P30 (plain store mode, P13 kernel only): nseg > 0 splits the output columns into segments; column
   // n of segment q (seg_n0[q] <= n < seg_n0[q + 1]) is written to seg_y[q] + row · seg_ld[q] + n - seg_n0[q].
   int nseg;
@@ -486,6 +487,7 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
 
   // ---- warp tile ----
   const int wm0 = (warp / C::WN) * C::WTM, wn0 = (warp % C::WN) * C::WTN;
+  const int live_rows = a.skip_pad ? rows : BM;   // P39
   const int g = lane >> 2, t = lane & 3;
   float acc[C::MT][C::NT][4];
 #pragma unroll
@@ -620,6 +622,10 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
           }
 #pragma unroll
           for (int mt = 0; mt < C::MT; ++mt) {
+            // P39 (the down GEMM, AM 2): m16 tiles wholly past the tile's rows are skipped (their
+            // accumulators stay 0 and the epilogue writes no row >= rows): same bits, fewer MMAs.
+            if constexpr (AM == kAmF16Grp)
+              if (wm0 + mt * 16 >= live_rows) break;
             uint32_t f4[4];
             load_af(mt, f4);
 #pragma unroll
@@ -1157,8 +1163,11 @@ void gemm_set_moe_p35(bool on) { g_moe_p35 = on; }
 bool g_moe_p34 = true;
 void gemm_set_moe_p34(bool on) { g_moe_p34 = on; }
 // P38 (P34 kernel): each tile's wgmmas span its rows rounded up to 32 tokens instead of 128 (same bits).
-bool g_moe_p38 = false;
+bool g_moe_p38 = true;
 void gemm_set_moe_p38(bool on) { g_moe_p38 = on; }
+// P39 (gemm_kernel, the MoE down GEMM): m16 tiles wholly past the tile's rows skip their A loads and MMAs (same bits).
+bool g_moe_p39 = false;
+void gemm_set_moe_p39(bool on) { g_moe_p39 = on; }
 bool gemm_moe_p34() { return g_moe_p34; }
 int gemm_moe_wg() {
   const int forced = env_int("LILY_MOE_WG", -1);
@@ -1585,6 +1594,7 @@ bool gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* 
   a.dst = dst;
   a.pre_scatter = g_moe_p35;
   a.var_n = g_moe_p38 ? 1 : 0;
+  a.skip_pad = g_moe_p39 ? 1 : 0;
   a.scale = scale;
   a.y = y;
   a.ldy = ldy;

@@ -93,6 +93,7 @@ bool gemm_moe_p32();
 // P34 (with P32): two 64-k steps per ring stage, the per-stage waits and bookkeeping once per two steps.
 void gemm_set_moe_p34(bool on);
 void gemm_set_moe_p38(bool on);   // P38: the P34 MoE kernel's wgmma N by the tile's rows (same bits)
+void gemm_set_moe_p39(bool on);   // P39: the MoE down GEMM (mma.sync) skips m16 tiles past the tile's rows (same bits)
 // P35: the MoE down GEMM's scatter destinations and routing weights staged in shared memory before its mainloop.
 void gemm_set_moe_p35(bool on);
 bool gemm_moe_p34();
