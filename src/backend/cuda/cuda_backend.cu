@@ -658,9 +658,8 @@ class CudaBackend final : public Backend {
     // Switches written but not yet measured on the device are off unless LILY_TRY=ID,... names them.
     Ablations trial;
     trial.merge_env("LILY_TRY");
-    auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };
-    d64_ = tried("D64");   // D64: D13's prefetches for the next two launches (not yet run)
-    gemm_set_moe_p39(tried("P39"));   // P39: the MoE down GEMM skips m16 tiles past its tile's rows (not yet run)
+    [[maybe_unused]] auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };   // none now
+    gemm_set_moe_p39(!abl_.has("P39"));   // P39: the MoE down GEMM skips m16 tiles past its tile's rows
     gemm_set_moe_p38(!abl_.has("P38"));   // P38: the P34 MoE kernel's wgmma N = the tile's rows rounded up to 32
     moe_lean_act_enabled() = !abl_.has("D63");   // D63: the MoE's down activations staged in fewer instructions
     d53_ = !abl_.has("D53");   // D53: the out-projection's router-row add loaded with x
@@ -1081,13 +1080,13 @@ class CudaBackend final : public Backend {
   // wastes bandwidth, since prefetches change no data). Ranges over kPfCap in total are skipped
   // (the lm_head does not fit in L2).
   static constexpr int64_t kPfCap = 24LL << 20;
-  static void pf_add(L2Prefetch& pf, const void* p, int64_t bytes, int max_ranges = L2Prefetch::kUnit) {
+  static void pf_add(L2Prefetch& pf, const void* p, int64_t bytes) {
     bytes &= ~int64_t(15);
     if (!p || bytes <= 0 || bytes > kPfCap) return;
     int64_t total = bytes;
     for (int i = 0; i < pf.n; ++i) total += pf.bytes[i];
     if (total > kPfCap) return;
-    if (pf.n < max_ranges) {
+    if (pf.n < L2Prefetch::kMax) {
       pf.p[pf.n] = p;
       pf.bytes[pf.n++] = uint32_t(bytes);
       return;
@@ -1117,13 +1116,7 @@ class CudaBackend final : public Backend {
     plan_[unit_] = mine;
     ++unit_;
     if (!prefetch_ || T != 1 || unit_ >= int(plan_.size()) || (pf_skip_ & kind)) return {};
-    if (!d64_ || unit_ + 1 >= int(plan_.size())) return plan_[unit_];
-    // D64: the next two units' ranges (the one after next's added while they fit), so that a launch's weights
-    // are requested two launches ahead, while the DRAM is idle in the latency-bound launches before the MoE.
-    L2Prefetch u = plan_[unit_];
-    const L2Prefetch& n2 = plan_[unit_ + 1];
-    for (int i = 0; i < n2.n; ++i) pf_add(u, n2.p[i], n2.bytes[i], L2Prefetch::kMax);
-    return u;
+    return plan_[unit_];
   }
 
   void flush() {
@@ -1386,7 +1379,6 @@ class CudaBackend final : public Backend {
   }
   int* router_ticket_ = nullptr;      // D10: arrival counter of the fused router kernel (self-resetting)
   bool prefetch_ = true;              // D13
-  bool d64_ = false;                  // D64: D13 two units ahead
   bool early_down_ = true;            // D17
   bool persist_ = true;               // D19
   bool slot16_ = true;                // P16

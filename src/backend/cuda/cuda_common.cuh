@@ -53,8 +53,7 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
 // warp 0). A hint only: it changes no data (L2 is the point of coherence), so it may be issued
 // before pdl_wait() and for any memory that stays allocated.
 struct L2Prefetch {
-  static constexpr int kMax = 12;   // ranges held; a unit's own plan keeps 6 (kUnit), D64's merged plan up to 12
-  static constexpr int kUnit = 6;
+  static constexpr int kMax = 6;
   const void* p[kMax] = {};
   uint32_t bytes[kMax] = {};
   int n = 0;

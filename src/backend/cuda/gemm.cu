@@ -1166,7 +1166,7 @@ void gemm_set_moe_p34(bool on) { g_moe_p34 = on; }
 bool g_moe_p38 = true;
 void gemm_set_moe_p38(bool on) { g_moe_p38 = on; }
 // P39 (gemm_kernel, the MoE down GEMM): m16 tiles wholly past the tile's rows skip their A loads and MMAs (same bits).
-bool g_moe_p39 = false;
+bool g_moe_p39 = true;
 void gemm_set_moe_p39(bool on) { g_moe_p39 = on; }
 bool gemm_moe_p34() { return g_moe_p34; }
 int gemm_moe_wg() {
