@@ -272,6 +272,9 @@ int moe_prefill_tile(const MoeDev& m, int T) {
   return rows >= 160 ? 128 : rows >= 24 ? 64 : 32;
 }
 
+bool g_p40 = false;
+void moe_prefill_set_p40(bool on) { g_p40 = on; }
+
 bool moe_prefill_p17(const MoeDev& m, bool f16) {
   const int wg = gemm_moe_wg();
   return f16 && gemm_moe_p17() && (wg == 2 || wg == 3) && m.H % 128 == 0 && m.I % 128 == 0;
@@ -325,7 +328,7 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
     if (v && *v) {
       const int f = std::atoi(v);
       if (f == 32 || f == 64 || f == 128) bm_dn = f;
-    } else if (!(vg && *vg) && bm < 128 && moe_prefill_p17(m, f16) && double(T) * m.K / m.E >= 128) {
+    } else if (!(vg && *vg) && bm < 128 && moe_prefill_p17(m, f16) && double(T) * m.K / m.E >= (g_p40 ? 16 : 128)) {
       bm = 128;
     }
   }
