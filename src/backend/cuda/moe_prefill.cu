@@ -272,7 +272,7 @@ int moe_prefill_tile(const MoeDev& m, int T) {
   return rows >= 160 ? 128 : rows >= 24 ? 64 : 32;
 }
 
-bool g_p40 = false;
+bool g_p40 = true;
 void moe_prefill_set_p40(bool on) { g_p40 = on; }
 
 bool moe_prefill_p17(const MoeDev& m, bool f16) {
@@ -319,8 +319,8 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
   // The down GEMM may run its own M-tile (device routing only): a second tile list over the same rows,
   // planned after the scatter. P17 (default): from 128 expected rows per expert the gate/up GEMM runs M-tile
   // 128 on the P15 kernel (0.587 vs 0.634 ms at T = 4,096) while the down GEMM keeps the tile of the rule
-  // above (its mma.sync kernel at 128: 0.589 vs 0.413 ms). LILY_MOE_TILE forces both (unless
-  // LILY_MOE_TILE_DOWN forces the down tile).
+  // above (its mma.sync kernel at 128: 0.589 vs 0.413 ms). P40 (default): from 16 expected rows, since P38 sizes
+  // the wgmmas of a short tile by its rows. LILY_MOE_TILE forces both (unless LILY_MOE_TILE_DOWN forces the down tile).
   int bm_dn = bm;
   if (!o.bm && !o.host_routing) {
     const char* v = std::getenv("LILY_MOE_TILE_DOWN");
