@@ -274,6 +274,14 @@ int moe_prefill_tile(const MoeDev& m, int T) {
 
 bool g_p40 = true;
 void moe_prefill_set_p40(bool on) { g_p40 = on; }
+// The expected rows per expert from which the gate/up GEMM takes M-tile 128: 16 with P40 (tuning aid:
+// LILY_P40_ROWS, read per call; measured only at 16), 128 without.
+static double p40_rows() {
+  if (!g_p40) return 128;
+  const char* v = std::getenv("LILY_P40_ROWS");
+  const double r = v && *v ? std::atof(v) : 0;
+  return r > 0 ? r : 16;
+}
 
 bool moe_prefill_p17(const MoeDev& m, bool f16) {
   const int wg = gemm_moe_wg();
@@ -328,7 +336,7 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
     if (v && *v) {
       const int f = std::atoi(v);
       if (f == 32 || f == 64 || f == 128) bm_dn = f;
-    } else if (!(vg && *vg) && bm < 128 && moe_prefill_p17(m, f16) && double(T) * m.K / m.E >= (g_p40 ? 16 : 128)) {
+    } else if (!(vg && *vg) && bm < 128 && moe_prefill_p17(m, f16) && double(T) * m.K / m.E >= p40_rows()) {
       bm = 128;
     }
   }
