@@ -834,77 +834,77 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_const
     // Each instance has its own accumulators (NT / 2 per thread) and epilogue: with one array shared by the
     // four instances ptxas serialised the wgmmas (C7511).
     auto mainloop = [&](auto ntag) {
-    constexpr int NT = decltype(ntag)::value;
-    float acc[NT / 2];
+      constexpr int NT = decltype(ntag)::value;
+      float acc[NT / 2];
 #pragma unroll
-    for (int i = 0; i < NT / 2; ++i) acc[i] = 0.f;
-    for (int kq = 0; kq < nst; ++kq) {
-      const int s = kq & (S - 1);
-      mr_wait(bar_full + 8 * s, (kq / S) & 1);
-      if constexpr (AM == kAmF16Grp) {
+      for (int i = 0; i < NT / 2; ++i) acc[i] = 0.f;
+      for (int kq = 0; kq < nst; ++kq) {
+        const int s = kq & (S - 1);
+        mr_wait(bar_full + 8 * s, (kq / S) & 1);
+        if constexpr (AM == kAmF16Grp) {
+#pragma unroll
+          for (int u = 0; u < KS; ++u) {
+            uint8_t* xs = smem + s * C::STAGE + u * (BM * 128);
+#pragma unroll
+            for (int j = 0; j < BM * 8 / NCT; ++j) {
+              const int idx = tid + NCT * j, m = idx >> 3;
+              grp_scale_chunk(xs + swz(m, idx & 7), sgf, m, kq * KS + u);
+            }
+          }
+          fence_proxy_async();
+          named_sync(1, NCT);
+        } else {
+          fence_proxy_async();
+        }
 #pragma unroll
         for (int u = 0; u < KS; ++u) {
-          uint8_t* xs = smem + s * C::STAGE + u * (BM * 128);
+          const int kg = kq * KS + u;   // the 64-k step
+          uint2 wv[2];
+          __half2 sp, bq;
+          {
+            const uint8_t* cs = crd + s * C::STAGE + u * (RW * 32);
+            wv[0] = *reinterpret_cast<const uint2*>(cs);
+            wv[1] = *reinterpret_cast<const uint2*>(cs + 256);
+            const uint16_t* sb =
+                reinterpret_cast<const uint16_t*>(srd + ((kg >> 3) % C::SBS) * (2 * RW * 16)) + (kg & 7);
+            const float s0 = __uint_as_float(uint32_t(sb[0]) << 16) * float(1 << kGemmF16WExp);
+            const float s1 = __uint_as_float(uint32_t(sb[64]) << 16) * float(1 << kGemmF16WExp);
+            const float b0 = __uint_as_float(uint32_t(sb[RW * 8]) << 16) * float(1 << kGemmF16WExp);
+            const float b1 = __uint_as_float(uint32_t(sb[RW * 8 + 64]) << 16) * float(1 << kGemmF16WExp);
+            sp = __floats2half2_rn(s0, s1);
+            bq = __floats2half2_rn(b0, b1);
+          }
+          const __half2 s0 = __low2half2(sp), s1 = __high2half2(sp), b0 = __low2half2(bq), b1 = __high2half2(bq);
+          const uint32_t dlo = uint32_t(wg_desc(sm0 + s * C::STAGE + u * (BM * 128)));
 #pragma unroll
-          for (int j = 0; j < BM * 8 / NCT; ++j) {
-            const int idx = tid + NCT * j, m = idx >> 3;
-            grp_scale_chunk(xs + swz(m, idx & 7), sgf, m, kq * KS + u);
+          for (int j = 0; j < 2; ++j) {
+            wg_wait<1>();   // half j of step kg - 1 has retired: af[j] is free
+            wg_fence_regs<NT / 2>(acc);
+            mr_fence_u32<8>(&af[j][0][0]);
+            // All of stage kq - 1 retired (its last half is step kg - 1's half 1).
+            if (u == 0 && j == 1 && kq > 0) mbar_arrive(bar_empty + 8 * ((kq - 1) & (S - 1)));
+            const uint32_t w0 = j ? wv[0].y : wv[0].x, w1 = j ? wv[1].y : wv[1].x;
+#pragma unroll
+            for (int v = 0; v < 2; ++v) {
+              const int i = 2 * j + v;
+              af[j][v][0] = dq4_pair_m(w0, (2 * i) & 3, s0, b0, magic);
+              af[j][v][1] = dq4_pair_m(w1, (2 * i) & 3, s1, b1, magic);
+              af[j][v][2] = dq4_pair_m(w0, (2 * i + 1) & 3, s0, b0, magic);
+              af[j][v][3] = dq4_pair_m(w1, (2 * i + 1) & 3, s1, b1, magic);
+            }
+            mr_fence_u32<8>(&af[j][0][0]);
+            wg_fence();
+            wgmma_rs_tile<NT>(acc, af[j][0], wg_desc_lo(dlo + 2 * (2 * j)));
+            wgmma_rs_tile<NT>(acc, af[j][1], wg_desc_lo(dlo + 2 * (2 * j + 1)));
+            wg_commit();
           }
         }
-        fence_proxy_async();
-        named_sync(1, NCT);
-      } else {
-        fence_proxy_async();
+        if (iq < nst) issue2();   // stage kq + LEAD into the slot of stage kq - 2 (released during kq - 1)
       }
-#pragma unroll
-      for (int u = 0; u < KS; ++u) {
-        const int kg = kq * KS + u;   // the 64-k step
-        uint2 wv[2];
-        __half2 sp, bq;
-        {
-          const uint8_t* cs = crd + s * C::STAGE + u * (RW * 32);
-          wv[0] = *reinterpret_cast<const uint2*>(cs);
-          wv[1] = *reinterpret_cast<const uint2*>(cs + 256);
-          const uint16_t* sb =
-              reinterpret_cast<const uint16_t*>(srd + ((kg >> 3) % C::SBS) * (2 * RW * 16)) + (kg & 7);
-          const float s0 = __uint_as_float(uint32_t(sb[0]) << 16) * float(1 << kGemmF16WExp);
-          const float s1 = __uint_as_float(uint32_t(sb[64]) << 16) * float(1 << kGemmF16WExp);
-          const float b0 = __uint_as_float(uint32_t(sb[RW * 8]) << 16) * float(1 << kGemmF16WExp);
-          const float b1 = __uint_as_float(uint32_t(sb[RW * 8 + 64]) << 16) * float(1 << kGemmF16WExp);
-          sp = __floats2half2_rn(s0, s1);
-          bq = __floats2half2_rn(b0, b1);
-        }
-        const __half2 s0 = __low2half2(sp), s1 = __high2half2(sp), b0 = __low2half2(bq), b1 = __high2half2(bq);
-        const uint32_t dlo = uint32_t(wg_desc(sm0 + s * C::STAGE + u * (BM * 128)));
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          wg_wait<1>();   // half j of step kg - 1 has retired: af[j] is free
-          wg_fence_regs<NT / 2>(acc);
-          mr_fence_u32<8>(&af[j][0][0]);
-          // All of stage kq - 1 retired (its last half is step kg - 1's half 1).
-          if (u == 0 && j == 1 && kq > 0) mbar_arrive(bar_empty + 8 * ((kq - 1) & (S - 1)));
-          const uint32_t w0 = j ? wv[0].y : wv[0].x, w1 = j ? wv[1].y : wv[1].x;
-#pragma unroll
-          for (int v = 0; v < 2; ++v) {
-            const int i = 2 * j + v;
-            af[j][v][0] = dq4_pair_m(w0, (2 * i) & 3, s0, b0, magic);
-            af[j][v][1] = dq4_pair_m(w1, (2 * i) & 3, s1, b1, magic);
-            af[j][v][2] = dq4_pair_m(w0, (2 * i + 1) & 3, s0, b0, magic);
-            af[j][v][3] = dq4_pair_m(w1, (2 * i + 1) & 3, s1, b1, magic);
-          }
-          mr_fence_u32<8>(&af[j][0][0]);
-          wg_fence();
-          wgmma_rs_tile<NT>(acc, af[j][0], wg_desc_lo(dlo + 2 * (2 * j)));
-          wgmma_rs_tile<NT>(acc, af[j][1], wg_desc_lo(dlo + 2 * (2 * j + 1)));
-          wg_commit();
-        }
-      }
-      if (iq < nst) issue2();   // stage kq + LEAD into the slot of stage kq - 2 (released during kq - 1)
-    }
-    wg_wait<0>();
-    wg_fence_regs<NT / 2>(acc);
-    mr_fence_u32<16>(&af[0][0][0]);
-    mw_epilogue<NT, AM, C::SVLD, 1, 4>(a, acc, acc1, smem, srf, by, pos0, rows, tid, wgc, warp, g, t);
+      wg_wait<0>();
+      wg_fence_regs<NT / 2>(acc);
+      mr_fence_u32<16>(&af[0][0][0]);
+      mw_epilogue<NT, AM, C::SVLD, 1, 4>(a, acc, acc1, smem, srf, by, pos0, rows, tid, wgc, warp, g, t);
     };
     const int nt = a.var_n ? (rows + 31) / 32 * 32 : BM;
     if (nt <= 32) mainloop(std::integral_constant<int, 32>{});
