@@ -658,7 +658,8 @@ class CudaBackend final : public Backend {
     // Switches written but not yet measured on the device are off unless LILY_TRY=ID,... names them.
     Ablations trial;
     trial.merge_env("LILY_TRY");
-    [[maybe_unused]] auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };   // none now
+    auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };
+    moe_pick_alone_enabled() = tried("D65");   // D65: the MoE's picking warp alone on its scheduler (not yet run)
     moe_prefill_set_p40(!abl_.has("P40"));   // P40: the MoE gate/up at M-tile 128 (P34 + P38) from 16 expected rows
     gemm_set_moe_p39(!abl_.has("P39"));   // P39: the MoE down GEMM skips m16 tiles past its tile's rows
     gemm_set_moe_p38(!abl_.has("P38"));   // P38: the P34 MoE kernel's wgmma N = the tile's rows rounded up to 32

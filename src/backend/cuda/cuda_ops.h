@@ -106,6 +106,7 @@ bool& gdn_push_enabled();
 bool& gdn_s_late_enabled();
 // D55: the D12 kernel loads its state and conv state rows into registers before its PDL wait (ablation D55).
 bool& gdn_early_state_enabled();
+bool& moe_pick_alone_enabled();   // D65: D50's warp 4 (warp 0's scheduler partner) out of the x staging
 bool& moe_lean_act_enabled();   // D63: the persistent MoE's down activations staged in fewer instructions (same bits)
 bool& gdn_mbar_enabled();   // D60: D12's Σo² exchange on an mbarrier (st.async) instead of a cluster barrier
 void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
