@@ -284,6 +284,7 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                    {"P4c P24, P36 off", {"P36"}, "0", "16", 5, "1"},
                                    {"P4 scan nc=1, P9 off", {"P9"}, "1", "16", 0, "0"},
                                    {"P4c chunked, P9 off", {"P9", "P24"}, "0", "16", 3, "1"},
+                                   {"P4c P24, P41 off", {"P41"}, "0", "16", 5, "1"},
                                    {"P4c chunked, P11 off", {"P11"}, "0", "16", 3, "1"},
                                    {"P4c P11 per-chunk only", {}, "0", "16", 3, "1", "1", "0", "0", "0", "", false, "1"},
                                    {"P4c P11 scan only", {}, "0", "16", 3, "1", "1", "0", "0", "0", "", false, "2"},
@@ -463,6 +464,7 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed, const std::stri
                                    {"chunked", {}, "0", "16", 0, "1"},
                                    {"chunked P24 off", {"P24"}, "0", "16", 0, "1"},
                                    {"chunked P9 off", {"P9"}, "0", "16", 0, "1"},
+                                   {"chunked P41 off", {"P41"}, "0", "16", 0, "1"},
                                    {"chunked P11 off", {"P11"}, "0", "16", 0, "1"}};
   for (int T : {64, 512, 2048, 4096, 8192}) {
     if (only == "p11" || only == "attn") break;

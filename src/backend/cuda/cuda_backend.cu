@@ -659,6 +659,7 @@ class CudaBackend final : public Backend {
     Ablations trial;
     trial.merge_env("LILY_TRY");
     auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };
+    gdn_prep_wide_enabled() = tried("P41");   // P41: the GDN prefill prep a warp per head, float4 per lane (not yet run)
     moe_pick_alone_enabled() = tried("D65");   // D65: the MoE's picking warp alone on its scheduler (not yet run)
     moe_prefill_set_p40(!abl_.has("P40"));   // P40: the MoE gate/up at M-tile 128 (P34 + P38) from 16 expected rows
     gemm_set_moe_p39(!abl_.has("P39"));   // P39: the MoE down GEMM skips m16 tiles past its tile's rows

@@ -129,6 +129,60 @@ __global__ void __launch_bounds__(kHD) gdn_prep_batched_kernel(const __grid_cons
     if (t0 + j < p.T) p.u[int64_t(t0 + j) * CD + ch] = u[j];
 }
 
+// P41: the same pass (conv kernel 4 only) with each warp on one 128-channel head and each lane on 4 consecutive
+// channels: float4 loads and stores, 512 contiguous bytes per warp and row (2 KB per CTA of 4 heads), and a q / k
+// head's sum of squares per token in one warp butterfly (no shared memory, no block barrier). The conv, SiLU, the
+// norm's expression and the gates are P9's; only the order of the sum of squares differs (each lane's 4 values,
+// then the butterfly, instead of a butterfly per 32 channels and the 4 warps' sums in order).
+constexpr int kPrepWideWarps = 4;
+__global__ void __launch_bounds__(32 * kPrepWideWarps) gdn_prep_wide_kernel(const __grid_constant__ PrepArgs p) {
+  constexpr int K = 4, W = kPrepTok + K - 1;
+  pdl_trigger();
+  const GdnDims& d = p.d;
+  const int64_t CD = d.conv_dim;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int head = blockIdx.y * kPrepWideWarps + warp, ch = head * kHD + 4 * lane;
+  const int nqk = 2 * d.nk, t0 = blockIdx.x * kPrepTok;
+  float4 w[4];   // w[c]: the K = 4 taps of channel ch + c
+#pragma unroll
+  for (int c = 0; c < 4; ++c) w[c] = reinterpret_cast<const float4*>(p.conv_w + int64_t(ch) * K)[c];
+  pdl_wait();
+  float4 x[W];   // raw inputs of tokens t0 - 3 .. t0 + 7 (the carried conv state before the call's first token)
+#pragma unroll
+  for (int i = 0; i < W; ++i) {
+    const int tt = t0 - (K - 1) + i;
+    x[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (tt < p.T)
+      x[i] = tt >= 0 ? *reinterpret_cast<const float4*>(p.qkv + int64_t(tt) * CD + ch)
+                     : *reinterpret_cast<const float4*>(p.conv_state + int64_t(tt + K - 1) * CD + ch);
+  }
+  const bool qk = head < nqk;   // uniform per warp
+  const float qs = head < d.nk ? rsqrtf(float(d.dk)) : 1.f;
+  // Component c (a constant once unrolled) of a float4, so that x stays in registers.
+  auto cmp = [](const float4& v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w; };
+  auto conv = [&](const float4& wc, int j, int c) {   // P9's order: taps 0..3, fmaf from 0
+    float acc = 0.f;
+    acc = fmaf(wc.x, cmp(x[j], c), acc);
+    acc = fmaf(wc.y, cmp(x[j + 1], c), acc);
+    acc = fmaf(wc.z, cmp(x[j + 2], c), acc);
+    acc = fmaf(wc.w, cmp(x[j + 3], c), acc);
+    return siluf_(acc);
+  };
+#pragma unroll
+  for (int j = 0; j < kPrepTok; ++j) {
+    float4 u = make_float4(conv(w[0], j, 0), conv(w[1], j, 1), conv(w[2], j, 2), conv(w[3], j, 3));
+    if (qk) {
+      const float sc = rsqrtf(warp_sum(u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w) + 1e-6f) * qs;
+      u.x *= sc;
+      u.y *= sc;
+      u.z *= sc;
+      u.w *= sc;
+    }
+    if (t0 + j < p.T) *reinterpret_cast<float4*>(p.u + int64_t(t0 + j) * CD + ch) = u;
+  }
+  if (!qk && lane < kPrepTok && t0 + lane < p.T) prep_gates(p, t0 + lane, head - nqk);
+}
+
 // New conv state = the last K-1 raw inputs of the call; run after prep has read the old one. A
 // thread owns whole channels, so reading the old rows (T < K-1) before writing needs no barrier.
 __device__ void conv_shift(const GdnDims& d, float* conv_state, const float* qkv, int T) {
@@ -1832,6 +1886,11 @@ bool& gdn_prep_batched_enabled() {
   return on;
 }
 
+bool& gdn_prep_wide_enabled() {
+  static bool on = false;
+  return on;
+}
+
 bool& gdn_chunk_one() {
   static bool on = true;
   return on;
@@ -1872,7 +1931,12 @@ void gdn_prefill_prep(const GdnDims& d, const float* conv_w, const float* A_log,
   float* g = beta + int64_t(T) * d.nv;
   PrepArgs p{d, conv_w, A_log, dt_bias, conv_state, qkv, a, b, T, u, beta, g};
   const dim3 grid((T + kPrepTok - 1) / kPrepTok, d.conv_dim / kHD);
-  if (gdn_prep_batched_enabled()) launch(gdn_prep_batched_kernel, grid, dim3(kHD), 0, s, p);   // P9
+  auto a16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  const int heads = d.conv_dim / kHD;
+  if (gdn_prep_wide_enabled() && gdn_prep_batched_enabled() && d.kconv == 4 && heads % kPrepWideWarps == 0 &&
+      a16(conv_w) && a16(conv_state) && a16(qkv) && a16(u))   // P41
+    launch(gdn_prep_wide_kernel, dim3(grid.x, heads / kPrepWideWarps), dim3(32 * kPrepWideWarps), 0, s, p);
+  else if (gdn_prep_batched_enabled()) launch(gdn_prep_batched_kernel, grid, dim3(kHD), 0, s, p);   // P9
   else launch(gdn_prep_kernel, grid, dim3(kHD), 0, s, p);
   CUDA_LAUNCH_CHECK();
 }

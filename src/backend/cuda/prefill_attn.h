@@ -87,6 +87,9 @@ void gdn_prefill_prep(const GdnDims& d, const float* conv_w, const float* A_log,
 // P9: the prep with a CTA's loads in flight at once and one barrier per 8 tokens (off: a loop that
 // loads and reduces token by token).
 bool& gdn_prep_batched_enabled();
+// P41 (with P9, conv kernel 4): the prep with a warp per 128-channel head and 4 channels per lane (float4 rows of
+// 512 bytes per warp, one butterfly per q / k head and token; the sum of squares in another order).
+bool& gdn_prep_wide_enabled();
 // The delta rule over the T tokens with S in registers (read and written once), then the gated
 // RMSNorm with silu(z) into y; also shifts the carried conv state (last K-1 raw rows of qkv).
 // `nc`: state columns per lane of the scan (1, 2 or 4; 0 = default = 1).
