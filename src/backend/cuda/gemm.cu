@@ -29,8 +29,8 @@
 #include <cstring>
 #include <limits>
 #include <random>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cuda/gemm.h"
