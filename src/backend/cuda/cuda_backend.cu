@@ -659,6 +659,7 @@ class CudaBackend final : public Backend {
     Ablations trial;
     trial.merge_env("LILY_TRY");
     auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };
+    p42_ = tried("P42");   // P42: the prefill MoE's norm + conversion without its unread f32 x (not yet run)
     gdn_prep_wide_enabled() = tried("P41");   // P41: the GDN prefill prep a warp per head, float4 per lane (not yet run)
     moe_pick_alone_enabled() = tried("D65");   // D65: the MoE's picking warp alone on its scheduler (not yet run)
     moe_prefill_set_p40(!abl_.has("P40"));   // P40: the MoE gate/up at M-tile 128 (P34 + P38) from 16 expected rows
@@ -1279,6 +1280,7 @@ class CudaBackend final : public Backend {
     o.host_routing = p2_off_;
     o.slot16 = slot16_;
     o.sg_in_convert = !abl_.has("P19");   // P19: shared-expert gate in the router's operand conversion
+    o.skip_x = p42_;                       // P42: no f32 x from that conversion (nothing reads it)
     if (pn.h) o.pre_norm = {pn.h, pn.r, pn.w, pn.eps};   // P25 (x = pn.out)
     if (!profiling_ || capturing_) {
       timed("moe_prefill", 0, [&] { cuda::moe_prefill(m, x, T, out, ws, o, s_); });   // (skip= applies)
@@ -1315,6 +1317,7 @@ class CudaBackend final : public Backend {
   std::map<KeptKey, uint16_t*> kept_stack_[2];   // P30: by (first codes, rows, count)
   bool p30_ = true;   // P30: the dense projections of one input as one GEMM
   bool d53_ = true;   // D53
+  bool p42_ = false;  // P42
   struct {
     MoeDev m;
     int T;

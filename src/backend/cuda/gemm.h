@@ -209,6 +209,7 @@ struct MoePrefillOpts {
                                 // 128 shared-expert gate
   bool slot16 = true;           // P16: the down GEMM's (token, slot) rows in fp16 (off: f32)
   bool sg_in_convert = true;    // P19: the shared-expert gate's dot in the operand conversion (off: own GEMV)
+  bool skip_x = false;          // P42 (with P19, P25): the f32 x, which no MoE kernel then reads, is not written
   // P25: x is produced by this rmsnorm (not launched yet): the router stage's conversion runs it too
   // (gemm_rmsnorm_convert; h += r first when r is set). Unset: x is ready.
   struct PreNorm {

@@ -348,8 +348,11 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
 
   // P19: the one-row shared-expert gate rides on the conversion's read of x (same f32 dot as the GEMV).
   const bool sg_fused = o.sg_in_convert && m.shared_gate.rows == 1 && m.shared_gate.cols == m.H;
+  // P42: with the shared gate fused, every reader of x here takes the converted operands (the router xh / xl, the
+  // experts xa), and the model reads x (its normalised rows) again only after writing it anew.
+  float* x_out = o.skip_x && sg_fused ? nullptr : const_cast<float*>(x);
   if ((o.stages & (1 | 32)) && o.pre_norm.h)   // P25: x = rmsnorm(h) written and converted in one pass
-    gemm_rmsnorm_convert(o.pre_norm.h, o.pre_norm.r, o.pre_norm.w, m.H, T, o.pre_norm.eps, const_cast<float*>(x), xa, s,
+    gemm_rmsnorm_convert(o.pre_norm.h, o.pre_norm.r, o.pre_norm.w, m.H, T, o.pre_norm.eps, x_out, xa, s,
                          sg_fused ? &m.shared_gate : nullptr, sg_fused ? sg : nullptr);
   else if (o.stages & (1 | 32))
     gemm_convert_a(x, T, m.H, xa, s, sg_fused ? &m.shared_gate : nullptr, sg_fused ? sg : nullptr);
