@@ -3,7 +3,7 @@
 # cuda-check with them on (64 steps; 192 with the cpu following the gpu's experts) and all of them off; a
 # matched A/B per id (`bench decode --ablate ID`, rounds alternate the variants); a 4K kernel trace with
 # them on (LILY_TRACE_CTAS passes through); prefill ids (P...) get `bench prefill --ablate ID` at PLENGTHS
-# instead of the decode A/B. Usage: IDS=D47,D48 [CONTEXTS=...] [PLENGTHS=4096,32768] [ROUNDS=3] [OUT=dir]
+# instead of the decode A/B, and a prefill cuda-check (4,100 tokens in one 4,096 chunk, routing followed). Usage: IDS=D47,D48 [CONTEXTS=...] [PLENGTHS=4096,32768] [ROUNDS=3] [OUT=dir]
 #   [LILY_COMMIT=rev] bash scripts/device/try_ab.sh
 IDS=${IDS:?IDS=D..,D.. names the opt-in switches}
 C=${LILY_COMMIT:-unknown}
@@ -17,6 +17,11 @@ check() {   # name, extra args
 check on --tokens 64
 check off --tokens 64 --ablate "$IDS"
 check follow --tokens 192 --follow-routing
+if [[ ,$IDS =~ ,P ]]; then   # prefill ids: the deciding prefill check too (one 4,096 chunk, routing followed)
+  timeout 240 "$L" cuda-check --layers 2 --tokens 8 --prompt 4100 --chunk 4096 --follow-routing 2>&1 | tail -8 \
+    >"$OUT/check_prefill_4096.txt"
+  el "cuda-check prefill 4100/4096: $(grep -o 'cuda-check: [A-Z]*.*top-1 [0-9.]*%' "$OUT/check_prefill_4096.txt" | tail -1)"
+fi
 for id in ${IDS//,/ }; do
   if [[ $id == P* ]]; then
     timeout 300 "$L" bench prefill --synthetic --lengths "${PLENGTHS:-4096,32768}" --chunk 4096 --rounds "${ROUNDS:-3}" \
