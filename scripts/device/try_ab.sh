@@ -3,8 +3,9 @@
 # cuda-check with them on (64 steps; 192 with the cpu following the gpu's experts) and all of them off; a
 # matched A/B per id (`bench decode --ablate ID`, rounds alternate the variants); a 4K kernel trace with
 # them on (LILY_TRACE_CTAS passes through); prefill ids (P...) get `bench prefill --ablate ID` at PLENGTHS
-# instead of the decode A/B, and a prefill cuda-check (4,100 tokens in one 4,096 chunk, routing followed). Usage: IDS=D47,D48 [CONTEXTS=...] [PLENGTHS=4096,32768] [ROUNDS=3] [OUT=dir]
-#   [LILY_COMMIT=rev] bash scripts/device/try_ab.sh
+# instead of the decode A/B, and a prefill cuda-check (4,100 tokens in one 4,096 chunk, routing followed).
+# Usage: IDS=D47,D48 [CONTEXTS=...] [PLENGTHS=4096,32768] [ROUNDS=3] [OUT=dir] [LILY_COMMIT=rev]
+#   bash scripts/device/try_ab.sh
 IDS=${IDS:?IDS=D..,D.. names the opt-in switches}
 C=${LILY_COMMIT:-unknown}
 source "$(dirname "$0")/lib.sh"
