@@ -659,6 +659,7 @@ class CudaBackend final : public Backend {
     Ablations trial;
     trial.merge_env("LILY_TRY");
     auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };
+    gemm_set_moe_p43(tried("P43"));   // P43: the MoE down GEMM walked N tile fastest (not yet run)
     p42_ = tried("P42");   // P42: the prefill MoE's norm + conversion without its unread f32 x (not yet run)
     gdn_prep_wide_enabled() = tried("P41");   // P41: the GDN prefill prep a warp per head, float4 per lane (not yet run)
     moe_pick_alone_enabled() = tried("D65");   // D65: the MoE's picking warp alone on its scheduler (not yet run)

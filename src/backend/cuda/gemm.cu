@@ -91,6 +91,7 @@ struct GemmArgs {
   int y16;                      // P16, scatter mode on the mma.sync kernel: y holds fp16 (saturated), ldy in halves
   int var_n;                    // P38 (P34 MoE kernel): wgmma N = the tile's rows rounded up to 32, not 128
   int skip_pad;                 // P39 (gemm_kernel, AM 2): no MMAs for m16 tiles past the tile's rows
+  int n_fast;                   // P43 (gemm_kernel, grouped): the grid walked N tile fastest
   // P30 (plain store mode, P13 kernel only): nseg > 0 splits the output columns into segments; column
   // n of segment q (seg_n0[q] <= n < seg_n0[q + 1]) is written to seg_y[q] + row · seg_ld[q] + n - seg_n0[q].
   int nseg;
@@ -322,6 +323,12 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
     const int m0 = (lin / band) * a.raster, h = min(int(gridDim.x) - m0, a.raster), in = lin % band;
     bx = m0 + in % h;
     by = in / h;
+  } else if (!plain && a.n_fast) {
+    // P43 (grouped): the N tiles of one tile-list entry launch next to each other, so its activation rows are read
+    // from DRAM once (M-tile fastest, a tile's 8 N-tile CTAs are a whole pass over the list apart).
+    const int lin = blockIdx.x + gridDim.x * blockIdx.y;
+    bx = lin / gridDim.y;
+    by = lin % gridDim.y;
   }
   int group = 0, pos0, rows;
   if (!plain) {
@@ -1168,6 +1175,9 @@ void gemm_set_moe_p38(bool on) { g_moe_p38 = on; }
 // P39 (gemm_kernel, the MoE down GEMM): m16 tiles wholly past the tile's rows skip their A loads and MMAs (same bits).
 bool g_moe_p39 = true;
 void gemm_set_moe_p39(bool on) { g_moe_p39 = on; }
+// P43 (gemm_kernel, the MoE down GEMM): CTAs in N-tile-fastest order (a tile's activation rows read once from DRAM).
+bool g_moe_p43 = false;
+void gemm_set_moe_p43(bool on) { g_moe_p43 = on; }
 bool gemm_moe_p34() { return g_moe_p34; }
 int gemm_moe_wg() {
   const int forced = env_int("LILY_MOE_WG", -1);
@@ -1595,6 +1605,7 @@ bool gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* 
   a.pre_scatter = g_moe_p35;
   a.var_n = g_moe_p38 ? 1 : 0;
   a.skip_pad = g_moe_p39 ? 1 : 0;
+  a.n_fast = g_moe_p43 ? 1 : 0;
   a.scale = scale;
   a.y = y;
   a.ldy = ldy;
