@@ -1169,6 +1169,7 @@ bool g_moe_p35 = true;
 void gemm_set_moe_p35(bool on) { g_moe_p35 = on; }
 bool g_moe_p34 = true;
 void gemm_set_moe_p34(bool on) { g_moe_p34 = on; }
+bool gemm_moe_p34() { return g_moe_p34; }
 // P38 (P34 kernel): each tile's wgmmas span its rows rounded up to 32 tokens instead of 128 (same bits).
 bool g_moe_p38 = true;
 void gemm_set_moe_p38(bool on) { g_moe_p38 = on; }
@@ -1178,7 +1179,6 @@ void gemm_set_moe_p39(bool on) { g_moe_p39 = on; }
 // P43 (gemm_kernel, the MoE down GEMM): CTAs in N-tile-fastest order (a tile's activation rows read once from DRAM).
 bool g_moe_p43 = false;
 void gemm_set_moe_p43(bool on) { g_moe_p43 = on; }
-bool gemm_moe_p34() { return g_moe_p34; }
 int gemm_moe_wg() {
   const int forced = env_int("LILY_MOE_WG", -1);
   return forced >= 0 ? forced : (g_moe_p15 ? 2 : 0);

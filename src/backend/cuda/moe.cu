@@ -1079,65 +1079,58 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
       trace_mark(a, 13);
       named_bar_arrive(2, kPersistThreads);
       if (gw < items) load_routed(cur, gw);
-    } else if (AL && warp == 4) {   // D65: no staging; the norm scale once barrier 1 says x is staged
-      named_bar_arrive(4, kPersistThreads);
-      named_bar_sync(1, kPersistThreads);
-      ns = fold_norm_scale(red + 1, nwc - 1, H, nrm.eps, nrm.h, nrm.w, nullptr);
-      if (gw < items) load_routed(cur, gw);
-      if (sr < Is) {
-        float r[2];
-        shr.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r);
-        if (lane == 0) act[K * imax + sr] = siluf_(r[0] * ns) * (r[1] * ns);
-      }
-      named_bar_sync(2, kPersistThreads);
     } else {   // warps 1..7 (AL: 1-3, 5-7): x (float4 t + XS·k of H / 4 = 512) with the norm gain, staged as int16
-      constexpr int XS = AL ? 192 : 224;
-      const int t = AL ? (warp < 4 ? warp - 1 : warp - 2) * 32 + lane : int(threadIdx.x) - 32;
-      if (AL && t == 0) red[4] = 0.f;   // warp 4's share of Σx², read after barrier 3
-      float4 xg[3], xv[3];
-#pragma unroll
-      for (int k = 0; k < 3; ++k) {
-        const int idx = t + XS * k;
-        if (idx < H / 4) xg[k] = reinterpret_cast<const float4*>(nrm.w)[idx];
-      }
-      pdl_wait();
-      float ss = 0.f;
-#pragma unroll
-      for (int k = 0; k < 3; ++k) {
-        const int idx = t + XS * k;
-        if (idx < H / 4) {
-          xv[k] = reinterpret_cast<const float4*>(xin)[idx];
-          ss += xv[k].x * xv[k].x + xv[k].y * xv[k].y + xv[k].z * xv[k].z + xv[k].w * xv[k].w;
-          xv[k].x *= xg[k].x;
-          xv[k].y *= xg[k].y;
-          xv[k].z *= xg[k].z;
-          xv[k].w *= xg[k].w;
-        }
-      }
-      ss = warp_sum(ss);
-      if (lane == 0) red[warp] = ss;
-      uint4* qx = reinterpret_cast<uint4*>(xq4);
-      float* xd = reinterpret_cast<float*>(xq4) + H / 2;
-#pragma unroll
-      for (int k = 0; k < 3; ++k) {
-        const int idx = t + XS * k;
-        if (idx >= H / 4) break;   // uniform per warp (XS and 512 are multiples of 32)
-        const int ci = idx >> 3;
-        q16_stage(xv[k], idx & 7, qx + (ci >> 5) * 128 + (ci & 31), 32, xs4 + ci, xd + ci);
-      }
-      named_bar_sync(3, kPersistThreads - (AL ? 64 : 32));
-      ns = fold_norm_scale(red + 1, nwc - 1, H, nrm.eps, nrm.h, nrm.w, nullptr);
-      if (blockIdx.x == 0) {
+      const bool stages = !(AL && warp == 4);   // D65: warp 4 only joins at barrier 1
+      if (stages) {
+        constexpr int XS = AL ? 192 : 224;
+        const int t = AL ? (warp < 4 ? warp - 1 : warp - 2) * 32 + lane : int(threadIdx.x) - 32;
+        if (AL && t == 0) red[4] = 0.f;   // warp 4's share of Σx², read after barrier 3
+        float4 xg[3], xv[3];
 #pragma unroll
         for (int k = 0; k < 3; ++k) {
           const int idx = t + XS * k;
-          if (idx < H / 4)
-            reinterpret_cast<float4*>(const_cast<float*>(a.x))[idx] =
-                make_float4(xv[k].x * ns, xv[k].y * ns, xv[k].z * ns, xv[k].w * ns);
+          if (idx < H / 4) xg[k] = reinterpret_cast<const float4*>(nrm.w)[idx];
+        }
+        pdl_wait();
+        float ss = 0.f;
+#pragma unroll
+        for (int k = 0; k < 3; ++k) {
+          const int idx = t + XS * k;
+          if (idx < H / 4) {
+            xv[k] = reinterpret_cast<const float4*>(xin)[idx];
+            ss += xv[k].x * xv[k].x + xv[k].y * xv[k].y + xv[k].z * xv[k].z + xv[k].w * xv[k].w;
+            xv[k].x *= xg[k].x;
+            xv[k].y *= xg[k].y;
+            xv[k].z *= xg[k].z;
+            xv[k].w *= xg[k].w;
+          }
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) red[warp] = ss;
+        uint4* qx = reinterpret_cast<uint4*>(xq4);
+        float* xd = reinterpret_cast<float*>(xq4) + H / 2;
+#pragma unroll
+        for (int k = 0; k < 3; ++k) {
+          const int idx = t + XS * k;
+          if (idx >= H / 4) break;   // uniform per warp (XS and 512 are multiples of 32)
+          const int ci = idx >> 3;
+          q16_stage(xv[k], idx & 7, qx + (ci >> 5) * 128 + (ci & 31), 32, xs4 + ci, xd + ci);
+        }
+        named_bar_sync(3, kPersistThreads - (AL ? 64 : 32));
+        ns = fold_norm_scale(red + 1, nwc - 1, H, nrm.eps, nrm.h, nrm.w, nullptr);
+        if (blockIdx.x == 0) {
+#pragma unroll
+          for (int k = 0; k < 3; ++k) {
+            const int idx = t + XS * k;
+            if (idx < H / 4)
+              reinterpret_cast<float4*>(const_cast<float*>(a.x))[idx] =
+                  make_float4(xv[k].x * ns, xv[k].y * ns, xv[k].z * ns, xv[k].w * ns);
+          }
         }
       }
       named_bar_arrive(4, kPersistThreads);
       named_bar_sync(1, kPersistThreads);
+      if (!stages) ns = fold_norm_scale(red + 1, nwc - 1, H, nrm.eps, nrm.h, nrm.w, nullptr);   // red complete here
       if (gw < items) load_routed(cur, gw);
       if (sr < Is) {   // D39: the shared row while the routed rows load and warp 0 finishes its picks
         float r[2];
