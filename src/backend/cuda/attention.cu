@@ -173,6 +173,37 @@ __device__ __forceinline__ void combine_warps(const float* sacc, const float* sm
     }
   }
 }
+// D66: combine_warps with 4 consecutive dims per thread (float4 reads of the warps' sums, two float2 stores:
+// hd + 2 is even) so that a head's max, weights and l are computed once per 4 dims instead of once per dim.
+// The same operations in the same order per dim as combine_warps: the same bits.
+template <int NW, int HPB, int HD>
+__device__ __forceinline__ void combine_warps_v4(const float* sacc, const float* sml, const SplitSlice& sl) {
+  static_assert(HD % 4 == 0, "4 dims per thread");
+  for (int i4 = threadIdx.x; i4 < HPB * HD / 4; i4 += blockDim.x) {
+    const int h = 4 * i4 / HD, e = 4 * i4 % HD;
+    float M = -FLT_MAX;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) M = fmaxf(M, sml[(w * HPB + h) * 2]);
+    float L = 0.f, A0 = 0.f, A1 = 0.f, A2 = 0.f, A3 = 0.f;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      const float f = exp2f(sml[(w * HPB + h) * 2] - M);
+      L = fmaf(sml[(w * HPB + h) * 2 + 1], f, L);
+      const float4 a = *reinterpret_cast<const float4*>(sacc + (w * HPB + h) * HD + e);
+      A0 = fmaf(a.x, f, A0);
+      A1 = fmaf(a.y, f, A1);
+      A2 = fmaf(a.z, f, A2);
+      A3 = fmaf(a.w, f, A3);
+    }
+    float* pb = sl.pbase + h * sl.hstride;
+    *reinterpret_cast<float2*>(pb + e) = make_float2(A0, A1);
+    *reinterpret_cast<float2*>(pb + e + 2) = make_float2(A2, A3);
+    if (e == 0) {
+      pb[HD] = M;
+      pb[HD + 1] = L;
+    }
+  }
+}
 
 // Partial softmax of HPB query heads over one slice of the cache. grid (splits, kv_heads*G/HPB, T),
 // 8 warps; a warp takes every 8th position of the slice, lanes hold DPL consecutive dims.
@@ -375,9 +406,34 @@ struct AttnPrepArgs {
   int late;                           // pdl_late_mask() & kLateSplit: trigger after the KV loop
   unsigned long long* tr;             // investigation aid: trace stamps (0 entry, 1 past wait, 2 q ready, 4 KV
                                       // loop done, 3 end), null = off
+  int cw4;                            // D66: combine_warps_v4 instead of combine_warps (same bits)
+  int qfirst;                         // D67 (FP): the q / k / v loads issued first after the wait
 };
 // RMSNorm (weight nw) and partial RoPE (64 dims, pairs (l, l + 32)) of one 256-wide head, lane l
 // holding dims l + 32j in y[j].
+// D67's form takes the row x (prep_head_load) and its warp-summed Σx² (prep_head_ss); prep_head_lanes loads
+// and sums itself.
+__device__ __forceinline__ void prep_head_load(const float* src, float (&x)[8]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) x[j] = src[lane + 32 * j];
+}
+__device__ __forceinline__ float prep_head_ss(const float (&x)[8]) {
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) ss = fmaf(x[j], x[j], ss);
+  return warp_sum(ss);
+}
+__device__ __forceinline__ void prep_head_done(const float (&x)[8], float ss, const float* nw, float eps, float cs,
+                                               float sn, float (&y)[8]) {
+  const int lane = threadIdx.x & 31;
+  const float r = rsqrtf(ss / 256.f + eps);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) y[j] = x[j] * r * nw[lane + 32 * j];
+  const float a = y[0], b = y[1];
+  y[0] = a * cs - b * sn;
+  y[1] = b * cs + a * sn;
+}
 __device__ __forceinline__ void prep_head_lanes(const float* src, const float* nw, float eps, float cs, float sn,
                                                 float (&y)[8]) {
   const int lane = threadIdx.x & 31;
@@ -426,11 +482,29 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int tt = blockIdx.z;
   const int h0 = blockIdx.y * HPB, kvh = blockIdx.y;
-  const SplitSlice sl = split_slice<HPB>(d, pos0, pos_dev, tt, h0, hd, part);
+  // D67: the two query rows of this warp (and on warp 0 the new k / v rows) are loaded and their Σx² summed
+  // before the slice bounds (the position load) and the early exit, so that the three wait on one round trip.
+  float xq[2][8], ssq[2] = {0.f, 0.f}, xk[8], ssk = 0.f, xv[8];
+  int pos_a = pos0;               // D67: the position loaded once, first; then passed on as a value
+  const int32_t* pos_p = pos_dev;
+  if (FP && pa.qfirst) {
+    pos_a = cur_pos(pos0, pos_dev);
+    pos_p = nullptr;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) prep_head_load(pa.q + int64_t(h0 + 2 * warp + hh) * 2 * hd, xq[hh]);
+    if (warp == 0) {
+      prep_head_load(pa.k + int64_t(kvh) * hd, xk);
+      prep_head_load(pa.v + int64_t(kvh) * hd, xv);
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) ssq[hh] = prep_head_ss(xq[hh]);
+    if (warp == 0) ssk = prep_head_ss(xk);
+  }
+  const SplitSlice sl = split_slice<HPB>(d, pos_a, pos_p, tt, h0, hd, part);
   const int lo = sl.lo, hi = sl.hi;
   if (lo >= hi) return;
   if constexpr (FP) {
-    const int pos = cur_pos(pos0, pos_dev);
+    const int pos = cur_pos(pos_a, pos_p);
     const float inv = powf(d.theta, -float(2 * lane) / float(d.rot_dim));
     float sn, cs;
     sincosf(float(pos) * inv, &sn, &cs);
@@ -438,11 +512,21 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
     for (int hh = 0; hh < 2; ++hh) {
       const int hl = 2 * warp + hh;
       float y[8];
-      prep_head_lanes(pa.q + int64_t(h0 + hl) * 2 * hd, pa.qn, d.eps, cs, sn, y);
+      if (pa.qfirst) prep_head_done(xq[hh], ssq[hh], pa.qn, d.eps, cs, sn, y);
+      else prep_head_lanes(pa.q + int64_t(h0 + hl) * 2 * hd, pa.qn, d.eps, cs, sn, y);
 #pragma unroll
       for (int j = 0; j < 8; ++j) sm[hl * hd + lane + 32 * j] = y[j] * rsqrtf(float(hd));
     }
-    if (warp == 0 && lo <= pos && pos < hi) {
+    if (warp == 0 && lo <= pos && pos < hi && pa.qfirst) {
+      float y[8];
+      prep_head_done(xk, ssk, pa.kn, d.eps, cs, sn, y);
+      const int64_t row = (int64_t(pos) * d.kv_heads + kvh) * hd;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        kv_store(pa.kc + row + lane + 32 * j, y[j]);
+        kv_store(pa.vc + row + lane + 32 * j, xv[j]);
+      }
+    } else if (warp == 0 && lo <= pos && pos < hi) {
       float y[8];
       prep_head_lanes(pa.k + int64_t(kvh) * hd, pa.kn, d.eps, cs, sn, y);
       const int64_t row = (int64_t(pos) * d.kv_heads + kvh) * hd;
@@ -570,7 +654,8 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
   trace_stamp_nd(pa.tr, 4);
   if (pa.late) pdl_trigger();
   __syncthreads();
-  combine_warps<NW, HPB>(sacc, sml, hd, sl);
+  if (pa.cw4) combine_warps_v4<NW, HPB, hd>(sacc, sml, sl);
+  else combine_warps<NW, HPB>(sacc, sml, hd, sl);
   trace_stamp_nd(pa.tr, 3);
 }
 
@@ -759,6 +844,16 @@ bool& attn_kv_prefetch_enabled() {
   return on;
 }
 
+bool& attn_combine_v4_enabled() {
+  static bool on = false;
+  return on;
+}
+
+bool& attn_q_first_enabled() {
+  static bool on = false;
+  return on;
+}
+
 std::array<unsigned long long*, 2>& attn_trace_next() {
   static std::array<unsigned long long*, 2> p{};
   return p;
@@ -839,6 +934,8 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void
     pa.kv_prefetch = T == 1 && attn_kv_prefetch_enabled() ? 1 : 0;
     pa.late = T == 1 && (pdl_late_mask() & kLateSplit) ? 1 : 0;
     pa.tr = T == 1 ? tr[0] : nullptr;
+    pa.cw4 = attn_combine_v4_enabled() ? 1 : 0;
+    pa.qfirst = fused_prep && attn_q_first_enabled() ? 1 : 0;
     launch(kern, dim3(splits, d.kv_heads, T), dim3(32 * kMmaDecWarps), smem, s, d,
            static_cast<const __half*>(kc), static_cast<const __half*>(vc), pos0, pos_dev, (const float*)qbuf, part, pa);
     CUDA_LAUNCH_CHECK();

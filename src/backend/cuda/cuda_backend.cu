@@ -659,10 +659,11 @@ class CudaBackend final : public Backend {
     Ablations trial;
     trial.merge_env("LILY_TRY");
     auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };
+    attn_combine_v4_enabled() = tried("D66");   // D66: the split-KV combine, 4 dims per thread (not yet run)
+    attn_q_first_enabled() = tried("D67");   // D67: the split-KV q / k / v loads first after the wait (not yet run)
     gemm_set_moe_p43(tried("P43"));   // P43: the MoE down GEMM walked N tile fastest (not yet run)
     p42_ = tried("P42");   // P42: the prefill MoE's norm + conversion without its unread f32 x (not yet run)
     gdn_prep_wide_enabled() = tried("P41");   // P41: the GDN prefill prep a warp per head, float4 per lane (not yet run)
-    moe_pick_alone_enabled() = tried("D65");   // D65: the MoE's picking warp alone on its scheduler (not yet run)
     moe_prefill_set_p40(!abl_.has("P40"));   // P40: the MoE gate/up at M-tile 128 (P34 + P38) from 16 expected rows
     gemm_set_moe_p39(!abl_.has("P39"));   // P39: the MoE down GEMM skips m16 tiles past its tile's rows
     gemm_set_moe_p38(!abl_.has("P38"));   // P38: the P34 MoE kernel's wgmma N = the tile's rows rounded up to 32

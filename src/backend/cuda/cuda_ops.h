@@ -106,7 +106,6 @@ bool& gdn_push_enabled();
 bool& gdn_s_late_enabled();
 // D55: the D12 kernel loads its state and conv state rows into registers before its PDL wait (ablation D55).
 bool& gdn_early_state_enabled();
-bool& moe_pick_alone_enabled();   // D65: D50's warp 4 (warp 0's scheduler partner) out of the x staging
 bool& moe_lean_act_enabled();   // D63: the persistent MoE's down activations staged in fewer instructions (same bits)
 bool& gdn_mbar_enabled();   // D60: D12's Σo² exchange on an mbarrier (st.async) instead of a cluster barrier
 void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
@@ -169,6 +168,8 @@ bool& kv16_u4_enabled();
 bool& attn_mma_decode_enabled();
 // D43: the D20 kernel's CTAs prefetch their K / V rows into L2 before the PDL wait (ablation D43).
 bool& attn_kv_prefetch_enabled();
+bool& attn_combine_v4_enabled();   // D66: the D20 kernel's cross-warp combine with 4 dims per thread (same bits)
+bool& attn_q_first_enabled();      // D67: the D20 kernel's q / k / v loads issued first after its PDL wait
 bool& attn_merge_early_gate_enabled();   // D56: the merge's output gate loaded with the partials
 // D20's load schedule (attn_split_mma_kernel's PM): 2 by default, 0 with ablation D25.
 int& attn_mma_pipe_mode();

@@ -984,10 +984,7 @@ __device__ __forceinline__ void route_weights(const MoeArgs& a, int K, const int
 // W0 (D50, with RL): warp 0 loads the 257 logits straight into registers after the PDL wait and picks at once
 // (select_topk_regs) while warps 1..7 stage x alone (3 float4s per thread; named barrier 3 among them, 4 to tell
 // warp 0); warp 0 then waits for the staging only to scale the routing weights by the norm scale.
-// AL (D65, with W0): warp 4, which shares warp 0's scheduler (warp id mod 4), stays out of the staging, so the
-// picking warp 0 competes for issue slots with no staging warp of its own CTA; warps 1-3 and 5-7 stage x (192
-// threads, at most 3 float4s each, as before) and warp 4 joins after barrier 1.
-template <bool F, bool EP, bool RL, bool W0 = false, bool AL = false>
+template <bool F, bool EP, bool RL, bool W0 = false>
 __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNorm& nrm, int* ctr) {
   extern __shared__ float4 smp[];
   __shared__ float lg[256];
@@ -1043,7 +1040,6 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
   if (tickets && threadIdx.x == 0) s_gen = atomicAdd(&tk[0], 1ull) / unsigned(G);
   static_assert(!RL || EP, "D39 only in the D36 instance");
   static_assert(!W0 || RL, "D50 only in the D39 instance");
-  static_assert(!AL || W0, "D65 only in the D50 instance");
   // RL: shared-expert row sr on warp `warp` (1..7) of CTA blockIdx.x, in its own registers (computed while
   // the warp's first routed rows load, after the picks: warp 0 picks alone).
   const int sr = RL && warp > 0 ? int(blockIdx.x) * (nwc - 1) + warp - 1 : Is;
@@ -1079,58 +1075,52 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
       trace_mark(a, 13);
       named_bar_arrive(2, kPersistThreads);
       if (gw < items) load_routed(cur, gw);
-    } else {   // warps 1..7 (AL: 1-3, 5-7): x (float4 t + XS·k of H / 4 = 512) with the norm gain, staged as int16
-      const bool stages = !(AL && warp == 4);   // D65: warp 4 only joins at barrier 1
-      if (stages) {
-        constexpr int XS = AL ? 192 : 224;
-        const int t = AL ? (warp < 4 ? warp - 1 : warp - 2) * 32 + lane : int(threadIdx.x) - 32;
-        if (AL && t == 0) red[4] = 0.f;   // warp 4's share of Σx², read after barrier 3
-        float4 xg[3], xv[3];
+    } else {   // warps 1..7: x (float4 t + 224k of H / 4 = 512) with the norm gain, staged as int16
+      const int t = int(threadIdx.x) - 32;
+      float4 xg[3], xv[3];
+#pragma unroll
+      for (int k = 0; k < 3; ++k) {
+        const int idx = t + 224 * k;
+        if (idx < H / 4) xg[k] = reinterpret_cast<const float4*>(nrm.w)[idx];
+      }
+      pdl_wait();
+      float ss = 0.f;
+#pragma unroll
+      for (int k = 0; k < 3; ++k) {
+        const int idx = t + 224 * k;
+        if (idx < H / 4) {
+          xv[k] = reinterpret_cast<const float4*>(xin)[idx];
+          ss += xv[k].x * xv[k].x + xv[k].y * xv[k].y + xv[k].z * xv[k].z + xv[k].w * xv[k].w;
+          xv[k].x *= xg[k].x;
+          xv[k].y *= xg[k].y;
+          xv[k].z *= xg[k].z;
+          xv[k].w *= xg[k].w;
+        }
+      }
+      ss = warp_sum(ss);
+      if (lane == 0) red[warp] = ss;
+      uint4* qx = reinterpret_cast<uint4*>(xq4);
+      float* xd = reinterpret_cast<float*>(xq4) + H / 2;
+#pragma unroll
+      for (int k = 0; k < 3; ++k) {
+        const int idx = t + 224 * k;
+        if (idx >= H / 4) break;   // uniform per warp (224 and 512 are multiples of 32)
+        const int ci = idx >> 3;
+        q16_stage(xv[k], idx & 7, qx + (ci >> 5) * 128 + (ci & 31), 32, xs4 + ci, xd + ci);
+      }
+      named_bar_sync(3, kPersistThreads - 32);
+      ns = fold_norm_scale(red + 1, nwc - 1, H, nrm.eps, nrm.h, nrm.w, nullptr);
+      if (blockIdx.x == 0) {
 #pragma unroll
         for (int k = 0; k < 3; ++k) {
-          const int idx = t + XS * k;
-          if (idx < H / 4) xg[k] = reinterpret_cast<const float4*>(nrm.w)[idx];
-        }
-        pdl_wait();
-        float ss = 0.f;
-#pragma unroll
-        for (int k = 0; k < 3; ++k) {
-          const int idx = t + XS * k;
-          if (idx < H / 4) {
-            xv[k] = reinterpret_cast<const float4*>(xin)[idx];
-            ss += xv[k].x * xv[k].x + xv[k].y * xv[k].y + xv[k].z * xv[k].z + xv[k].w * xv[k].w;
-            xv[k].x *= xg[k].x;
-            xv[k].y *= xg[k].y;
-            xv[k].z *= xg[k].z;
-            xv[k].w *= xg[k].w;
-          }
-        }
-        ss = warp_sum(ss);
-        if (lane == 0) red[warp] = ss;
-        uint4* qx = reinterpret_cast<uint4*>(xq4);
-        float* xd = reinterpret_cast<float*>(xq4) + H / 2;
-#pragma unroll
-        for (int k = 0; k < 3; ++k) {
-          const int idx = t + XS * k;
-          if (idx >= H / 4) break;   // uniform per warp (XS and 512 are multiples of 32)
-          const int ci = idx >> 3;
-          q16_stage(xv[k], idx & 7, qx + (ci >> 5) * 128 + (ci & 31), 32, xs4 + ci, xd + ci);
-        }
-        named_bar_sync(3, kPersistThreads - (AL ? 64 : 32));
-        ns = fold_norm_scale(red + 1, nwc - 1, H, nrm.eps, nrm.h, nrm.w, nullptr);
-        if (blockIdx.x == 0) {
-#pragma unroll
-          for (int k = 0; k < 3; ++k) {
-            const int idx = t + XS * k;
-            if (idx < H / 4)
-              reinterpret_cast<float4*>(const_cast<float*>(a.x))[idx] =
-                  make_float4(xv[k].x * ns, xv[k].y * ns, xv[k].z * ns, xv[k].w * ns);
-          }
+          const int idx = t + 224 * k;
+          if (idx < H / 4)
+            reinterpret_cast<float4*>(const_cast<float*>(a.x))[idx] =
+                make_float4(xv[k].x * ns, xv[k].y * ns, xv[k].z * ns, xv[k].w * ns);
         }
       }
       named_bar_arrive(4, kPersistThreads);
       named_bar_sync(1, kPersistThreads);
-      if (!stages) ns = fold_norm_scale(red + 1, nwc - 1, H, nrm.eps, nrm.h, nrm.w, nullptr);   // red complete here
       if (gw < items) load_routed(cur, gw);
       if (sr < Is) {   // D39: the shared row while the routed rows load and warp 0 finishes its picks
         float r[2];
@@ -1357,11 +1347,6 @@ __global__ void __maxnreg__(kRlRegs)
     moe_persist_rlw0_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
   moe_persist_body<true, true, true, true>(a, nrm, ctr);
 }
-// D65: D50 with warp 4 (warp 0's scheduler partner) out of the staging.
-__global__ void __maxnreg__(kRlRegs)
-    moe_persist_rlw0a_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
-  moe_persist_body<true, true, true, true, true>(a, nrm, ctr);
-}
 __global__ void __launch_bounds__(kPersistThreads, 2)
     moe_persist_rl_free_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
   moe_persist_body<true, true, true>(a, nrm, ctr);
@@ -1382,11 +1367,6 @@ bool& moe_lean_act_enabled() {
 bool moe_norm_ok(const MoeDev& m, int T, bool fast) {
   return gemv_norm_ok(m.router, T, fast) && gemv_norm_ok(m.shared_gate, T, fast) && m.router.cols == m.H &&
          m.shared_gate.cols == m.H;
-}
-
-bool& moe_pick_alone_enabled() {
-  static bool on = false;
-  return on;
 }
 
 bool& moe_w0_pick_enabled() {
@@ -1514,7 +1494,6 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
         return v && *v && std::atoi(v) == 0;
       }();
       launch(rl && rl_free ? moe_persist_rl_free_kernel
-             : rl && moe_w0_pick_enabled() && moe_pick_alone_enabled() ? moe_persist_rlw0a_kernel
              : rl && moe_w0_pick_enabled() ? moe_persist_rlw0_kernel
              : rl        ? moe_persist_rl_kernel
              : early     ? moe_persist_kernel<true, true>
