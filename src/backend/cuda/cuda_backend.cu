@@ -661,10 +661,10 @@ class CudaBackend final : public Backend {
     auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };
     attn_combine_v4_enabled() = tried("D66");   // D66: the split-KV combine, 4 dims per thread (not yet run)
     attn_q_first_enabled() = tried("D67");   // D67: the split-KV q / k / v loads first after the wait (not yet run)
-    gemm_set_moe_p43(tried("P43"));   // P43: the MoE down GEMM walked N tile fastest (not yet run)
-    p42_ = tried("P42");   // P42: the prefill MoE's norm + conversion without its unread f32 x (not yet run)
-    gdn_prep_wide_enabled() = tried("P41");   // P41: the GDN prefill prep a warp per head, float4 per lane (not yet run)
-    moe_prefill_set_p40(!abl_.has("P40"));   // P40: the MoE gate/up at M-tile 128 (P34 + P38) from 16 expected rows
+    gemm_set_moe_p43(!abl_.has("P43"));   // P43: the MoE down GEMM walked N tile fastest
+    p42_ = !abl_.has("P42");   // P42: the prefill MoE's norm + conversion without its unread f32 x
+    gdn_prep_wide_enabled() = !abl_.has("P41");   // P41: the GDN prefill prep a warp per head, float4 per lane
+    moe_prefill_set_p40(!abl_.has("P40"));   // P40: the MoE gate/up at M-tile 128 (P34 + P38) from 8 expected rows
     gemm_set_moe_p39(!abl_.has("P39"));   // P39: the MoE down GEMM skips m16 tiles past its tile's rows
     gemm_set_moe_p38(!abl_.has("P38"));   // P38: the P34 MoE kernel's wgmma N = the tile's rows rounded up to 32
     moe_lean_act_enabled() = !abl_.has("D63");   // D63: the MoE's down activations staged in fewer instructions
@@ -1319,7 +1319,7 @@ class CudaBackend final : public Backend {
   std::map<KeptKey, uint16_t*> kept_stack_[2];   // P30: by (first codes, rows, count)
   bool p30_ = true;   // P30: the dense projections of one input as one GEMM
   bool d53_ = true;   // D53
-  bool p42_ = false;  // P42
+  bool p42_ = true;   // P42
   struct {
     MoeDev m;
     int T;

@@ -1887,7 +1887,7 @@ bool& gdn_prep_batched_enabled() {
 }
 
 bool& gdn_prep_wide_enabled() {
-  static bool on = false;
+  static bool on = true;
   return on;
 }
 

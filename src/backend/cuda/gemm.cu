@@ -1177,7 +1177,7 @@ void gemm_set_moe_p38(bool on) { g_moe_p38 = on; }
 bool g_moe_p39 = true;
 void gemm_set_moe_p39(bool on) { g_moe_p39 = on; }
 // P43 (gemm_kernel, the MoE down GEMM): CTAs in N-tile-fastest order (a tile's activation rows read once from DRAM).
-bool g_moe_p43 = false;
+bool g_moe_p43 = true;
 void gemm_set_moe_p43(bool on) { g_moe_p43 = on; }
 int gemm_moe_wg() {
   const int forced = env_int("LILY_MOE_WG", -1);

@@ -274,13 +274,14 @@ int moe_prefill_tile(const MoeDev& m, int T) {
 
 bool g_p40 = true;
 void moe_prefill_set_p40(bool on) { g_p40 = on; }
-// The expected rows per expert from which the gate/up GEMM takes M-tile 128: 16 with P40 (tuning aid:
-// LILY_P40_ROWS, read per call; measured only at 16), 128 without.
+// The expected rows per expert from which the gate/up GEMM takes M-tile 128: 8 with P40 (T >= 256; tuning aid:
+// LILY_P40_ROWS, read per call; session 21 call 2: 8 +9.6 % at 256 over 16, 4 / 8 / 16 equal at 512 ... 2,048),
+// 128 without.
 static double p40_rows() {
   if (!g_p40) return 128;
   const char* v = std::getenv("LILY_P40_ROWS");
   const double r = v && *v ? std::atof(v) : 0;
-  return r > 0 ? r : 16;
+  return r > 0 ? r : 8;
 }
 
 bool moe_prefill_p17(const MoeDev& m, bool f16) {
