@@ -845,12 +845,12 @@ bool& attn_kv_prefetch_enabled() {
 }
 
 bool& attn_combine_v4_enabled() {
-  static bool on = false;
+  static bool on = true;
   return on;
 }
 
 bool& attn_q_first_enabled() {
-  static bool on = false;
+  static bool on = true;
   return on;
 }
 

@@ -658,9 +658,9 @@ class CudaBackend final : public Backend {
     // Switches written but not yet measured on the device are off unless LILY_TRY=ID,... names them.
     Ablations trial;
     trial.merge_env("LILY_TRY");
-    auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };
-    attn_combine_v4_enabled() = tried("D66");   // D66: the split-KV combine, 4 dims per thread (not yet run)
-    attn_q_first_enabled() = tried("D67");   // D67: the split-KV q / k / v loads first after the wait (not yet run)
+    [[maybe_unused]] auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };   // none now
+    attn_combine_v4_enabled() = !abl_.has("D66");   // D66: the split-KV combine, 4 dims per thread (same bits)
+    attn_q_first_enabled() = !abl_.has("D67");   // D67: the split-KV q / k / v and position loads first after the wait
     gemm_set_moe_p43(!abl_.has("P43"));   // P43: the MoE down GEMM walked N tile fastest
     p42_ = !abl_.has("P42");   // P42: the prefill MoE's norm + conversion without its unread f32 x
     gdn_prep_wide_enabled() = !abl_.has("P41");   // P41: the GDN prefill prep a warp per head, float4 per lane
