@@ -703,6 +703,7 @@ __global__ void attn_merge_kernel(AttnDims d, int splits, int pos0, const int32_
 // each (independent 8-byte loads, several splits in flight), so there is no serial loop over all
 // splits and no separate max pass; the 16 warp states are combined in shared memory.
 constexpr int kMergeWarps = 16;
+constexpr int kMergeBatch = 8;   // D68: slices per warp loaded together (64 slices per KV head at <= 12,288 positions: 4)
 __global__ void __launch_bounds__(32 * kMergeWarps) attn_merge_warps_kernel(AttnDims d, int splits, int pos0,
                                                                             const int32_t* pos_dev,
                                                                             const float* part, const float* q,
@@ -714,27 +715,55 @@ __global__ void __launch_bounds__(32 * kMergeWarps) attn_merge_warps_kernel(Attn
   pdl_wait();
   trace_stamp_nd(tr, 1);
   const int h = blockIdx.x, e0 = blockIdx.y * 64, t = blockIdx.z, hd = d.head_dim;
-  // D56 (eg): the output gate is loaded with the partials, not after the block barrier (one L2 round trip less).
+  // D56 (eg bit 0): the output gate is loaded with the partials, not after the block barrier (one L2 round trip less).
   float gate = 0.f;
-  if (eg && threadIdx.x < 64) gate = q[(int64_t(t) * d.heads + h) * 2 * hd + hd + e0 + threadIdx.x];
+  if ((eg & 1) && threadIdx.x < 64) gate = q[(int64_t(t) * d.heads + h) * 2 * hd + hd + e0 + threadIdx.x];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int len = min(cur_pos(pos0, pos_dev) + t + 1, d.capacity);
+  const int pos = cur_pos(pos0, pos_dev);
+  const float* pb = part + (int64_t(t) * d.heads + h) * splits * (hd + 2);
+  float2 bml[kMergeBatch], bv[kMergeBatch];   // D68: a batch of this warp's slices (m, l) and values
+  auto load_batch = [&](int base) {
+#pragma unroll
+    for (int i = 0; i < kMergeBatch; ++i) {
+      const int sp = base + i * kMergeWarps;
+      const float* ps = pb + int64_t(sp < splits ? sp : 0) * (hd + 2);
+      bml[i] = *reinterpret_cast<const float2*>(ps + hd);   // (m, l); hd + 2 is even: 8-byte aligned
+      bv[i] = *reinterpret_cast<const float2*>(ps + e0 + 2 * lane);
+    }
+  };
+  if (eg & 2) load_batch(warp);
+  const int len = min(pos + t + 1, d.capacity);
   const int chunk = split_chunk(len, splits, d.min_chunk);
   const int ns = min(splits, (len + chunk - 1) / chunk);
-  const float* pb = part + (int64_t(t) * d.heads + h) * splits * (hd + 2);
   float m = -FLT_MAX, l = 0.f, a0 = 0.f, a1 = 0.f;
-#pragma unroll 4
-  for (int sp = warp; sp < ns; sp += kMergeWarps) {
-    const float* ps = pb + int64_t(sp) * (hd + 2);
-    const float2 ml = *reinterpret_cast<const float2*>(ps + hd);   // (m, l); hd + 2 is even: 8-byte aligned
-    const float2 v = *reinterpret_cast<const float2*>(ps + e0 + 2 * lane);
-    if (!(ml.y > 0.f)) continue;                                     // empty slice
+  auto fold = [&](float2 ml, float2 v) {   // one slice's partials into the warp's running (m, l, a)
     const float mn = fmaxf(m, ml.x);
     const float corr = exp2f(m - mn), f = exp2f(ml.x - mn);
     m = mn;
     l = fmaf(l, corr, ml.y * f);
     a0 = fmaf(a0, corr, v.x * f);
     a1 = fmaf(a1, corr, v.y * f);
+  };
+  if (eg & 2) {
+    // D68: the warp's slices of the whole grid (not just the ns filled at this length) loaded kMergeBatch at a time,
+    // the first batch issued with the position load that gives ns (before any instruction uses it); rows past ns
+    // (stale partials of an earlier step) are loaded and skipped. The same slices folded in the same order: the
+    // same bits.
+    for (int base = warp; base < splits; base += kMergeBatch * kMergeWarps) {
+#pragma unroll
+      for (int i = 0; i < kMergeBatch; ++i)
+        if (base + i * kMergeWarps < ns && bml[i].y > 0.f) fold(bml[i], bv[i]);
+      if (base + kMergeBatch * kMergeWarps < splits) load_batch(base + kMergeBatch * kMergeWarps);
+    }
+  } else {
+#pragma unroll 4
+    for (int sp = warp; sp < ns; sp += kMergeWarps) {
+      const float* ps = pb + int64_t(sp) * (hd + 2);
+      const float2 ml = *reinterpret_cast<const float2*>(ps + hd);   // (m, l); hd + 2 is even: 8-byte aligned
+      const float2 v = *reinterpret_cast<const float2*>(ps + e0 + 2 * lane);
+      if (!(ml.y > 0.f)) continue;                                     // empty slice
+      fold(ml, v);
+    }
   }
   sacc[warp][2 * lane] = a0;
   sacc[warp][2 * lane + 1] = a1;
@@ -753,7 +782,7 @@ __global__ void __launch_bounds__(32 * kMergeWarps) attn_merge_warps_kernel(Attn
       A = fmaf(sacc[w][threadIdx.x], f, A);
     }
     const int e = e0 + threadIdx.x;
-    if (!eg) gate = q[(int64_t(t) * d.heads + h) * 2 * hd + hd + e];
+    if (!(eg & 1)) gate = q[(int64_t(t) * d.heads + h) * 2 * hd + hd + e];
     o[(int64_t(t) * d.heads + h) * hd + e] = A / L * sigmoidf_(gate);
   }
   trace_stamp_nd(tr, 3);
@@ -874,6 +903,11 @@ bool& attn_mma_decode_enabled() {
   return on;
 }
 
+bool& attn_merge_early_parts_enabled() {
+  static bool on = false;
+  return on;
+}
+
 bool& attn_merge_early_gate_enabled() {
   static bool on = true;
   return on;
@@ -947,7 +981,7 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void
                      part, splits, T, s);
   if (merge_warps_enabled() && T == 1)
     launch(attn_merge_warps_kernel, dim3(d.heads, hd / 64, T), dim3(32 * kMergeWarps), 0, s, d, splits, pos0,
-           pos_dev, (const float*)part, q, o, tr[1], attn_merge_early_gate_enabled() ? 1 : 0);
+           pos_dev, (const float*)part, q, o, tr[1], (attn_merge_early_gate_enabled() ? 1 : 0) | (attn_merge_early_parts_enabled() ? 2 : 0));
   else
     launch(attn_merge_kernel, dim3(d.heads, T), dim3(hd), (splits + 32) * sizeof(float), s, d, splits, pos0,
            pos_dev, (const float*)part, q, o);

@@ -658,7 +658,8 @@ class CudaBackend final : public Backend {
     // Switches written but not yet measured on the device are off unless LILY_TRY=ID,... names them.
     Ablations trial;
     trial.merge_env("LILY_TRY");
-    [[maybe_unused]] auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };   // none now
+    auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };
+    attn_merge_early_parts_enabled() = tried("D68");   // D68: the merge's partials before its slice count (not yet run)
     attn_combine_v4_enabled() = !abl_.has("D66");   // D66: the split-KV combine, 4 dims per thread (same bits)
     attn_q_first_enabled() = !abl_.has("D67");   // D67: the split-KV q / k / v and position loads first after the wait
     gemm_set_moe_p43(!abl_.has("P43"));   // P43: the MoE down GEMM walked N tile fastest

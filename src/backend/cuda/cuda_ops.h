@@ -171,6 +171,7 @@ bool& attn_kv_prefetch_enabled();
 bool& attn_combine_v4_enabled();   // D66: the D20 kernel's cross-warp combine with 4 dims per thread (same bits)
 bool& attn_q_first_enabled();      // D67: the D20 kernel's q / k / v loads issued first after its PDL wait
 bool& attn_merge_early_gate_enabled();   // D56: the merge's output gate loaded with the partials
+bool& attn_merge_early_parts_enabled();   // D68: the merge's partials loaded before its slice count is known
 // D20's load schedule (attn_split_mma_kernel's PM): 2 by default, 0 with ablation D25.
 int& attn_mma_pipe_mode();
 // Workspace floats needed for T tokens (prepared queries + split-KV partials).
