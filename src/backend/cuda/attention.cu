@@ -411,8 +411,7 @@ struct AttnPrepArgs {
 };
 // RMSNorm (weight nw) and partial RoPE (64 dims, pairs (l, l + 32)) of one 256-wide head, lane l
 // holding dims l + 32j in y[j].
-// D67's form takes the row x (prep_head_load) and its warp-summed Σx² (prep_head_ss); prep_head_lanes loads
-// and sums itself.
+// D67 calls the three parts apart (all loads first); prep_head_lanes is the three in a row.
 __device__ __forceinline__ void prep_head_load(const float* src, float (&x)[8]) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
@@ -436,20 +435,9 @@ __device__ __forceinline__ void prep_head_done(const float (&x)[8], float ss, co
 }
 __device__ __forceinline__ void prep_head_lanes(const float* src, const float* nw, float eps, float cs, float sn,
                                                 float (&y)[8]) {
-  const int lane = threadIdx.x & 31;
-  float x[8], ss = 0.f;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    x[j] = src[lane + 32 * j];
-    ss = fmaf(x[j], x[j], ss);
-  }
-  ss = warp_sum(ss);
-  const float r = rsqrtf(ss / 256.f + eps);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) y[j] = x[j] * r * nw[lane + 32 * j];
-  const float a = y[0], b = y[1];
-  y[0] = a * cs - b * sn;
-  y[1] = b * cs + a * sn;
+  float x[8];
+  prep_head_load(src, x);
+  prep_head_done(x, prep_head_ss(x), nw, eps, cs, sn, y);
 }
 
 constexpr int kKvPrefetchRows = 16 * kMmaDecWarps;   // D43: positions of a slice prefetched before the wait
