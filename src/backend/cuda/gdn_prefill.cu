@@ -430,6 +430,39 @@ __device__ __forceinline__ void store_split2x(bf16* hi, bf16* lo, float a, float
   }
 }
 
+// K K̂ᵀ and Q K̂ᵀ (64×64, k = 128) from the chunk's split-bf16 tiles in shared memory, for the per-chunk passes:
+// warp = 16 rows (mt) × 32 columns (nh); blocks entirely above the diagonal skip the MMAs (their accumulators
+// stay zero, and the callers still write them).
+__device__ __forceinline__ void chunk_kq_products(const bf16* qh, const bf16* ql, const bf16* kh, const bf16* kl, int mt,
+                                                  int nh, int lane, float (&aK)[4][4], float (&aQ)[4][4]) {
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) aK[nt][e] = aQ[nt][e] = 0.f;
+  if (32 * nh > 16 * mt + 15) return;
+  const int lr = lane & 7, q = lane >> 3;
+  const int aoff = (16 * mt + lr + 8 * (q & 1)) * kRS + 8 * (q >> 1);   // A: rows × dims
+  const int boff = (32 * nh + lr + 8 * (q >> 1)) * kRS + 8 * (q & 1);   // B: keys (n) × dims (k)
+#pragma unroll
+  for (int kk = 0; kk < kHD / 16; ++kk) {
+    uint32_t akh[4], akl[4], aqh[4], aql[4];
+    ldsm_x4(akh[0], akh[1], akh[2], akh[3], kh + aoff + 16 * kk);
+    ldsm_x4(akl[0], akl[1], akl[2], akl[3], kl + aoff + 16 * kk);
+    ldsm_x4(aqh[0], aqh[1], aqh[2], aqh[3], qh + aoff + 16 * kk);
+    ldsm_x4(aql[0], aql[1], aql[2], aql[3], ql + aoff + 16 * kk);
+#pragma unroll
+    for (int np = 0; np < 2; ++np) {
+      uint32_t bh[4], bl[4];
+      ldsm_x4(bh[0], bh[1], bh[2], bh[3], kh + boff + np * 16 * kRS + 16 * kk);
+      ldsm_x4(bl[0], bl[1], bl[2], bl[3], kl + boff + np * 16 * kRS + 16 * kk);
+      mma_bf16x3(aK[2 * np], akh, akl, bh[0], bh[1], bl[0], bl[1]);
+      mma_bf16x3(aK[2 * np + 1], akh, akl, bh[2], bh[3], bl[2], bl[3]);
+      mma_bf16x3(aQ[2 * np], aqh, aql, bh[0], bh[1], bl[0], bl[1]);
+      mma_bf16x3(aQ[2 * np + 1], aqh, aql, bh[2], bh[3], bl[2], bl[3]);
+    }
+  }
+}
+
 struct IntraArgs {
   GdnDims d;
   const float *u, *beta, *g;
@@ -498,33 +531,7 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra_kernel(const __grid_co
   {
     const int mt = warp & 3, nh = warp >> 2;
     float aK[4][4], aQ[4][4];
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) aK[nt][e] = aQ[nt][e] = 0.f;
-    if (32 * nh <= 16 * mt + 15) {
-      const int lr = lane & 7, q = lane >> 3;
-      const int aoff = (16 * mt + lr + 8 * (q & 1)) * kRS + 8 * (q >> 1);   // A: rows × dims
-      const int boff = (32 * nh + lr + 8 * (q >> 1)) * kRS + 8 * (q & 1);   // B: keys (n) × dims (k)
-#pragma unroll
-      for (int kk = 0; kk < kHD / 16; ++kk) {
-        uint32_t akh[4], akl[4], aqh[4], aql[4];
-        ldsm_x4(akh[0], akh[1], akh[2], akh[3], kh + aoff + 16 * kk);
-        ldsm_x4(akl[0], akl[1], akl[2], akl[3], kl + aoff + 16 * kk);
-        ldsm_x4(aqh[0], aqh[1], aqh[2], aqh[3], qh + aoff + 16 * kk);
-        ldsm_x4(aql[0], aql[1], aql[2], aql[3], ql + aoff + 16 * kk);
-#pragma unroll
-        for (int np = 0; np < 2; ++np) {
-          uint32_t bh[4], bl[4];
-          ldsm_x4(bh[0], bh[1], bh[2], bh[3], kh + boff + np * 16 * kRS + 16 * kk);
-          ldsm_x4(bl[0], bl[1], bl[2], bl[3], kl + boff + np * 16 * kRS + 16 * kk);
-          mma_bf16x3(aK[2 * np], akh, akl, bh[0], bh[1], bl[0], bl[1]);
-          mma_bf16x3(aK[2 * np + 1], akh, akl, bh[2], bh[3], bl[2], bl[3]);
-          mma_bf16x3(aQ[2 * np], aqh, aql, bh[0], bh[1], bl[0], bl[1]);
-          mma_bf16x3(aQ[2 * np + 1], aqh, aql, bh[2], bh[3], bl[2], bl[3]);
-        }
-      }
-    }
+    chunk_kq_products(qh, ql, kh, kl, mt, nh, lane, aK, aQ);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -744,33 +751,7 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
   {
     const int mt = warp & 3, nh = warp >> 2;
     float aK[4][4], aQ[4][4];
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) aK[nt][e] = aQ[nt][e] = 0.f;
-    if (32 * nh <= 16 * mt + 15) {
-      const int lr = lane & 7, q = lane >> 3;
-      const int aoff = (16 * mt + lr + 8 * (q & 1)) * kRS + 8 * (q >> 1);   // A: rows × dims
-      const int boff = (32 * nh + lr + 8 * (q >> 1)) * kRS + 8 * (q & 1);   // B: keys (n) × dims (k)
-#pragma unroll
-      for (int kk = 0; kk < kHD / 16; ++kk) {
-        uint32_t akh[4], akl[4], aqh[4], aql[4];
-        ldsm_x4(akh[0], akh[1], akh[2], akh[3], kh + aoff + 16 * kk);
-        ldsm_x4(akl[0], akl[1], akl[2], akl[3], kl + aoff + 16 * kk);
-        ldsm_x4(aqh[0], aqh[1], aqh[2], aqh[3], qh + aoff + 16 * kk);
-        ldsm_x4(aql[0], aql[1], aql[2], aql[3], ql + aoff + 16 * kk);
-#pragma unroll
-        for (int np = 0; np < 2; ++np) {
-          uint32_t bh[4], bl[4];
-          ldsm_x4(bh[0], bh[1], bh[2], bh[3], kh + boff + np * 16 * kRS + 16 * kk);
-          ldsm_x4(bl[0], bl[1], bl[2], bl[3], kl + boff + np * 16 * kRS + 16 * kk);
-          mma_bf16x3(aK[2 * np], akh, akl, bh[0], bh[1], bl[0], bl[1]);
-          mma_bf16x3(aK[2 * np + 1], akh, akl, bh[2], bh[3], bl[2], bl[3]);
-          mma_bf16x3(aQ[2 * np], aqh, aql, bh[0], bh[1], bl[0], bl[1]);
-          mma_bf16x3(aQ[2 * np + 1], aqh, aql, bh[2], bh[3], bl[2], bl[3]);
-        }
-      }
-    }
+    chunk_kq_products(qh, ql, kh, kl, mt, nh, lane, aK, aQ);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
