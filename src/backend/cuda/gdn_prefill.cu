@@ -1038,6 +1038,27 @@ static_assert(kCScanSmem <= 227 * 1024, "chunk scan: shared memory");
 // then O += P Δ, then S = γ_C S + K'ᵀ Δ (warp = 16 state rows × 32 columns, S held as its
 // accumulator). S and Δ go to shared memory (split) as B operands. W, diag(γ)Q, U of chunk c+1 load
 // during the second half of chunk c; K' and P (double-buffered) one chunk ahead.
+// The chunk scans' state as MMA accumulators (warp: 16 state rows × 32 columns from column c0, row
+// 16·warp + gq (+8), columns 8·nt + 2·tq (+1)): loaded from the f32 state, and split into the hi / lo bf16
+// tiles (row stride kNS) that the next products read.
+__device__ __forceinline__ void scan_state_load(const float* Sg, int c0, int warp, int gq, int tq, float (&acc_s)[4][4]) {
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      acc_s[nt][e] = Sg[(16 * warp + gq + 8 * (e >> 1)) * kHD + c0 + 8 * nt + 2 * tq + (e & 1)];
+}
+__device__ __forceinline__ void scan_state_split(const float (&acc_s)[4][4], int warp, int gq, int tq, bf16* Sh,
+                                                 bf16* Sl) {
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int o = (16 * warp + gq + 8 * r) * kNS + 8 * nt + 2 * tq;
+      store_split2(Sh + o, Sl + o, acc_s[nt][2 * r], acc_s[nt][2 * r + 1]);
+    }
+}
+
 __global__ void __launch_bounds__(256, 1) gdn_chunk_scan_kernel(const __grid_constant__ CScanArgs p) {
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* Wh = reinterpret_cast<bf16*>(smraw);   // [kC][kRS]
@@ -1109,20 +1130,8 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan_kernel(const __grid_con
   // columns 8·nt + 2·tq (+1).
   float* Sg = p.S + int64_t(j) * kHD * kHD;
   float acc_s[4][4];
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      acc_s[nt][e] = Sg[(16 * warp + gq + 8 * (e >> 1)) * kHD + c0 + 8 * nt + 2 * tq + (e & 1)];
-  auto write_s = [&] {
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int o = (16 * warp + gq + 8 * r) * kNS + 8 * nt + 2 * tq;
-        store_split2(Sh + o, Sl + o, acc_s[nt][2 * r], acc_s[nt][2 * r + 1]);
-      }
-  };
+  scan_state_load(Sg, c0, warp, gq, tq, acc_s);
+  auto write_s = [&] { scan_state_split(acc_s, warp, gq, tq, Sh, Sl); };
   write_s();
 
   const int mt = warp & 3, nh = warp >> 2;   // steps 1-2: 16 tokens × 16 columns
@@ -1676,20 +1685,8 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_scan3_kernel(const __grid_co
   // columns 8·nt + 2·tq (+1).
   float* Sg = p.S + int64_t(j) * kHD * kHD;
   float acc_s[4][4];
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      acc_s[nt][e] = Sg[(16 * warp + gq + 8 * (e >> 1)) * kHD + c0 + 8 * nt + 2 * tq + (e & 1)];
-  auto write_s = [&] {
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int o = (16 * warp + gq + 8 * r) * kNS + 8 * nt + 2 * tq;
-        store_split2(Sh + o, Sl + o, acc_s[nt][2 * r], acc_s[nt][2 * r + 1]);
-      }
-  };
+  scan_state_load(Sg, c0, warp, gq, tq, acc_s);
+  auto write_s = [&] { scan_state_split(acc_s, warp, gq, tq, Sh, Sl); };
   write_s();
 
   const int boff = (lr + 8 * (q & 1)) * kNS + 16 * nh + 8 * (q >> 1);   // B = S [k][n] (ldmatrix.trans)
