@@ -304,7 +304,10 @@ struct Tally {
   int cases = 0, fails = 0;
 };
 
-int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, const std::string& only) {
+// `variant`: only the variants whose name contains it; `repeat`: each GDN case-variant run (and counted) that
+// many times on the GPU (the intermittent-failure hunt: one CPU reference, many GPU runs).
+int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, const std::string& only,
+              const std::string& variant, int repeat) {
   std::mt19937_64 g(seed);
   const std::vector<int> Ts = {1, 16, 63, 64, 65, 300, 1024};
   const std::vector<Variant> gv = {{"P4 off (decode kernel)", {"P4"}},
@@ -369,43 +372,45 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
     for (int carried = 0; carried < 2 && only != "attn"; ++carried) {
       const GdnIO io = make_gdn_io(c, T, carried, g);
       const GdnOut ref = run_gdn(cpu, c, io, T);
-      for (size_t vi = 0; vi < gv.size(); ++vi) {
-        apply(gpu, gv[vi]);
-        const GdnOut got = run_gdn(gpu, c, io, T);
-        Err ey = compare(ref.y[0], got.y[0], dv);
-        ey.merge(compare(ref.y[1], got.y[1], dv));
-        const Err es = compare(ref.S, got.S, dv);
-        const Err ec = compare(ref.conv, got.conv, c.conv_dim());
-        const bool ok = within(ey, gv[vi].tol) && within(es, gv[vi].tol) && within(ec, 0);
-        Err all = ey;
-        all.merge(es);
-        all.merge(ec);
-        gt[vi].worst.merge(all);
-        gt[vi].cases++;
-        gt[vi].fails += !ok;
-        char line[256];
-        std::snprintf(line, sizeof line, "gdn  T=%4d %-7s %-22s y %.1e/%.1e  S %.1e/%.1e  conv %.1e  %s", T,
-                      carried ? "carried" : "zero", gv[vi].name.c_str(), ey.rel_rms, ey.worst_row, es.rel_rms,
-                      es.worst_row, ec.worst_row, ok ? "PASS" : "FAIL");
-        std::printf("%s\n", line);
-        std::fflush(stdout);
-        if (!ok) {
-          failed.push_back(line);
-          // Diagnosis (the failure stays counted): which value heads are off, and does the same case fail again?
-          // An intermittent failure points at a race, a repeatable one at the code (session 21: T = 63, P4 off).
-          std::printf("  value heads over the bound:%s\n", gdn_bad_heads(c, ref, got, T, kRms[gv[vi].tol]).c_str());
-          for (int rep = 1; rep <= 3; ++rep) {
-            const GdnOut again = run_gdn(gpu, c, io, T);
-            Err ay = compare(ref.y[0], again.y[0], dv);
-            ay.merge(compare(ref.y[1], again.y[1], dv));
-            const Err as = compare(ref.S, again.S, dv);
-            const bool ok2 = within(ay, gv[vi].tol) && within(as, gv[vi].tol) &&
-                             within(compare(ref.conv, again.conv, c.conv_dim()), 0);
-            std::printf("  rerun %d: y %.1e/%.1e  S %.1e/%.1e  %s\n", rep, ay.rel_rms, ay.worst_row, as.rel_rms,
-                        as.worst_row, ok2 ? "PASS" : "FAIL");
-          }
+      for (size_t vi = 0; vi < gv.size(); ++vi)
+        for (int rep = 0; rep < repeat; ++rep) {
+          if (!variant.empty() && gv[vi].name.find(variant) == std::string::npos) break;
+          apply(gpu, gv[vi]);
+          const GdnOut got = run_gdn(gpu, c, io, T);
+          Err ey = compare(ref.y[0], got.y[0], dv);
+          ey.merge(compare(ref.y[1], got.y[1], dv));
+          const Err es = compare(ref.S, got.S, dv);
+          const Err ec = compare(ref.conv, got.conv, c.conv_dim());
+          const bool ok = within(ey, gv[vi].tol) && within(es, gv[vi].tol) && within(ec, 0);
+          Err all = ey;
+          all.merge(es);
+          all.merge(ec);
+          gt[vi].worst.merge(all);
+          gt[vi].cases++;
+          gt[vi].fails += !ok;
+          char line[256];
+          std::snprintf(line, sizeof line, "gdn  T=%4d %-7s %-22s y %.1e/%.1e  S %.1e/%.1e  conv %.1e  %s", T,
+                        carried ? "carried" : "zero", gv[vi].name.c_str(), ey.rel_rms, ey.worst_row, es.rel_rms,
+                        es.worst_row, ec.worst_row, ok ? "PASS" : "FAIL");
+          std::printf("%s\n", line);
           std::fflush(stdout);
-        }
+          if (!ok) {
+            failed.push_back(line);
+            // Diagnosis (the failure stays counted): which value heads are off, and does the same case fail again?
+            // An intermittent failure points at a race, a repeatable one at the code (session 21: T = 63, P4 off).
+            std::printf("  value heads over the bound:%s\n", gdn_bad_heads(c, ref, got, T, kRms[gv[vi].tol]).c_str());
+            for (int rep = 1; rep <= 3; ++rep) {
+              const GdnOut again = run_gdn(gpu, c, io, T);
+              Err ay = compare(ref.y[0], again.y[0], dv);
+              ay.merge(compare(ref.y[1], again.y[1], dv));
+              const Err as = compare(ref.S, again.S, dv);
+              const bool ok2 = within(ay, gv[vi].tol) && within(as, gv[vi].tol) &&
+                               within(compare(ref.conv, again.conv, c.conv_dim()), 0);
+              std::printf("  rerun %d: y %.1e/%.1e  S %.1e/%.1e  %s\n", rep, ay.rel_rms, ay.worst_row, as.rel_rms,
+                          as.worst_row, ok2 ? "PASS" : "FAIL");
+            }
+            std::fflush(stdout);
+          }
       }
     }
   for (int T : Ts)
@@ -415,6 +420,7 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
       const AttnOut ref = run_attn(cpu, c, io, T);
       const int64_t rows = int64_t(pos0 + 2 * T) * c.num_key_value_heads * hd;   // written cache floats
       for (size_t vi = 0; vi < av.size(); ++vi) {
+        if (!variant.empty() && av[vi].name.find(variant) == std::string::npos) continue;
         apply(gpu, av[vi]);
         const AttnOut got = run_attn(gpu, c, io, T);
         Err eo = compare(ref.o[0], got.o[0], hd);
@@ -442,11 +448,13 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
   int fails = 0;
   std::printf("\nsummary (worst over cases: rel rms / worst row)\n");
   for (size_t i = 0; i < gv.size(); ++i) {
+    if (gt[i].cases == 0) continue;
     std::printf("  gdn  %-24s %2d/%2d pass  %.2e / %.2e\n", gv[i].name.c_str(), gt[i].cases - gt[i].fails, gt[i].cases,
                 gt[i].worst.rel_rms, gt[i].worst.worst_row);
     fails += gt[i].fails;
   }
   for (size_t i = 0; i < av.size(); ++i) {
+    if (at[i].cases == 0) continue;
     std::printf("  attn %-24s %2d/%2d pass  %.2e / %.2e%s\n", av[i].name.c_str(), at[i].cases - at[i].fails,
                 at[i].cases, at[i].worst.rel_rms, at[i].worst.worst_row, av[i].diag ? "  (diagnostic, not counted)" : "");
     if (!av[i].diag) fails += at[i].fails;
@@ -643,6 +651,8 @@ int cudatest_attn_main(int argc, char** argv) {
             {{"bench", "false", "time the kernels instead of testing", "", true},
              {"seed", "1", "random seed"},
              {"only", "", "test only the 'gdn' or the 'attn' cases (--bench: also 'p11')"},
+             {"variant", "", "test only the variants whose name contains this"},
+             {"repeat", "1", "run each GDN case-variant this many times on the GPU (each counted)"},
              {"threads", "0", "cpu threads"}});
   if (!o.parse(argc, argv)) return 0;
 #ifdef LILY_HAVE_CUDA
@@ -656,7 +666,9 @@ int cudatest_attn_main(int argc, char** argv) {
   cpu_opt.name = "cpu";
   cpu_opt.threads = o.num("threads");
   auto cpu = make_backend(cpu_opt);
-  return run_tests(*cpu, *gpu, c, seed, o.str("only"));
+  const int repeat = int(o.i64("repeat"));
+  LILY_CHECK(repeat >= 1, "cuda-test-attn: --repeat must be >= 1");
+  return run_tests(*cpu, *gpu, c, seed, o.str("only"), o.str("variant"), repeat);
 #else
   throw Error("cuda-test-attn: this build has no CUDA backend");
 #endif
