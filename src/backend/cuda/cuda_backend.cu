@@ -855,7 +855,11 @@ class CudaBackend final : public Backend {
     void* p = nullptr;
     LILY_CHECK(!capturing_, "cuda backend: allocation during graph capture");
     CUDA_CHECK(cudaMalloc(&p, std::max<int64_t>(bytes, 16)));
-    CUDA_CHECK(cudaMemset(p, 0, std::max<int64_t>(bytes, 16)));
+    // On s_ and waited for: s_ is a non-blocking stream, so a cudaMemset (legacy default stream, asynchronous to
+    // the host) could land after a later write on s_ and zero it (session 22: the intermittent cuda-test-attn
+    // failures, inputs uploaded by copy_from_host then zeroed).
+    CUDA_CHECK(cudaMemsetAsync(p, 0, std::max<int64_t>(bytes, 16), s_));
+    CUDA_CHECK(cudaStreamSynchronize(s_));
     allocs_.push_back(p);
     alloc_size_[p] = bytes;
     bytes_ += bytes;
@@ -866,7 +870,10 @@ class CudaBackend final : public Backend {
     auto it = uploaded_.find(host);
     if (it != uploaded_.end() && it->second.second >= bytes) return it->second.first;
     void* d = alloc_bytes(bytes);
-    CUDA_CHECK(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice));
+    // On s_ and waited for (a cudaMemcpy from pageable memory may return before its DMA has landed, and the
+    // kernels that read the copy run on the non-blocking s_).
+    CUDA_CHECK(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, s_));
+    CUDA_CHECK(cudaStreamSynchronize(s_));
     uploaded_[host] = {d, bytes};
     return d;
   }
@@ -1660,7 +1667,7 @@ double copy_bandwidth_gbs(Backend& be, int64_t bytes) {
   void *a = nullptr, *b = nullptr;
   CUDA_CHECK(cudaMalloc(&a, bytes));
   CUDA_CHECK(cudaMalloc(&b, bytes));
-  CUDA_CHECK(cudaMemset(a, 1, bytes));
+  CUDA_CHECK(cudaMemsetAsync(a, 1, bytes, cb.stream()));
   cudaEvent_t e0, e1;
   CUDA_CHECK(cudaEventCreate(&e0));
   CUDA_CHECK(cudaEventCreate(&e1));

@@ -1274,6 +1274,7 @@ struct ProbeBufs {
     void* p = nullptr;
     CUDA_CHECK(cudaMalloc(&p, size_t(bytes)));
     CUDA_CHECK(cudaMemset(p, 0, size_t(bytes)));
+    CUDA_CHECK(cudaDeviceSynchronize());   // the probes' kernels run on non-blocking streams
     owned.push_back(p);
     return p;
   }
@@ -1281,6 +1282,7 @@ struct ProbeBufs {
   float* copy(const std::vector<float>& v) {
     float* p = zeros_f(int64_t(v.size()));
     CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaDeviceSynchronize());   // a pageable copy may return before its DMA has landed
     return p;
   }
   std::vector<float> randn(int64_t n, float sc) {
@@ -1498,6 +1500,7 @@ int64_t gemm_segmented_probe(int T, int K, int nseg, const int* rows, unsigned s
     for (uint16_t& v : h) v = __half_as_ushort(__float2half(ud(b.g)));
     void* d = b.zeros(n * 2);
     CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaDeviceSynchronize());   // as ProbeBufs::copy
     return static_cast<const uint16_t*>(d);
   };
   const uint16_t* a = fp16_rand(int64_t(T) * K);
@@ -1637,6 +1640,7 @@ void gemm_moe_raw(int kernel, int bm, bool swiglu, const uint16_t* a16, const fl
   CUDA_CHECK(cudaMalloc(&dn, sizeof(int)));
   CUDA_CHECK(cudaMemcpy(dt, tiles, size_t(n_tiles) * sizeof(int4), cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(dn, &n_tiles, sizeof(int), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaDeviceSynchronize());   // the GEMM runs on the non-blocking stream s
   auto mat = [&](const void* c, const void* sc, const void* bi) {
     QMat w;
     w.type = kQ4;
