@@ -695,8 +695,7 @@ constexpr int kMergeBatch = 8;   // D68: slices per warp loaded together (64 sli
 __global__ void __launch_bounds__(32 * kMergeWarps) attn_merge_warps_kernel(AttnDims d, int splits, int pos0,
                                                                             const int32_t* pos_dev,
                                                                             const float* part, const float* q,
-                                                                            float* o, unsigned long long* tr, int eg,
-                                                                            uint8_t* xq) {
+                                                                            float* o, unsigned long long* tr, int eg) {
   __shared__ float sacc[kMergeWarps][64];
   __shared__ float sml[kMergeWarps][2];
   trace_stamp_nd(tr, 0);
@@ -772,10 +771,7 @@ __global__ void __launch_bounds__(32 * kMergeWarps) attn_merge_warps_kernel(Attn
     }
     const int e = e0 + threadIdx.x;
     if (!(eg & 1)) gate = q[(int64_t(t) * d.heads + h) * 2 * hd + hd + e];
-    const float ov = A / L * sigmoidf_(gate);
-    o[(int64_t(t) * d.heads + h) * hd + e] = ov;
-    // D69 (T == 1): warps 0 and 1 each hold one 32-value chunk of o, the o_proj GEMV's x.
-    if (xq) q16_chunk_store(ov, (h * hd + e0) / 32 + warp, d.heads * hd, xq);
+    o[(int64_t(t) * d.heads + h) * hd + e] = A / L * sigmoidf_(gate);
   }
   trace_stamp_nd(tr, 3);
 }
@@ -896,7 +892,7 @@ bool& attn_mma_decode_enabled() {
 }
 
 bool& attn_merge_early_parts_enabled() {
-  static bool on = false;
+  static bool on = true;
   return on;
 }
 
@@ -971,16 +967,10 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void
   else
     launch_split_all(d, hpb, static_cast<const float*>(kc), static_cast<const float*>(vc), pos0, pos_dev, qbuf,
                      part, splits, T, s);
-  if (merge_warps_enabled() && T == 1) {
-    uint8_t* xq = nullptr;   // D69: o as the o_proj GEMV's int16 staging too
-    if (gemv_prestage_enabled() && (d.heads * hd == 2048 || d.heads * hd == 4096)) {
-      xq = gemv_prestage_buffer();
-      gemv_prestaged_next() = GemvPreStaged{o, xq, d.heads * hd};
-    }
+  if (merge_warps_enabled() && T == 1)
     launch(attn_merge_warps_kernel, dim3(d.heads, hd / 64, T), dim3(32 * kMergeWarps), 0, s, d, splits, pos0,
-           pos_dev, (const float*)part, q, o, tr[1],
-           (attn_merge_early_gate_enabled() ? 1 : 0) | (attn_merge_early_parts_enabled() ? 2 : 0), xq);
-  } else
+           pos_dev, (const float*)part, q, o, tr[1], (attn_merge_early_gate_enabled() ? 1 : 0) | (attn_merge_early_parts_enabled() ? 2 : 0));
+  else
     launch(attn_merge_kernel, dim3(d.heads, T), dim3(hd), (splits + 32) * sizeof(float), s, d, splits, pos0,
            pos_dev, (const float*)part, q, o);
   CUDA_LAUNCH_CHECK();

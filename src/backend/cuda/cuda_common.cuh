@@ -454,36 +454,6 @@ __device__ __forceinline__ void q16_stage(float4 v, int fi, uint4* words, int st
   }
 }
 
-// D69 (decode): a producer's 32-value chunk ci of x (one value per lane of the calling warp: value 32·ci + lane),
-// written as the int16 staging that gemv_q4_kernel<.., X16> would otherwise build in shared memory, in that same
-// layout (x16_prestaged_copy copies it there as is): the words at xq (word f of chunk ci at uint4
-// (ci / 32)·128 + f·32 + ci % 32), then cols / 32 steps, then cols / 32 plain sums. q16_stage's bits: the sum
-// adds the same pairs (lanes 4i..4i+3 first as (v0 + v1) + (v2 + v3), then across float4s with offsets 1, 2, 4),
-// the max is order-free, and q = round(v · 32767 / max) is the same expression.
-__device__ __forceinline__ void q16_chunk_store(float v, int ci, int cols, uint8_t* xq) {
-  const int lane = threadIdx.x & 31;
-  float s = v, m = fabsf(v);
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    s += __shfl_xor_sync(0xffffffffu, s, o);
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  }
-  const float inv = m > 0.f ? 32767.f / m : 0.f;
-  const uint32_t q = uint32_t(__float2int_rn(v * inv)) & 0xFFFFu;
-  const uint32_t hi = __shfl_down_sync(0xffffffffu, q, 2);   // value c + 2 of the same float4
-  // Value c = lane & 3 of float4 fi = lane / 4 sits in 32-bit word 2·(fi & 1) + (c & 1) of uint4 f = fi / 2,
-  // low half for c < 2 (q16_pack: (q0 q2, q1 q3)).
-  if ((lane & 2) == 0) {
-    const int f = lane >> 3, u = 2 * ((lane >> 2) & 1) + (lane & 1);
-    reinterpret_cast<uint32_t*>(xq)[((ci >> 5) * 128 + f * 32 + (ci & 31)) * 4 + u] = q | (hi << 16);
-  }
-  if (lane == 0) {
-    float* steps = reinterpret_cast<float*>(xq + 2 * cols);
-    steps[ci] = m * (1.f / 32767.f);
-    steps[cols / 32 + ci] = s;
-  }
-}
-
 // D63: q16_stage's reductions and scale for one float4 of a chunk held by 8 consecutive lanes; every lane
 // ends with the chunk's sum and max (the butterfly adds the same pairs in every lane; a float add is commutative),
 // and the division has no branch around it (max(m, smallest denormal) equals m whenever m > 0). Same bits.

@@ -51,19 +51,6 @@ struct GemvRouterRows {
   bool early_add = false;       // D53: add[b] read by thread 0 right after the PDL wait (with x), not after the barrier
 };
 GemvRouterRows& gemv_router_next();
-// D69 (decode): the producer of a 2,048- or 4,096-column x (the GDN step, the split-KV merge) also writes it as the
-// GEMV's int16 staging (q16_chunk_store) into gemv_prestage_buffer() and sets gemv_prestaged_next(); the next
-// gemv_batch, if its one job reads that x without a folded norm on the int16 kernel, copies the staging instead of
-// building it (same bits), and clears the record either way.
-struct GemvPreStaged {
-  const float* x = nullptr;   // the x that the staging is of
-  uint8_t* xq = nullptr;
-  int cols = 0;
-};
-GemvPreStaged& gemv_prestaged_next();
-bool& gemv_prestage_enabled();
-constexpr int kPreStagedBytes = 2 * 4096 + 4096 / 4;   // words, steps and sums of 4,096 columns
-uint8_t* gemv_prestage_buffer();   // allocated at the first call (the backend calls it before any capture)
 // Q for one layer: rows e < E from the 8-bit router, row E from the shared-expert gate, each times w2
 // (the post-mixer norm gain), then times W_o (4-bit, H × C) for the a part. q: (E + 1) × (H + C) floats.
 void build_router_fold(const QMat& router, const QMat& shared_gate, const float* w2, const QMat& wo, float* q,

@@ -24,7 +24,6 @@ struct GdnArgs {
   L2Prefetch pf;   // D13: the next launch's weights
   unsigned long long* tr;   // investigation aid (decode kernel): trace stamps, null = off
   int late;                 // pdl_late_mask() & kLateGdn (decode kernel): trigger after the state update
-  uint8_t* xq;              // D69 (decode kernel): y also as the out-projection GEMV's int16 staging, or null
 };
 
 // NR > 0: each thread keeps its NR = dk/rq state values in registers for all T tokens (one read
@@ -337,9 +336,7 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
   if (warp == 0) {
     float tot = 0.f;
     for (int q = 0; q < P; ++q) tot += MB ? ssq_all[head0 + q] : PUSH ? ssq_all[q] : *cluster.map_shared_rank(&ssq, head0 + q);
-    const float yv = o * rsqrtf(tot / float(d.dv) + d.eps) * nw * siluf_(zv);
-    g.y[j * d.dv + col] = yv;
-    if (g.xq) q16_chunk_store(yv, (j * d.dv + p * 32) >> 5, d.nv * d.dv, g.xq);   // D69: chunk j·dv/32 + p
+    g.y[j * d.dv + col] = o * rsqrtf(tot / float(d.dv) + d.eps) * nw * siluf_(zv);
   }
   trace_stamp(g.tr, 8);
   // New conv state = the last 3 raw inputs: shared q/k channels spread over the cluster's CTAs in
@@ -432,11 +429,6 @@ void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float*
       kern = gdn_mbar_enabled() ? gdn_decode_kernel<true, true, true, true> : gdn_decode_kernel<true, true, true>;
     if (push && gdn_early_state_enabled() && gdn_mbar_enabled() && gdn_s_before_wait_enabled())   // D70 (D45 moot)
       kern = gdn_decode_kernel<true, false, true, true>;
-    const int vd = d.nv * d.dv;   // D69: the out-projection's x, for the 2,048- / 4,096-column int16 GEMV
-    if (gemv_prestage_enabled() && (vd == 2048 || vd == 4096)) {
-      g.xq = gemv_prestage_buffer();
-      gemv_prestaged_next() = GemvPreStaged{y, g.xq, vd};
-    }
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, g));
     return;
   }

@@ -31,21 +31,7 @@ struct GemvLaunch {
   unsigned long long* trace;   // investigation aid: phase stamps (trace_stamp)
   GemvRouterRows rt;    // D39: router rows (gemv_q4_kernel<.., RT> only)
   int late;             // pdl_late_mask(): trigger the dependents after x staging instead of at entry
-  const uint8_t* xq;    // D69 (X16 kernels, no norm): x's int16 staging as written by its producer, or null
 };
-
-// D69: the producer-written int16 staging of x (q16_chunk_store's layout) into shared memory as stage_x_i16_regs
-// leaves it: words and steps at byte 0 (2·cols + cols / 8 bytes), the plain sums at byte 4·cols. cp.async, one group.
-template <int cols>
-__device__ __forceinline__ void x16_prestaged_copy(const uint8_t* xq, float4* sm4) {
-  constexpr int n1 = cols * 17 / 128, n2 = cols / 128;   // uint4s
-  for (int i = threadIdx.x; i < n1 + n2; i += blockDim.x) {
-    const int dst = i < n1 ? i : cols / 4 + (i - n1);
-    const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(sm4 + dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(xq + 16 * int64_t(i)) : "memory");
-  }
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
 
 // Epilogue of one output: y, plus the folded residual add (D9).
 __device__ __forceinline__ void gemv_store(const GemvJob& jb, int64_t i, float v) {
@@ -127,8 +113,6 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     pdl_wait();
     trace_stamp(L.trace, 1);
     xr.load(L.norm.w ? L.norm.h : jb.x, cols / 4);
-    if constexpr (X16)
-      if (L.xq) x16_prestaged_copy<cols>(L.xq, sm4);   // D69 (the launcher sets it only without a norm)
     // The residual values of the first group, read with x (not after the dot: one round trip less).
     const int rq = bj * 8 * R + warp * R;
 #pragma unroll
@@ -165,10 +149,9 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
       if (lane == 0) red[warp] = ss;
     }
     // D24: x as int16 per 32 values in the first 2·cols bytes, the x steps after that.
-    if constexpr (X16) {
-      if (L.xq) asm volatile("cp.async.wait_group 0;" ::: "memory");   // D69: this thread's copies (barrier below)
-      else stage_x_i16_regs(xr, cols, reinterpret_cast<uint4*>(sm4), reinterpret_cast<float*>(sm4) + cols / 2, xsum);
-    } else
+    if constexpr (X16)
+      stage_x_i16_regs(xr, cols, reinterpret_cast<uint4*>(sm4), reinterpret_cast<float*>(sm4) + cols / 2, xsum);
+    else
       stage_x_q4_regs(xr, cols, sm4, xsum);
     trace_stamp(L.trace, 5);
   } else {
@@ -437,12 +420,8 @@ int num_sms() {
 
 template <int CPL, int R, bool Q8 = false>
 void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNorm* norm, bool& norm_written,
-                 const L2Prefetch*& pf, bool x16 = false, const GemvPreStaged* ps = nullptr) {
+                 const L2Prefetch*& pf, bool x16 = false) {
   GemvLaunch L{};
-  // D69: x's int16 staging written by its producer (one job, no folded norm, the X16 kernel).
-  if (!Q8 && ps && ps->xq && x16 && stage_regs_enabled() && !norm && jobs.size() == 1 && jobs[0].x == ps->x &&
-      ps->cols == CPL * 1024 && jobs[0].w.cols == ps->cols)
-    L.xq = ps->xq;
   if (pf) L.pf = *pf;
   pf = nullptr;   // D13: once per batch
   L.n = int(jobs.size());
@@ -621,22 +600,6 @@ GemvRouterRows& gemv_router_next() {
   return r;
 }
 
-GemvPreStaged& gemv_prestaged_next() {
-  static GemvPreStaged p;
-  return p;
-}
-
-bool& gemv_prestage_enabled() {
-  static bool on = false;
-  return on;
-}
-
-uint8_t* gemv_prestage_buffer() {
-  static uint8_t* p = nullptr;
-  if (!p) CUDA_CHECK(cudaMalloc(&p, kPreStagedBytes));
-  return p;
-}
-
 unsigned long long*& gemv_trace_next() {
   static unsigned long long* p = nullptr;
   return p;
@@ -741,9 +704,8 @@ void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s, co
   bool written = false;
   // D24: x as int16 per 32 values (dp2a) in the 2,048/4,096-column kernels.
   const bool x16 = stage_regs_enabled() && gemv_x16_enabled();
-  const GemvPreStaged ps = std::exchange(gemv_prestaged_next(), GemvPreStaged{});   // D69: for this batch only
-  if (!f2.empty()) launch_fast<2, 2>(f2, s, norm, written, pf, x16, &ps);
-  if (!f4.empty()) launch_fast<4, 1>(f4, s, norm, written, pf, x16, &ps);
+  if (!f2.empty()) launch_fast<2, 2>(f2, s, norm, written, pf, x16);
+  if (!f4.empty()) launch_fast<4, 1>(f4, s, norm, written, pf, x16);
   if (!q8.empty()) launch_fast<4, 2, true>(q8, s, norm, written, pf);
   if (!mm.empty()) launch_mma(mm, s, pf);
   if (!gen.empty()) launch_generic(gen, T, s, pf);
