@@ -660,7 +660,6 @@ class CudaBackend final : public Backend {
     trial.merge_env("LILY_TRY");
     auto tried = [&](const char* id) { return trial.has(id) && !abl_.has(id); };
     attn_merge_early_parts_enabled() = !abl_.has("D68");   // D68: the merge's partials loaded before its slice count
-    gdn_s_before_wait_enabled() = tried("D70");   // D70: the GDN step's state written before its mbarrier wait (not yet run)
     attn_combine_v4_enabled() = !abl_.has("D66");   // D66: the split-KV combine, 4 dims per thread (same bits)
     attn_q_first_enabled() = !abl_.has("D67");   // D67: the split-KV q / k / v and position loads first after the wait
     gemm_set_moe_p43(!abl_.has("P43"));   // P43: the MoE down GEMM walked N tile fastest

@@ -108,7 +108,6 @@ bool& gdn_s_late_enabled();
 bool& gdn_early_state_enabled();
 bool& moe_lean_act_enabled();   // D63: the persistent MoE's down activations staged in fewer instructions (same bits)
 bool& gdn_mbar_enabled();   // D60: D12's Σo² exchange on an mbarrier (st.async) instead of a cluster barrier
-bool& gdn_s_before_wait_enabled();   // D70 (with D60): D12's state written between its pushes and its mbarrier wait
 void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
          const float* norm_w, float* conv_state, float* S, const float* qkv, const float* z,
          const float* a, const float* b, int T, float* y, cudaStream_t s, const L2Prefetch* pf = nullptr);

@@ -168,12 +168,9 @@ constexpr int kGdnDecCh = 2 * kGdnDecDk + 32;  // conv channels per CTA: q | k |
 // is computed from it), which is what the barrier ordered before the conv state is rewritten. The mbarriers are
 // initialised before the PDL wait and published by a split cluster barrier: its arrive there, its wait right
 // before the pushes (long satisfied by then; a whole cluster.sync before the wait cost 0.75 µs, session 19).
-// MB without SLATE (D70): S is written back between the pushes and the mbarrier wait (no cluster barrier release
-// waits for those stores any more), so that its 16 KB per CTA drain while the cluster's pushes arrive instead of
-// after them, ahead of y in the store queue.
 template <bool PUSH, bool SLATE, bool ES = false, bool MB = false>
 __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__ GdnArgs g) {
-  static_assert(!MB || PUSH, "D60: on D42");
+  static_assert(!MB || (PUSH && SLATE), "D60: on D42 and D45");
   __shared__ float raw[4][kGdnDecCh];   // conv taps: state rows 0..2, current input
   __shared__ float act[kGdnDecCh];      // conv + SiLU output
   __shared__ float red[8];
@@ -293,7 +290,7 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
     o = fmaf(sv[i], qs[warp + 8 * i], o);
   }
   part2[warp][lane] = o * nq;
-  if constexpr (!SLATE && !MB)
+  if constexpr (!SLATE)
 #pragma unroll
     for (int i = 0; i < kGdnDecRows; ++i) S[(warp + 8 * i) * d.dv + col] = sv[i];
   __syncthreads();
@@ -324,9 +321,6 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
   }
   // Without D60: the barrier's release waits for this thread's earlier stores to be performed; with D45 the 16 KB
   // of S per CTA are written after it, so that it waits for no global store (only the Σo² pushes and the conv reads).
-  if constexpr (MB && !SLATE)   // D70
-#pragma unroll
-    for (int i = 0; i < kGdnDecRows; ++i) S[(warp + 8 * i) * d.dv + col] = sv[i];
   if constexpr (MB) mbar_wait_parity(&sbar, 0);   // D60: the cluster's pushes have all landed here
   else cluster.sync();   // partial Σo² visible cluster-wide; every CTA has read the old conv state
   trace_stamp(g.tr, 7);
@@ -379,11 +373,6 @@ bool& gdn_mbar_enabled() {
   return on;
 }
 
-bool& gdn_s_before_wait_enabled() {
-  static bool on = false;
-  return on;
-}
-
 bool& gdn_push_enabled() {
   static bool on = true;
   return on;
@@ -427,8 +416,6 @@ void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float*
                      : (late ? gdn_decode_kernel<false, true> : gdn_decode_kernel<false, false>);
     if (push && late && gdn_early_state_enabled())
       kern = gdn_mbar_enabled() ? gdn_decode_kernel<true, true, true, true> : gdn_decode_kernel<true, true, true>;
-    if (push && gdn_early_state_enabled() && gdn_mbar_enabled() && gdn_s_before_wait_enabled())   // D70 (D45 moot)
-      kern = gdn_decode_kernel<true, false, true, true>;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, g));
     return;
   }
