@@ -3,7 +3,8 @@
 # the full section set with source correlation, clocks left alone (--clock-control none, METHOD.md), then per
 # kernel the details page and a stall summary (ncu_stalls.py). Session 13 found P32 / P33 / P34 this way.
 # Usage: [BENCH=decode] ncu_kernel.sh [build-dir] [kernel-regex] [launch-skip] [launch-count] [length]
-#   e.g. ncu_kernel.sh /root/work/build 'gemm_moe_rs4|attn_flash_wg' 12 4 4096
+#   e.g. ncu_kernel.sh /root/work/build 'gemm_moe_rs4|attn_flash_wg' 12 4 4096 (template arguments are demangled as
+#   '(int)64': the MoE down GEMM is 'gemm_kernel<\(int\)64, \(int\)0, \(int\)2')
 #   BENCH=decode: inside `lily bench decode` at context `length` (graph kernel nodes are profiled one by one,
 #   so PDL overlap with the neighbours is gone: stall reasons of the kernel alone).
 set -o pipefail
@@ -34,6 +35,7 @@ for n, (a, b) in enumerate(zip(starts, starts[1:])):
     print(f"launch {n}: {lines[a][:150]}")
 PY
 for f in "$OUT"/ncu_kernel_source_*.csv; do
+  [ -e "$f" ] || continue   # no launch matched (ncu's run log lists the demangled names, e.g. gemm_kernel<(int)64, ...)
   python3 "$HERE/ncu_stalls.py" "$f" 40 >"${f%.csv}_stalls.txt" 2>&1
   head -3 "${f%.csv}_stalls.txt"
 done
