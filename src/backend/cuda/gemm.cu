@@ -282,9 +282,8 @@ constexpr int min_ctas() {
   return BN == 256 && BT == kQ4 && AM != kAmBf16 && BM <= 64 ? LILY_P10_MINB : 1;
 }
 
-// MB > 0 overrides min_ctas (P44: the down GEMM at BN = 128 for 3 CTAs per SM, 80 registers).
-template <int BM, int BT, int AM, int BN, int MB = 0>
-__global__ void __launch_bounds__(kThreads, (MB > 0 ? MB : min_ctas<BM, BT, AM, BN>()))
+template <int BM, int BT, int AM, int BN>
+__global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
     gemm_kernel(const __grid_constant__ GemmArgs a) {
   using C = Cfg<BM, BN, BT>;
   constexpr bool F16 = AM != kAmBf16;
@@ -1043,16 +1042,16 @@ int env_int(const char* name, int def);
 #include "backend/cuda/gemm_wg16.cuh"
 #include "backend/cuda/gemm_moe_wg.cuh"
 
-template <int BM, int BT, int AM, int BN, int MB = 0>
+template <int BM, int BT, int AM, int BN>
 void launch_gemm(const GemmArgs& a, int grid_m, int grid_n, cudaStream_t s) {
   static bool attr = false;
   if (!attr) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<BM, BT, AM, BN, MB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<BM, BT, AM, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     smem_bytes<BM, BT, AM, BN>()));
     attr = true;
   }
-  launch(gemm_kernel<BM, BT, AM, BN, MB>, dim3(grid_m, grid_n), dim3(kThreads), size_t(smem_bytes<BM, BT, AM, BN>()),
-         s, a);
+  launch(gemm_kernel<BM, BT, AM, BN>, dim3(grid_m, grid_n), dim3(kThreads), size_t(smem_bytes<BM, BT, AM, BN>()), s,
+         a);
 }
 
 template <int BT, int AM, int BN>
@@ -1180,8 +1179,6 @@ void gemm_set_moe_p39(bool on) { g_moe_p39 = on; }
 // P43 (gemm_kernel, the MoE down GEMM): CTAs in N-tile-fastest order (a tile's activation rows read once from DRAM).
 bool g_moe_p43 = true;
 void gemm_set_moe_p43(bool on) { g_moe_p43 = on; }
-bool g_moe_p44 = false;
-void gemm_set_moe_p44(bool on) { g_moe_p44 = on; }
 int gemm_moe_wg() {
   const int forced = env_int("LILY_MOE_WG", -1);
   return forced >= 0 ? forced : (g_moe_p15 ? 2 : 0);
@@ -1624,15 +1621,6 @@ bool gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* 
   int bn = moe_bn(am, bm);
   if (bn == kBNMoe && a.N % kBNMoe != 0) bn = kBNWide;   // 512 wide: whole N tiles only
   a.y16 = y16 && !on_wgmma(kQ4, am) && ldy % 2 == 0 ? 1 : 0;   // P16 on the mma.sync kernel only
-  // P44 (in place of the unforced 256-wide tile at M-tile 64): 128 wide (32 x 32 warp tiles, each weight unpacked by
-  // two warps) compiled for 3 CTAs per SM (80 registers, 58.5 KB of shared memory) instead of 2 (126 registers,
-  // 84.5 KB: 25 % occupancy under ncu, session 22). The same MMAs in the same k-order as 256 wide: the same bits.
-  if (g_moe_p44 && am == kAmF16Grp && bm == 64 && bn == kBNWide && !on_wgmma(kQ4, am) &&
-      env_int("LILY_GEMM_BN", 0) == 0) {
-    launch_gemm<64, kQ4, kAmF16Grp, kBN, 3>(a, max_tiles, (a.N + kBN - 1) / kBN, s);
-    CUDA_LAUNCH_CHECK();
-    return a.y16 != 0;
-  }
   launch_any(kQ4, am, bm, bn, a, max_tiles, (a.N + bn - 1) / bn, s);
   return a.y16 != 0;
 }

@@ -95,7 +95,6 @@ void gemm_set_moe_p34(bool on);
 void gemm_set_moe_p38(bool on);   // P38: the P34 MoE kernel's wgmma N by the tile's rows (same bits)
 void gemm_set_moe_p39(bool on);   // P39: the MoE down GEMM (mma.sync) skips m16 tiles past the tile's rows (same bits)
 void gemm_set_moe_p43(bool on);   // P43: the MoE down GEMM's CTAs in N-tile-fastest order
-void gemm_set_moe_p44(bool on);   // P44: the MoE down GEMM 128 wide at 3 CTAs per SM (opt-in: LILY_TRY=P44)
 // P35: the MoE down GEMM's scatter destinations and routing weights staged in shared memory before its mainloop.
 void gemm_set_moe_p35(bool on);
 bool gemm_moe_p34();
