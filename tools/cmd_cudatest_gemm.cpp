@@ -947,6 +947,8 @@ int run(const Options& o) {
       // P10: every mma.sync configuration with 128- and 256-wide tiles forced; the 256 case is
       // compared with the 128 case just before it (same MMAs, same k-order: expect bitwise equal).
       std::vector<float> y128(size_t(T) * H);
+      const char* try_env = std::getenv("LILY_TRY");   // restored after the variants (the opt-in ones set it)
+      const std::string try0 = try_env ? try_env : "";
       for (const Variant& v :
            {Variant{"", false, true}, Variant{"32", false, true}, Variant{"64", false, true},
             Variant{"128", false, true}, Variant{"", true, true}, Variant{"", false, true, true},
@@ -955,6 +957,10 @@ int run(const Options& o) {
             Variant{"", true, false}, Variant{"", false, true, true, "128"}, Variant{"", false, true, true, "256"},
             Variant{"32", false, true, true, "128"}, Variant{"32", false, true, true, "256"},
             Variant{"64", false, true, true, "128"}, Variant{"64", false, true, true, "256"},
+            // Opt-in ids (bn "P..." sets LILY_TRY to it, LILY_GEMM_BN unset): P45 / P46 (the down GEMM's A fragments
+            // double-buffered / its unpacking in fewer LOP3s) must equal BN128 bit for bit.
+            Variant{"64", false, true, true, "P45"}, Variant{"64", false, true, true, "P46"},
+            Variant{"64", false, true, true, "P45,P46"},
             Variant{"128", false, true, true, "128"}, Variant{"128", false, true, true, "256"},
             Variant{"", true, true, true, "128"}, Variant{"", true, true, true, "256"},
             // P10 at 512 (the MoE's grouped GEMMs; tile 128 runs 256 wide): compared with the 128 case
@@ -968,9 +974,14 @@ int run(const Options& o) {
             Variant{"32", false, false, false, "128"}, Variant{"32", false, false, false, "256"},
             Variant{"128", false, false, false, "128"}, Variant{"128", false, false, false, "256"}}) {
         if (p14) break;
+        const std::string bn = v.bn;
         setenv("LILY_MOE_TILE", v.tile, 1);
         setenv("LILY_GEMM_WGMMA_GRP", "1", 1);   // the grouped GEMMs' wgmma form stays tested (off by default)
-        setenv("LILY_GEMM_BN", v.bn, 1);
+        const bool opt_in = !bn.empty() && bn[0] == 'P';
+        setenv("LILY_GEMM_BN", opt_in ? "" : v.bn, 1);
+        if (opt_in) setenv("LILY_TRY", v.bn, 1);
+        else if (try0.empty()) unsetenv("LILY_TRY");
+        else setenv("LILY_TRY", try0.c_str(), 1);
         set_gemm_precision(v.f16);
         std::vector<std::string> off;
         if (v.p2off) off.push_back("P2");
@@ -979,13 +990,19 @@ int run(const Options& o) {
         int diff = 0;
         Err e, ee;
         run_moe_case(eref[v.f16], eref32[v.f16], diff, e, ee);
-        const std::string bn = v.bn;
         std::string ident;
         if (bn == "128") y128 = y;
-        if (bn == "256" || bn == "512") {
+        if (bn == "256" || bn == "512" || opt_in) {
           double md = 0;
           for (size_t i = 0; i < y.size(); ++i) md = std::max(md, double(std::fabs(y[i] - y128[i])));
           ident = md == 0 ? "  == BN128" : "  differs from BN128 by " + std::to_string(md);
+          if (opt_in && md != 0) {   // the same MMAs in the same k-order as BN128: any difference is a bug
+            char b[200];
+            std::snprintf(b, sizeof b, "FAIL moe T=%-4d tile %s %s differs from BN128 by %.3g", T, v.tile, v.bn, md);
+            std::printf("%s\n", b);
+            tally.fail += 1;
+            tally.failed.push_back(b);
+          }
         }
         char what[160], extra[160];
         std::snprintf(what, sizeof what, "moe T=%-4d tile %-4s %s %s%s%s", T, *v.tile ? v.tile : "auto",
@@ -996,6 +1013,8 @@ int run(const Options& o) {
         tally.report(what, e, ee, extra, 0,
                      v.f16 ? (cuda_tools::last_moe_slot16(*gpu) ? kEmuRmsMoeSlot16 : kEmuRmsBound) : kEmuRmsMoeBf16);
       }
+      if (try0.empty()) unsetenv("LILY_TRY");
+      else setenv("LILY_TRY", try0.c_str(), 1);
       // P14: the grouped GEMMs on the wgmma kernel (LILY_MOE_WG=1), fp16, each case against the CPU
       // references as above and against the engine's mma.sync path (LILY_MOE_WG=0, P1w off) in the
       // same configuration just before it.

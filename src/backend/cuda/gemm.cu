@@ -160,6 +160,12 @@ __device__ __forceinline__ uint32_t dq4_pair(uint32_t w, int p, uint32_t s2, uin
   }
 }
 
+// P46: dq4_pair_sb<true> with the exponent bits in a register whose value the compiler cannot see (the caller makes
+// it opaque), so the mask and the OR are one LOP3 (a LOP3 takes one immediate); the same bits.
+__device__ __forceinline__ uint32_t dq4_pair_sbm(uint32_t w, int p, uint32_t sb, uint32_t magic) {
+  return dq4_pair_m(w, p, __low2half2(bits_h2(sb)), __high2half2(bits_h2(sb)), magic);
+}
+
 // The same with the scale and bias packed in one word (low half: scale, high half: bias), each
 // broadcast to both lanes by the HFMA2's operand selectors: one register per n8 tile instead of two
 // (the 512-wide tiles' register budget), the same values, so the same bits.
@@ -282,7 +288,11 @@ constexpr int min_ctas() {
   return BN == 256 && BT == kQ4 && AM != kAmBf16 && BM <= 64 ? LILY_P10_MINB : 1;
 }
 
-template <int BM, int BT, int AM, int BN>
+// V (the MoE down GEMM at BM 64 / BN 256; 0 elsewhere), bit 1 = P45: each k16 step's A fragments double-buffered
+// (the ldmatrix of m16 tile mt + 1 issued before tile mt's MMAs) with the fp16 scale and bias packed in one register
+// per n8 tile (as dq4_pair_sb) to pay for the 4 extra registers; bit 2 = P46: the unpacking's mask and exponent OR
+// in one LOP3 (dq4_pair_sbm). Same MMAs on the same values in the same order per accumulator: the same bits.
+template <int BM, int BT, int AM, int BN, int V = 0>
 __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
     gemm_kernel(const __grid_constant__ GemmArgs a) {
   using C = Cfg<BM, BN, BT>;
@@ -290,6 +300,7 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
   static_assert(!(F16 && BT == kQ8), "8-bit matrices run in bf16 split precision");
   static_assert(AM != kAmF16Grp || BT == kQ4, "per-group A exponents: 4-bit B only");
   static_assert(BN == 128 || BN == 256 || BN == 512, "CTA width");
+  static_assert(V == 0 || (V <= 3 && F16 && BT == kQ4 && BN == 256), "P45 / P46: the 4-bit fp16 256-wide kernel only");
   constexpr int SVLD = sv_ld<BN>();
   static_assert(BM * SVLD * 4 <= kStages * stage_bytes<BM, BT, BN>(), "SwiGLU staging tile");
   extern __shared__ __align__(128) uint8_t smem[];
@@ -495,6 +506,8 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
   // ---- warp tile ----
   const int wm0 = (warp / C::WN) * C::WTM, wn0 = (warp % C::WN) * C::WTN;
   const int live_rows = a.skip_pad ? rows : BM;   // P39
+  // P46: fp16 exponent bits of 1024 for the unpacking, opaque to the compiler (K > 0, so the OR adds nothing).
+  [[maybe_unused]] const uint32_t magic = 0x64006400u | (uint32_t(a.K) >> 31);
   const int g = lane >> 2, t = lane & 3;
   float acc[C::MT][C::NT][4];
 #pragma unroll
@@ -547,8 +560,9 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
     // 512 wide: scale and bias packed in s2 (dq4_pair_sb), b2 unused; the codes are read from shared
     // memory by k16 step (word i / 2, at its first use), not all 16 words per thread at once.
     constexpr bool kSBPack = BT == kQ4 && BN == kBNMoe;
+    constexpr bool kSB2 = kSBPack || (V != 0 && BT == kQ4 && F16);   // P45 / P46: s and b in one register
     uint32_t cw[kSBPack ? 1 : C::NT][BT == kQ8 ? 4 : 2];
-    uint32_t s2[C::NT], b2[kSBPack ? 1 : C::NT];
+    uint32_t s2[C::NT], b2[kSB2 ? 1 : C::NT];
     float sf[C::NT], bf[C::NT];
     if constexpr (BT != kBF) {
       const int sbi = ((kg >> 3) & 1) * BN * 8 + (kg & 7);
@@ -570,7 +584,7 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
         const uint16_t sv = sbs[sbi + r * 8], bv = sbb[sbi + r * 8];
         sf[j] = __uint_as_float(uint32_t(sv) << 16);
         bf[j] = __uint_as_float(uint32_t(bv) << 16);
-        if constexpr (kSBPack) {
+        if constexpr (kSB2) {
           if constexpr (F16)
             s2[j] = h2_bits(__floats2half2_rn(sf[j] * float(1 << kGemmF16WExp), bf[j] * float(1 << kGemmF16WExp)));
           else
@@ -607,7 +621,8 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
       if constexpr (BT == kQ4 && BN >= kBNWide) {
         // Weight pair p of n8 tile j's word w; word: this k16 step's code word of n8 tile j.
         auto dq = [&](uint32_t w, int p, int j) -> uint32_t {
-          if constexpr (kSBPack) return dq4_pair_sb<F16>(w, p, s2[j]);
+          if constexpr ((V & 2) != 0) return dq4_pair_sbm(w, p, s2[j], magic);
+          else if constexpr (kSB2) return dq4_pair_sb<F16>(w, p, s2[j]);
           else return dq4_pair<F16>(w, p, s2[j], b2[j]);
         };
         auto word = [&](int j) -> uint32_t {
@@ -627,6 +642,21 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
             bq[j][0] = dq(w, 2 * (i & 1), j);
             bq[j][1] = dq(w, 2 * (i & 1) + 1, j);
           }
+          if constexpr ((V & 1) != 0) {
+            // P45: tile mt + 1's fragment is requested before tile mt's MMAs (two buffers), so its ldmatrix
+            // latency overlaps them instead of following them. P39's skip as below.
+            uint32_t f4[2][4];
+            load_af(0, f4[0]);
+#pragma unroll
+            for (int mt = 0; mt < C::MT; ++mt) {
+              if constexpr (AM == kAmF16Grp)
+                if (wm0 + mt * 16 >= live_rows) break;
+              if (mt + 1 < C::MT && (AM != kAmF16Grp || wm0 + (mt + 1) * 16 < live_rows))
+                load_af(mt + 1, f4[(mt + 1) & 1]);
+#pragma unroll
+              for (int j = 0; j < C::NT; ++j) mma_f16(acc[mt][j], f4[mt & 1], bq[j][0], bq[j][1]);
+            }
+          } else {
 #pragma unroll
           for (int mt = 0; mt < C::MT; ++mt) {
             // P39 (the down GEMM, AM 2): m16 tiles wholly past the tile's rows are skipped (their
@@ -640,6 +670,7 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
               if constexpr (F16) mma_f16(acc[mt][j], f4, bq[j][0], bq[j][1]);
               else mma_bf16(acc[mt][j], f4, bq[j][0], bq[j][1]);
             }
+          }
           }
         } else {
           uint32_t af[C::MT][4];
@@ -1042,16 +1073,16 @@ int env_int(const char* name, int def);
 #include "backend/cuda/gemm_wg16.cuh"
 #include "backend/cuda/gemm_moe_wg.cuh"
 
-template <int BM, int BT, int AM, int BN>
+template <int BM, int BT, int AM, int BN, int V = 0>
 void launch_gemm(const GemmArgs& a, int grid_m, int grid_n, cudaStream_t s) {
   static bool attr = false;
   if (!attr) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<BM, BT, AM, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<BM, BT, AM, BN, V>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     smem_bytes<BM, BT, AM, BN>()));
     attr = true;
   }
-  launch(gemm_kernel<BM, BT, AM, BN>, dim3(grid_m, grid_n), dim3(kThreads), size_t(smem_bytes<BM, BT, AM, BN>()), s,
-         a);
+  launch(gemm_kernel<BM, BT, AM, BN, V>, dim3(grid_m, grid_n), dim3(kThreads), size_t(smem_bytes<BM, BT, AM, BN>()),
+         s, a);
 }
 
 template <int BT, int AM, int BN>
@@ -1179,6 +1210,12 @@ void gemm_set_moe_p39(bool on) { g_moe_p39 = on; }
 // P43 (gemm_kernel, the MoE down GEMM): CTAs in N-tile-fastest order (a tile's activation rows read once from DRAM).
 bool g_moe_p43 = true;
 void gemm_set_moe_p43(bool on) { g_moe_p43 = on; }
+// P45 (gemm_kernel<64, kQ4, kAmF16Grp, 256>, the MoE down GEMM): A fragments double-buffered per k16 step.
+bool g_moe_p45 = false;
+void gemm_set_moe_p45(bool on) { g_moe_p45 = on; }
+// P46 (the same kernel): the unpacking's mask and exponent OR in one LOP3.
+bool g_moe_p46 = false;
+void gemm_set_moe_p46(bool on) { g_moe_p46 = on; }
 int gemm_moe_wg() {
   const int forced = env_int("LILY_MOE_WG", -1);
   return forced >= 0 ? forced : (g_moe_p15 ? 2 : 0);
@@ -1621,6 +1658,15 @@ bool gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* 
   int bn = moe_bn(am, bm);
   if (bn == kBNMoe && a.N % kBNMoe != 0) bn = kBNWide;   // 512 wide: whole N tiles only
   a.y16 = y16 && !on_wgmma(kQ4, am) && ldy % 2 == 0 ? 1 : 0;   // P16 on the mma.sync kernel only
+  const int v = (g_moe_p45 ? 1 : 0) | (g_moe_p46 ? 2 : 0);   // P45 / P46 (the same bits)
+  if (v && am == kAmF16Grp && bm == 64 && bn == kBNWide && !on_wgmma(kQ4, am)) {
+    const int gn = (a.N + kBNWide - 1) / kBNWide;
+    if (v == 1) launch_gemm<64, kQ4, kAmF16Grp, kBNWide, 1>(a, max_tiles, gn, s);
+    else if (v == 2) launch_gemm<64, kQ4, kAmF16Grp, kBNWide, 2>(a, max_tiles, gn, s);
+    else launch_gemm<64, kQ4, kAmF16Grp, kBNWide, 3>(a, max_tiles, gn, s);
+    CUDA_LAUNCH_CHECK();
+    return a.y16 != 0;
+  }
   launch_any(kQ4, am, bm, bn, a, max_tiles, (a.N + bn - 1) / bn, s);
   return a.y16 != 0;
 }
