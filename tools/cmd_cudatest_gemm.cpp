@@ -957,10 +957,12 @@ int run(const Options& o) {
             Variant{"", true, false}, Variant{"", false, true, true, "128"}, Variant{"", false, true, true, "256"},
             Variant{"32", false, true, true, "128"}, Variant{"32", false, true, true, "256"},
             Variant{"64", false, true, true, "128"}, Variant{"64", false, true, true, "256"},
-            // Opt-in ids (bn "P..." sets LILY_TRY to it, LILY_GEMM_BN unset): P45 / P46 (the down GEMM's A fragments
-            // double-buffered / its unpacking in fewer LOP3s) must equal BN128 bit for bit.
-            Variant{"64", false, true, true, "P45"}, Variant{"64", false, true, true, "P46"},
-            Variant{"64", false, true, true, "P45,P46"},
+            // Opt-in ids (bn "P..." sets LILY_TRY to it, LILY_GEMM_BN unset): P47 / P48 (the down GEMM's odd pairs
+            // unpacked in place / its loop without P39's checks for full warps), with P46 (default) and without it,
+            // must equal BN128 bit for bit; "P" alone: the default 256-wide down GEMM (P46).
+            Variant{"64", false, true, true, "P"}, Variant{"64", false, true, true, "P47"},
+            Variant{"64", false, true, true, "P48"}, Variant{"64", false, true, true, "P47,P48"},
+            Variant{"64", false, true, true, "P47,P48,-P46"}, Variant{"64", false, true, true, "P,-P46"},
             Variant{"128", false, true, true, "128"}, Variant{"128", false, true, true, "256"},
             Variant{"", true, true, true, "128"}, Variant{"", true, true, true, "256"},
             // P10 at 512 (the MoE's grouped GEMMs; tile 128 runs 256 wide): compared with the 128 case
@@ -978,12 +980,19 @@ int run(const Options& o) {
         setenv("LILY_MOE_TILE", v.tile, 1);
         setenv("LILY_GEMM_WGMMA_GRP", "1", 1);   // the grouped GEMMs' wgmma form stays tested (off by default)
         const bool opt_in = !bn.empty() && bn[0] == 'P';
+        std::vector<std::string> off;
+        std::string tries;   // opt_in: the ids to switch on (LILY_TRY); "-ID": switched off
+        if (opt_in) {
+          for (const std::string& id : split_list(bn)) {
+            if (id[0] == '-') off.push_back(id.substr(1));
+            else if (id != "P") tries += (tries.empty() ? "" : ",") + id;
+          }
+        }
         setenv("LILY_GEMM_BN", opt_in ? "" : v.bn, 1);
-        if (opt_in) setenv("LILY_TRY", v.bn, 1);
+        if (opt_in) setenv("LILY_TRY", tries.c_str(), 1);
         else if (try0.empty()) unsetenv("LILY_TRY");
         else setenv("LILY_TRY", try0.c_str(), 1);
         set_gemm_precision(v.f16);
-        std::vector<std::string> off;
         if (v.p2off) off.push_back("P2");
         if (v.mmasync) off.push_back("P1w");
         set_abl(off);

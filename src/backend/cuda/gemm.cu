@@ -160,10 +160,22 @@ __device__ __forceinline__ uint32_t dq4_pair(uint32_t w, int p, uint32_t s2, uin
   }
 }
 
-// P46: dq4_pair_sb<true> with the exponent bits in a register whose value the compiler cannot see (the caller makes
-// it opaque), so the mask and the OR are one LOP3 (a LOP3 takes one immediate); the same bits.
-__device__ __forceinline__ uint32_t dq4_pair_sbm(uint32_t w, int p, uint32_t sb, uint32_t magic) {
-  return dq4_pair_m(w, p, __low2half2(bits_h2(sb)), __high2half2(bits_h2(sb)), magic);
+// The MoE down GEMM's fp16 unpacking of pair p (nibbles p, p + 4) of word w, scale and bias packed in sb (low, high
+// half), w8 = w >> 8. P46 (magic opaque to the compiler: the caller makes it so): the mask and the exponent OR are one
+// LOP3 (a LOP3 takes one immediate). P47 (kOdd): an odd pair is read in place, (w & 0x00F000F0) | magic = 1024 + 16q,
+// and brought to q by one HFMA2 (x / 16 - 64, exact), so a word needs one shift (w >> 8, pairs 2 and 3) instead of
+// three (4, 8, 12). Both give q exactly, then the same q·s + b: the same bits as dq4_pair_sb<true>.
+template <bool kOdd>
+__device__ __forceinline__ uint32_t dq4_pair_down(uint32_t w, uint32_t w8, int p, uint32_t sb, uint32_t magic) {
+  __half2 q;
+  if (kOdd && (p & 1)) {
+    const uint32_t v = ((p >= 2 ? w8 : w) & 0x00F000F0u) | magic;
+    q = __hfma2(bits_h2(v), bits_h2(0x2C002C00u), bits_h2(0xD400D400u));   // x · 2^-4 - 64
+  } else {
+    const uint32_t v = kOdd ? ((p >= 2 ? w8 : w) & 0x000F000Fu) | magic : ((w >> (4 * p)) & 0x000F000Fu) | magic;
+    q = __hsub2(bits_h2(v), bits_h2(0x64006400u));
+  }
+  return h2_bits(__hfma2(q, __low2half2(bits_h2(sb)), __high2half2(bits_h2(sb))));
 }
 
 // The same with the scale and bias packed in one word (low half: scale, high half: bias), each
@@ -288,10 +300,10 @@ constexpr int min_ctas() {
   return BN == 256 && BT == kQ4 && AM != kAmBf16 && BM <= 64 ? LILY_P10_MINB : 1;
 }
 
-// V (the MoE down GEMM at BM 64 / BN 256; 0 elsewhere), bit 1 = P45: each k16 step's A fragments double-buffered
-// (the ldmatrix of m16 tile mt + 1 issued before tile mt's MMAs) with the fp16 scale and bias packed in one register
-// per n8 tile (as dq4_pair_sb) to pay for the 4 extra registers; bit 2 = P46: the unpacking's mask and exponent OR
-// in one LOP3 (dq4_pair_sbm). Same MMAs on the same values in the same order per accumulator: the same bits.
+// V (the MoE down GEMM at BM 64 / BN 256; 0 elsewhere): bit 2 = P46, bit 4 = P47 (dq4_pair_down: the unpacking in
+// fewer instructions), bit 8 = P48 (CTAs whose warps have all 64 rows live run a copy of the main loop without P39's
+// per-m16-tile checks). With V != 0 the fp16 scale and bias of an n8 tile share one register (as dq4_pair_sb). Same
+// MMAs on the same values in the same order per accumulator: the same bits.
 template <int BM, int BT, int AM, int BN, int V = 0>
 __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
     gemm_kernel(const __grid_constant__ GemmArgs a) {
@@ -300,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
   static_assert(!(F16 && BT == kQ8), "8-bit matrices run in bf16 split precision");
   static_assert(AM != kAmF16Grp || BT == kQ4, "per-group A exponents: 4-bit B only");
   static_assert(BN == 128 || BN == 256 || BN == 512, "CTA width");
-  static_assert(V == 0 || (V <= 3 && F16 && BT == kQ4 && BN == 256), "P45 / P46: the 4-bit fp16 256-wide kernel only");
+  static_assert(V == 0 || ((V & ~14) == 0 && F16 && BT == kQ4 && BN == 256), "P46-P48: the 4-bit fp16 256-wide kernel");
   constexpr int SVLD = sv_ld<BN>();
   static_assert(BM * SVLD * 4 <= kStages * stage_bytes<BM, BT, BN>(), "SwiGLU staging tile");
   extern __shared__ __align__(128) uint8_t smem[];
@@ -507,7 +519,7 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
   const int wm0 = (warp / C::WN) * C::WTM, wn0 = (warp % C::WN) * C::WTN;
   const int live_rows = a.skip_pad ? rows : BM;   // P39
   // P46: fp16 exponent bits of 1024 for the unpacking, opaque to the compiler (K > 0, so the OR adds nothing).
-  [[maybe_unused]] const uint32_t magic = 0x64006400u | (uint32_t(a.K) >> 31);
+  [[maybe_unused]] const uint32_t magic = (V & 2) != 0 ? 0x64006400u | (uint32_t(a.K) >> 31) : 0x64006400u;
   const int g = lane >> 2, t = lane & 3;
   float acc[C::MT][C::NT][4];
 #pragma unroll
@@ -528,6 +540,8 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
     cp_commit();
   }
 
+  auto main_loop = [&](auto full_t) {
+  constexpr bool kFull = decltype(full_t)::value;   // P48: every m16 tile of the warp is live (no P39 checks)
   for (int kg = 0; kg < nk; ++kg) {
     cp_wait<kStages - 2>();
     if constexpr (!kGfRegs && AM == kAmF16Grp) {
@@ -560,7 +574,7 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
     // 512 wide: scale and bias packed in s2 (dq4_pair_sb), b2 unused; the codes are read from shared
     // memory by k16 step (word i / 2, at its first use), not all 16 words per thread at once.
     constexpr bool kSBPack = BT == kQ4 && BN == kBNMoe;
-    constexpr bool kSB2 = kSBPack || (V != 0 && BT == kQ4 && F16);   // P45 / P46: s and b in one register
+    constexpr bool kSB2 = kSBPack || (V != 0 && BT == kQ4 && F16);   // P46-P48: s and b in one register
     uint32_t cw[kSBPack ? 1 : C::NT][BT == kQ8 ? 4 : 2];
     uint32_t s2[C::NT], b2[kSB2 ? 1 : C::NT];
     float sf[C::NT], bf[C::NT];
@@ -621,7 +635,7 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
       if constexpr (BT == kQ4 && BN >= kBNWide) {
         // Weight pair p of n8 tile j's word w; word: this k16 step's code word of n8 tile j.
         auto dq = [&](uint32_t w, int p, int j) -> uint32_t {
-          if constexpr ((V & 2) != 0) return dq4_pair_sbm(w, p, s2[j], magic);
+          if constexpr (V != 0) return dq4_pair_down<(V & 4) != 0>(w, w >> 8, p, s2[j], magic);
           else if constexpr (kSB2) return dq4_pair_sb<F16>(w, p, s2[j]);
           else return dq4_pair<F16>(w, p, s2[j], b2[j]);
         };
@@ -642,26 +656,12 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
             bq[j][0] = dq(w, 2 * (i & 1), j);
             bq[j][1] = dq(w, 2 * (i & 1) + 1, j);
           }
-          if constexpr ((V & 1) != 0) {
-            // P45: tile mt + 1's fragment is requested before tile mt's MMAs (two buffers), so its ldmatrix
-            // latency overlaps them instead of following them. P39's skip as below.
-            uint32_t f4[2][4];
-            load_af(0, f4[0]);
-#pragma unroll
-            for (int mt = 0; mt < C::MT; ++mt) {
-              if constexpr (AM == kAmF16Grp)
-                if (wm0 + mt * 16 >= live_rows) break;
-              if (mt + 1 < C::MT && (AM != kAmF16Grp || wm0 + (mt + 1) * 16 < live_rows))
-                load_af(mt + 1, f4[(mt + 1) & 1]);
-#pragma unroll
-              for (int j = 0; j < C::NT; ++j) mma_f16(acc[mt][j], f4[mt & 1], bq[j][0], bq[j][1]);
-            }
-          } else {
 #pragma unroll
           for (int mt = 0; mt < C::MT; ++mt) {
             // P39 (the down GEMM, AM 2): m16 tiles wholly past the tile's rows are skipped (their
             // accumulators stay 0 and the epilogue writes no row >= rows): same bits, fewer MMAs.
-            if constexpr (AM == kAmF16Grp)
+            // P48: not checked in the copy of the loop for warps with all their rows live.
+            if constexpr (AM == kAmF16Grp && !kFull)
               if (wm0 + mt * 16 >= live_rows) break;
             uint32_t f4[4];
             load_af(mt, f4);
@@ -670,7 +670,6 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
               if constexpr (F16) mma_f16(acc[mt][j], f4, bq[j][0], bq[j][1]);
               else mma_bf16(acc[mt][j], f4, bq[j][0], bq[j][1]);
             }
-          }
           }
         } else {
           uint32_t af[C::MT][4];
@@ -742,6 +741,13 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
           }
       }
     }
+  }
+  };
+  if constexpr ((V & 8) != 0) {
+    if (live_rows >= wm0 + C::WTM) main_loop(std::true_type{});
+    else main_loop(std::false_type{});
+  } else {
+    main_loop(std::false_type{});
   }
   cp_wait<0>();
 
@@ -1210,12 +1216,12 @@ void gemm_set_moe_p39(bool on) { g_moe_p39 = on; }
 // P43 (gemm_kernel, the MoE down GEMM): CTAs in N-tile-fastest order (a tile's activation rows read once from DRAM).
 bool g_moe_p43 = true;
 void gemm_set_moe_p43(bool on) { g_moe_p43 = on; }
-// P45 (gemm_kernel<64, kQ4, kAmF16Grp, 256>, the MoE down GEMM): A fragments double-buffered per k16 step.
-bool g_moe_p45 = false;
-void gemm_set_moe_p45(bool on) { g_moe_p45 = on; }
-// P46 (the same kernel): the unpacking's mask and exponent OR in one LOP3.
-bool g_moe_p46 = false;
+// P46, P47, P48 (gemm_kernel<64, kQ4, kAmF16Grp, 256>, the MoE down GEMM): its unpacking's mask and exponent OR in
+// one LOP3; its odd pairs unpacked in place (one shift per word); a copy of its main loop without P39's checks.
+bool g_moe_p46 = true, g_moe_p47 = false, g_moe_p48 = false;
 void gemm_set_moe_p46(bool on) { g_moe_p46 = on; }
+void gemm_set_moe_p47(bool on) { g_moe_p47 = on; }
+void gemm_set_moe_p48(bool on) { g_moe_p48 = on; }
 int gemm_moe_wg() {
   const int forced = env_int("LILY_MOE_WG", -1);
   return forced >= 0 ? forced : (g_moe_p15 ? 2 : 0);
@@ -1658,12 +1664,18 @@ bool gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* 
   int bn = moe_bn(am, bm);
   if (bn == kBNMoe && a.N % kBNMoe != 0) bn = kBNWide;   // 512 wide: whole N tiles only
   a.y16 = y16 && !on_wgmma(kQ4, am) && ldy % 2 == 0 ? 1 : 0;   // P16 on the mma.sync kernel only
-  const int v = (g_moe_p45 ? 1 : 0) | (g_moe_p46 ? 2 : 0);   // P45 / P46 (the same bits)
+  const int v = (g_moe_p46 ? 2 : 0) | (g_moe_p47 ? 4 : 0) | (g_moe_p48 ? 8 : 0);   // P46-P48 (the same bits)
   if (v && am == kAmF16Grp && bm == 64 && bn == kBNWide && !on_wgmma(kQ4, am)) {
     const int gn = (a.N + kBNWide - 1) / kBNWide;
-    if (v == 1) launch_gemm<64, kQ4, kAmF16Grp, kBNWide, 1>(a, max_tiles, gn, s);
-    else if (v == 2) launch_gemm<64, kQ4, kAmF16Grp, kBNWide, 2>(a, max_tiles, gn, s);
-    else launch_gemm<64, kQ4, kAmF16Grp, kBNWide, 3>(a, max_tiles, gn, s);
+    switch (v) {
+      case 2: launch_gemm<64, kQ4, kAmF16Grp, kBNWide, 2>(a, max_tiles, gn, s); break;
+      case 4: launch_gemm<64, kQ4, kAmF16Grp, kBNWide, 4>(a, max_tiles, gn, s); break;
+      case 6: launch_gemm<64, kQ4, kAmF16Grp, kBNWide, 6>(a, max_tiles, gn, s); break;
+      case 8: launch_gemm<64, kQ4, kAmF16Grp, kBNWide, 8>(a, max_tiles, gn, s); break;
+      case 10: launch_gemm<64, kQ4, kAmF16Grp, kBNWide, 10>(a, max_tiles, gn, s); break;
+      case 12: launch_gemm<64, kQ4, kAmF16Grp, kBNWide, 12>(a, max_tiles, gn, s); break;
+      default: launch_gemm<64, kQ4, kAmF16Grp, kBNWide, 14>(a, max_tiles, gn, s); break;
+    }
     CUDA_LAUNCH_CHECK();
     return a.y16 != 0;
   }
