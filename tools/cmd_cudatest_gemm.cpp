@@ -959,10 +959,9 @@ int run(const Options& o) {
             Variant{"64", false, true, true, "128"}, Variant{"64", false, true, true, "256"},
             // The down GEMM's forms (bn "P...": LILY_GEMM_BN unset, the ids named switched on through LILY_TRY,
             // "-ID" switched off; "P" alone: the default, P46-P48) must equal BN128 bit for bit.
-            Variant{"64", false, true, true, "P"}, Variant{"64", false, true, true, "P49"},
-            Variant{"64", false, true, true, "P,-P46"}, Variant{"64", false, true, true, "P,-P47"},
-            Variant{"64", false, true, true, "P,-P48"}, Variant{"64", false, true, true, "P,-P46,-P47,-P48"},
-            Variant{"64", false, true, true, "P49,-P46,-P47,-P48"},
+            Variant{"64", false, true, true, "P"}, Variant{"64", false, true, true, "P,-P46"},
+            Variant{"64", false, true, true, "P,-P47"}, Variant{"64", false, true, true, "P,-P48"},
+            Variant{"64", false, true, true, "P,-P46,-P47,-P48"},
             Variant{"128", false, true, true, "128"}, Variant{"128", false, true, true, "256"},
             Variant{"", true, true, true, "128"}, Variant{"", true, true, true, "256"},
             // P10 at 512 (the MoE's grouped GEMMs; tile 128 runs 256 wide): compared with the 128 case

@@ -313,7 +313,7 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
   static_assert(!(F16 && BT == kQ8), "8-bit matrices run in bf16 split precision");
   static_assert(AM != kAmF16Grp || BT == kQ4, "per-group A exponents: 4-bit B only");
   static_assert(BN == 128 || BN == 256 || BN == 512, "CTA width");
-  static_assert(V == 0 || ((V & ~30) == 0 && F16 && BT == kQ4 && BN == 256), "P46-P49: the 4-bit fp16 256-wide kernel");
+  static_assert(V == 0 || ((V & ~14) == 0 && F16 && BT == kQ4 && BN == 256), "P46-P48: the 4-bit fp16 256-wide kernel");
   constexpr int SVLD = sv_ld<BN>();
   static_assert(BM * SVLD * 4 <= kStages * stage_bytes<BM, BT, BN>(), "SwiGLU staging tile");
   extern __shared__ __align__(128) uint8_t smem[];
@@ -564,36 +564,6 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
         *p = v;
       }
     }
-    if constexpr ((V & 16) != 0) {
-      // P49: the 8 groups' scales and biases that arrived with this stage are turned into fp16 (s·2^w, b·2^w) pairs
-      // once, in place: thread 2r holds row r's scales, 2r + 1 its biases (one 16-byte chunk each); after a swap
-      // both hold the 16 values, and the even thread writes groups 0-3 over its scales, the odd one groups 4-7 over
-      // its biases (each thread only over its own chunk, so before the barrier that publishes them).
-      if ((kg & 7) == 0) {
-        const int half = (kg >> 3) & 1;
-#pragma unroll
-        for (int j = 0; j < SBCH; ++j) {
-          const int r = (tid >> 1) + j * (kThreads / 2);
-          uint4* mine = reinterpret_cast<uint4*>(((tid & 1) ? sbb : sbs) + half * BN * 8 + r * 8);
-          const uint4 v = *mine;
-          uint4 o;
-          o.x = __shfl_xor_sync(0xffffffffu, v.x, 1);
-          o.y = __shfl_xor_sync(0xffffffffu, v.y, 1);
-          o.z = __shfl_xor_sync(0xffffffffu, v.z, 1);
-          o.w = __shfl_xor_sync(0xffffffffu, v.w, 1);
-          const uint4 sv4 = (tid & 1) ? o : v, bv4 = (tid & 1) ? v : o;
-          // groups 4h .. 4h + 3: words 2h, 2h + 1 of each (two bf16 per word)
-          const uint32_t sw0 = (tid & 1) ? sv4.z : sv4.x, sw1 = (tid & 1) ? sv4.w : sv4.y;
-          const uint32_t bw0 = (tid & 1) ? bv4.z : bv4.x, bw1 = (tid & 1) ? bv4.w : bv4.y;
-          auto pk = [&](uint32_t sw, uint32_t bw, int hi) -> uint32_t {
-            const float sf = __uint_as_float(hi ? sw & 0xffff0000u : sw << 16);
-            const float bf = __uint_as_float(hi ? bw & 0xffff0000u : bw << 16);
-            return h2_bits(__floats2half2_rn(sf * float(1 << kGemmF16WExp), bf * float(1 << kGemmF16WExp)));
-          };
-          *mine = make_uint4(pk(sw0, bw0, 0), pk(sw0, bw0, 1), pk(sw1, bw1, 0), pk(sw1, bw1, 1));
-        }
-      }
-    }
     __syncthreads();
     if (kg + kStages - 1 < nk) load_stage(kg + kStages - 1);
     cp_commit();
@@ -625,11 +595,6 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
           cw[j][1] = v.y;
           cw[j][2] = v.z;
           cw[j][3] = v.w;
-        }
-        if constexpr ((V & 16) != 0) {   // P49: the pair converted once per CTA (above)
-          const int gi = kg & 7;
-          s2[j] = reinterpret_cast<const uint32_t*>((gi < 4 ? sbs : sbb) + ((kg >> 3) & 1) * BN * 8 + r * 8)[gi & 3];
-          continue;
         }
         const uint16_t sv = sbs[sbi + r * 8], bv = sbb[sbi + r * 8];
         sf[j] = __uint_as_float(uint32_t(sv) << 16);
@@ -1252,15 +1217,13 @@ void gemm_set_moe_p39(bool on) { g_moe_p39 = on; }
 // P43 (gemm_kernel, the MoE down GEMM): CTAs in N-tile-fastest order (a tile's activation rows read once from DRAM).
 bool g_moe_p43 = true;
 void gemm_set_moe_p43(bool on) { g_moe_p43 = on; }
-// P46-P49 (gemm_kernel<64, kQ4, kAmF16Grp, 256, V>, the MoE down GEMM): its unpacking's mask and exponent OR in one
-// LOP3; its odd pairs unpacked in place (one shift per word); a copy of its main loop without P39's checks; its
-// scales and biases converted to fp16 pairs once per CTA.
-bool g_moe_p46 = true, g_moe_p47 = true, g_moe_p48 = true, g_moe_p49 = false;
+// P46-P48 (gemm_kernel<64, kQ4, kAmF16Grp, 256, V>, the MoE down GEMM): its unpacking's mask and exponent OR in one
+// LOP3; its odd pairs unpacked in place (one shift per word); a copy of its main loop without P39's checks.
+bool g_moe_p46 = true, g_moe_p47 = true, g_moe_p48 = true;
 void gemm_set_moe_p46(bool on) { g_moe_p46 = on; }
 void gemm_set_moe_p47(bool on) { g_moe_p47 = on; }
 void gemm_set_moe_p48(bool on) { g_moe_p48 = on; }
-void gemm_set_moe_p49(bool on) { g_moe_p49 = on; }
-// Every combination of the four (V = 2, 4, ..., 30; V = 0 is launch_any's instance).
+// Every combination of the three (V = 2, 4, ..., 14; V = 0 is launch_any's instance).
 template <int... I>
 void launch_down_v(int v, const GemmArgs& a, int grid_m, int grid_n, cudaStream_t s, std::integer_sequence<int, I...>) {
   using Fn = void (*)(const GemmArgs&, int, int, cudaStream_t);
@@ -1709,10 +1672,9 @@ bool gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* 
   int bn = moe_bn(am, bm);
   if (bn == kBNMoe && a.N % kBNMoe != 0) bn = kBNWide;   // 512 wide: whole N tiles only
   a.y16 = y16 && !on_wgmma(kQ4, am) && ldy % 2 == 0 ? 1 : 0;   // P16 on the mma.sync kernel only
-  // P46-P49 (the same bits)
-  const int v = (g_moe_p46 ? 2 : 0) | (g_moe_p47 ? 4 : 0) | (g_moe_p48 ? 8 : 0) | (g_moe_p49 ? 16 : 0);
+  const int v = (g_moe_p46 ? 2 : 0) | (g_moe_p47 ? 4 : 0) | (g_moe_p48 ? 8 : 0);   // P46-P48 (the same bits)
   if (v && am == kAmF16Grp && bm == 64 && bn == kBNWide && !on_wgmma(kQ4, am)) {
-    launch_down_v(v, a, max_tiles, (a.N + kBNWide - 1) / kBNWide, s, std::make_integer_sequence<int, 16>{});
+    launch_down_v(v, a, max_tiles, (a.N + kBNWide - 1) / kBNWide, s, std::make_integer_sequence<int, 8>{});
     CUDA_LAUNCH_CHECK();
     return a.y16 != 0;
   }
