@@ -161,13 +161,14 @@ __device__ __forceinline__ uint32_t dq4_pair(uint32_t w, int p, uint32_t s2, uin
   }
 }
 
-// The MoE down GEMM's fp16 unpacking of pair p (nibbles p, p + 4) of word w, scale and bias packed in sb (low, high
-// half), w8 = w >> 8. P46 (magic opaque to the compiler: the caller makes it so): the mask and the exponent OR are one
-// LOP3 (a LOP3 takes one immediate). P47 (kOdd): an odd pair is read in place, (w & 0x00F000F0) | magic = 1024 + 16q,
-// and brought to q by one HFMA2 (x / 16 - 64, exact), so a word needs one shift (w >> 8, pairs 2 and 3) instead of
-// three (4, 8, 12). Both give q exactly, then the same q·s + b: the same bits as dq4_pair_sb<true>.
+// fp16 unpacking of pair p (nibbles p, p + 4) of word w with scale s and bias b, w8 = w >> 8. With magic opaque to
+// the compiler (the caller makes it so; P46 for the down GEMM) the mask and the exponent OR are one LOP3 (a LOP3
+// takes one immediate). kOdd (P47 for the down GEMM, P50 for the gate/up kernel): an odd pair is read in place,
+// (w & 0x00F000F0) | magic = 1024 + 16q, and brought to q by one HFMA2 (x / 16 - 64, exact), so a word needs one
+// shift (w >> 8, pairs 2 and 3) instead of three (4, 8, 12). Both give q exactly, then the same q·s + b: the same
+// bits as dq4_pair_m.
 template <bool kOdd>
-__device__ __forceinline__ uint32_t dq4_pair_down(uint32_t w, uint32_t w8, int p, uint32_t sb, uint32_t magic) {
+__device__ __forceinline__ uint32_t dq4_pair_odd(uint32_t w, uint32_t w8, int p, __half2 s, __half2 b, uint32_t magic) {
   __half2 q;
   if (kOdd && (p & 1)) {
     const uint32_t v = ((p >= 2 ? w8 : w) & 0x00F000F0u) | magic;
@@ -176,7 +177,12 @@ __device__ __forceinline__ uint32_t dq4_pair_down(uint32_t w, uint32_t w8, int p
     const uint32_t v = kOdd ? ((p >= 2 ? w8 : w) & 0x000F000Fu) | magic : ((w >> (4 * p)) & 0x000F000Fu) | magic;
     q = __hsub2(bits_h2(v), bits_h2(0x64006400u));
   }
-  return h2_bits(__hfma2(q, __low2half2(bits_h2(sb)), __high2half2(bits_h2(sb))));
+  return h2_bits(__hfma2(q, s, b));
+}
+// The MoE down GEMM's form: scale and bias packed in sb (low, high half).
+template <bool kOdd>
+__device__ __forceinline__ uint32_t dq4_pair_down(uint32_t w, uint32_t w8, int p, uint32_t sb, uint32_t magic) {
+  return dq4_pair_odd<kOdd>(w, w8, p, __low2half2(bits_h2(sb)), __high2half2(bits_h2(sb)), magic);
 }
 
 // The same with the scale and bias packed in one word (low half: scale, high half: bias), each
@@ -542,7 +548,7 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
   }
 
   auto main_loop = [&](auto full_t) {
-  constexpr bool kFull = decltype(full_t)::value;   // P48: every m16 tile of the warp is live (no P39 checks)
+  [[maybe_unused]] constexpr bool kFull = decltype(full_t)::value;   // P48: every m16 tile of the warp is live (no P39 checks)
   for (int kg = 0; kg < nk; ++kg) {
     cp_wait<kStages - 2>();
     if constexpr (!kGfRegs && AM == kAmF16Grp) {
@@ -1208,6 +1214,10 @@ void gemm_set_moe_p35(bool on) { g_moe_p35 = on; }
 bool g_moe_p34 = true;
 void gemm_set_moe_p34(bool on) { g_moe_p34 = on; }
 bool gemm_moe_p34() { return g_moe_p34; }
+// P50 (the P34 gate/up kernel): odd nibble pairs unpacked in place (dq4_pair_odd), one shift per code word.
+bool g_moe_p50 = false;
+void gemm_set_moe_p50(bool on) { g_moe_p50 = on; }
+bool gemm_moe_p50() { return g_moe_p50; }
 // P38 (P34 kernel): each tile's wgmmas span its rows rounded up to 32 tokens instead of 128 (same bits).
 bool g_moe_p38 = true;
 void gemm_set_moe_p38(bool on) { g_moe_p38 = on; }

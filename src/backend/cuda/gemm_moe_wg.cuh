@@ -708,12 +708,15 @@ __device__ __forceinline__ uint64_t wg_desc_lo(uint32_t lo) {
 // stages of two 64-k steps each.
 template <bool P32, bool P34>
 using Rs4Cfg = MrCfg<128, P34 ? 4 : P32 ? 8 : 6, 1, 4, P32 ? 2 : 3, P34 ? 2 : 1>;
-template <int AM, bool P32 = false, bool P34 = false>
+// P50 (with P34): odd nibble pairs unpacked in place (dq4_pair_odd: one shift per code word instead of three; the
+// same bits).
+template <int AM, bool P32 = false, bool P34 = false, bool P50 = false>
 __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_constant__ GemmArgs a) {
   constexpr int BM = 128;
   constexpr int KS = P34 ? 2 : 1;   // 64-k steps per ring stage
   using C = Rs4Cfg<P32, P34>;
   static_assert(!P34 || P32, "P34 is a form of the P32 loop");
+  static_assert(!P50 || P34, "P50: the P34 loop only");
   constexpr int RW = C::RW, S = C::S, NCT = C::NCT, LEAD = S - 2;
   static_assert(AM == kAmF16 || AM == kAmF16Grp, "P18: fp16 operands only");
   static_assert(BM * 8 == 2 * NCT && RW * 2 == NCT, "P18: 2 activation chunks and 1 code chunk per thread");
@@ -887,10 +890,17 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_const
 #pragma unroll
             for (int v = 0; v < 2; ++v) {
               const int i = 2 * j + v;
-              af[j][v][0] = dq4_pair_m(w0, (2 * i) & 3, s0, b0, magic);
-              af[j][v][1] = dq4_pair_m(w1, (2 * i) & 3, s1, b1, magic);
-              af[j][v][2] = dq4_pair_m(w0, (2 * i + 1) & 3, s0, b0, magic);
-              af[j][v][3] = dq4_pair_m(w1, (2 * i + 1) & 3, s1, b1, magic);
+              if constexpr (P50) {
+                af[j][v][0] = dq4_pair_odd<true>(w0, w0 >> 8, (2 * i) & 3, s0, b0, magic);
+                af[j][v][1] = dq4_pair_odd<true>(w1, w1 >> 8, (2 * i) & 3, s1, b1, magic);
+                af[j][v][2] = dq4_pair_odd<true>(w0, w0 >> 8, (2 * i + 1) & 3, s0, b0, magic);
+                af[j][v][3] = dq4_pair_odd<true>(w1, w1 >> 8, (2 * i + 1) & 3, s1, b1, magic);
+              } else {
+                af[j][v][0] = dq4_pair_m(w0, (2 * i) & 3, s0, b0, magic);
+                af[j][v][1] = dq4_pair_m(w1, (2 * i) & 3, s1, b1, magic);
+                af[j][v][2] = dq4_pair_m(w0, (2 * i + 1) & 3, s0, b0, magic);
+                af[j][v][3] = dq4_pair_m(w1, (2 * i + 1) & 3, s1, b1, magic);
+              }
             }
             mr_fence_u32<8>(&af[j][0][0]);
             wg_fence();
@@ -979,16 +989,16 @@ void launch_moe_rs_t(const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t 
          size_t(MrCfg<BM, NS, NH>::SMEM), s, a);
   CUDA_LAUNCH_CHECK();
 }
-template <int AM, bool P32, bool P34 = false>
+template <int AM, bool P32, bool P34 = false, bool P50 = false>
 void launch_moe_rs4_t(const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t s) {
   using C = Rs4Cfg<P32, P34>;
   static bool attr = false;
   if (!attr) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_moe_rs4_kernel<AM, P32, P34>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    C::SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_moe_rs4_kernel<AM, P32, P34, P50>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
     attr = true;
   }
-  launch(gemm_moe_rs4_kernel<AM, P32, P34>, dim3(grid_n, max_tiles), dim3(C::NCT), size_t(C::SMEM), s, a);
+  launch(gemm_moe_rs4_kernel<AM, P32, P34, P50>, dim3(grid_n, max_tiles), dim3(C::NCT), size_t(C::SMEM), s, a);
   CUDA_LAUNCH_CHECK();
 }
 // mode 1: P14, mode 2: P15. bm: the tile list's M-tile (32 runs the 64 kernel: rows <= 32 of 64).
@@ -1000,7 +1010,10 @@ bool launch_moe_wg(int mode, int am, int bm, const GemmArgs& a, int max_tiles, i
     if (bm == 128) {   // P17: m64n128k16, 128 weight rows per CTA (one m64 block per consumer warpgroup)
       if (gemm_moe_p18()) {   // P18: 4 warpgroups, 256 weight rows per CTA
         const int gn = a.swiglu ? a.N / 128 : (a.N + 255) / 256;
-        if (gemm_moe_p32() && gemm_moe_p34()) {   // P34: two 64-k steps per ring stage
+        if (gemm_moe_p32() && gemm_moe_p34() && gemm_moe_p50()) {   // P50: odd pairs unpacked in place
+          if (am == kAmF16Grp) launch_moe_rs4_t<kAmF16Grp, true, true, true>(a, max_tiles, gn, s);
+          else launch_moe_rs4_t<kAmF16, true, true, true>(a, max_tiles, gn, s);
+        } else if (gemm_moe_p32() && gemm_moe_p34()) {   // P34: two 64-k steps per ring stage
           if (am == kAmF16Grp) launch_moe_rs4_t<kAmF16Grp, true, true>(a, max_tiles, gn, s);
           else launch_moe_rs4_t<kAmF16, true, true>(a, max_tiles, gn, s);
         } else if (gemm_moe_p32()) {   // P32: the same kernel's step loop in fewer instructions
