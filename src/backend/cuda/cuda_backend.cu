@@ -666,7 +666,7 @@ class CudaBackend final : public Backend {
     gemm_set_moe_p46(!abl_.has("P46"));   // P46: the MoE down GEMM's unpacking in one LOP3 fewer per pair
     gemm_set_moe_p47(!abl_.has("P47"));   // P47: the MoE down GEMM's odd pairs unpacked in place
     gemm_set_moe_p48(!abl_.has("P48"));   // P48: the MoE down GEMM's loop without P39's checks for full warps
-    gemm_set_moe_p50(tried("P50"));   // P50: the gate/up kernel's odd pairs unpacked in place (not yet run)
+    gemm_set_moe_p50(!abl_.has("P50"));   // P50: the gate/up kernel's odd pairs unpacked in place
     p42_ = !abl_.has("P42");   // P42: the prefill MoE's norm + conversion without its unread f32 x
     gdn_prep_wide_enabled() = !abl_.has("P41");   // P41: the GDN prefill prep a warp per head, float4 per lane
     moe_prefill_set_p40(!abl_.has("P40"));   // P40: the MoE gate/up at M-tile 128 (P34 + P38) from 8 expected rows

@@ -1215,7 +1215,7 @@ bool g_moe_p34 = true;
 void gemm_set_moe_p34(bool on) { g_moe_p34 = on; }
 bool gemm_moe_p34() { return g_moe_p34; }
 // P50 (the P34 gate/up kernel): odd nibble pairs unpacked in place (dq4_pair_odd), one shift per code word.
-bool g_moe_p50 = false;
+bool g_moe_p50 = true;
 void gemm_set_moe_p50(bool on) { g_moe_p50 = on; }
 bool gemm_moe_p50() { return g_moe_p50; }
 // P38 (P34 kernel): each tile's wgmmas span its rows rounded up to 32 tokens instead of 128 (same bits).
