@@ -3,8 +3,9 @@
 
 Input: the csv exports of the cuda_gpu_trace and cuda_api_trace reports. Kernels are grouped into forwards (runs
 with no gap above 2 ms between one kernel's end and the next one's start); for each forward of at least 50 kernels:
-GPU span, sum of kernel durations, idle time between kernels, the largest gaps, and the lag from each kernel's
-launch call returning on the host to the kernel starting on the GPU (matched by correlation id). Column names are
+GPU span, sum of kernel durations, idle time between kernels, the largest gaps, the lag from each kernel's
+launch call returning on the host to the kernel starting on the GPU (matched by correlation id), and the host's
+span from the forward's first launch call to its last with the time spent inside CUDA API calls. Column names are
 looked up by substring, so minor differences between nsys versions do not matter.
 Usage: nsys_prefill.py GPU_TRACE.csv API_TRACE.csv
 """
@@ -50,15 +51,18 @@ def main():
             continue
         kern.append((s, s + d, r[gc], r[gn]))
     kern.sort()
-    launch_end = {}
+    launch_end, launch_start = {}, {}
+    api = []   # (start, end, name): every CUDA API call of the host thread(s)
     if a:
         as_, ad, ac, an = col(ah, "Start"), col(ah, "Duration"), col(ah, "CorrId", "Corr"), col(ah, "Name")
         for r in a:
             try:
-                if "Launch" in r[an]:
-                    launch_end[r[ac]] = int(float(r[as_])) + int(float(r[ad]))
+                st, en = int(float(r[as_])), int(float(r[as_])) + int(float(r[ad]))
             except (ValueError, IndexError):
                 continue
+            api.append((st, en, r[an]))
+            if "Launch" in r[an]:
+                launch_start[r[ac]], launch_end[r[ac]] = st, en
     groups, cur = [], [kern[0]]
     for k in kern[1:]:
         if k[0] - cur[-1][1] > 2_000_000:
@@ -82,6 +86,12 @@ def main():
             print(f"  launch-return -> kernel-start lag: median {statistics.median(lags) / 1e3:.1f} us, "
                   f"p10 {q[0] / 1e3:.1f}, p90 {q[-1] / 1e3:.1f}, min {min(lags) / 1e3:.1f} us "
                   f"({len(lags)} matched; small lags with idle gaps = host-paced)")
+        ls = [launch_start[k[2]] for k in grp if k[2] in launch_start]
+        if ls:
+            h0, h1 = min(ls), max(launch_end[k[2]] for k in grp if k[2] in launch_end)
+            in_api = sum(e - s for s, e, _ in api if s >= h0 and e <= h1)
+            print(f"  host: first launch call to last {(h1 - h0) / 1e6:.3f} ms, {in_api / 1e6:.3f} ms of it inside "
+                  f"CUDA API calls; the GPU's last kernel ends {(grp[-1][1] - h1) / 1e6:.3f} ms after the last launch call")
         for x, p, nx in sorted(gaps, reverse=True)[:5]:
             print(f"  gap {x / 1e3:.1f} us: {p[:60]} -> {nx[:60]}")
 
