@@ -1037,7 +1037,9 @@ int run(const Options& o) {
         setenv("LILY_MOE_TILE", tl.c_str(), 1);
         // P16 off here: P14 / P15-both write f32 slot rows, so the mma.sync case they are compared with
         // bit for bit must too (the default, P16 on, is covered by the variants above).
-        set_abl(host ? std::vector<std::string>{"P1w", "P2", "P16"} : std::vector<std::string>{"P1w", "P16"});
+        const std::vector<std::string> off0 =
+            host ? std::vector<std::string>{"P1w", "P2", "P16"} : std::vector<std::string>{"P1w", "P16"};
+        set_abl(off0);
         // wg 4 (tile 128 only): P15 both with P18 off, i.e. P17's kernel (P18's is the default at 128);
         // wg 5 / 6: P15 both with P34 off (P32's one-step stages) / P32 off (P18's loop as first written).
         // wg 7: P15 both with P38 off (wgmma N = 128 for every tile), which must equal wg 3 (P38: N = the tile's
@@ -1069,8 +1071,6 @@ int run(const Options& o) {
           if ((wg == 2 || wg == 3) && tl == "128") {
             // P50 (default: the P34 gate/up kernel's odd nibble pairs unpacked in place) must not change a bit.
             const std::vector<float> y0 = y;
-            const std::vector<std::string> off0 =
-                host ? std::vector<std::string>{"P1w", "P2", "P16"} : std::vector<std::string>{"P1w", "P16"};
             std::vector<std::string> off50 = off0;
             off50.push_back("P50");
             set_abl(off50);

@@ -581,7 +581,7 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
     // 512 wide: scale and bias packed in s2 (dq4_pair_sb), b2 unused; the codes are read from shared
     // memory by k16 step (word i / 2, at its first use), not all 16 words per thread at once.
     constexpr bool kSBPack = BT == kQ4 && BN == kBNMoe;
-    constexpr bool kSB2 = kSBPack || (V != 0 && BT == kQ4 && F16);   // P46-P48: s and b in one register
+    constexpr bool kSB2 = kSBPack || V != 0;   // P46-P48 (4-bit fp16 only): s and b in one register
     uint32_t cw[kSBPack ? 1 : C::NT][BT == kQ8 ? 4 : 2];
     uint32_t s2[C::NT], b2[kSB2 ? 1 : C::NT];
     float sf[C::NT], bf[C::NT];

@@ -95,10 +95,10 @@ void gemm_set_moe_p34(bool on);
 void gemm_set_moe_p38(bool on);   // P38: the P34 MoE kernel's wgmma N by the tile's rows (same bits)
 void gemm_set_moe_p39(bool on);   // P39: the MoE down GEMM (mma.sync) skips m16 tiles past the tile's rows (same bits)
 void gemm_set_moe_p43(bool on);   // P43: the MoE down GEMM's CTAs in N-tile-fastest order
-void gemm_set_moe_p50(bool on);   // P50: the P34 gate/up kernel's odd nibble pairs unpacked in place (same bits)
 void gemm_set_moe_p46(bool on);   // P46: the MoE down GEMM's unpacking mask and exponent OR in one LOP3 (same bits)
 void gemm_set_moe_p47(bool on);   // P47: the MoE down GEMM's odd nibble pairs unpacked in place (same bits)
 void gemm_set_moe_p48(bool on);   // P48: the MoE down GEMM's main loop without P39's checks for full warps (same bits)
+void gemm_set_moe_p50(bool on);   // P50: the P34 gate/up kernel's odd nibble pairs unpacked in place (same bits)
 // P35: the MoE down GEMM's scatter destinations and routing weights staged in shared memory before its mainloop.
 void gemm_set_moe_p35(bool on);
 bool gemm_moe_p34();

@@ -276,8 +276,7 @@ bool g_p40 = true;
 void moe_prefill_set_p40(bool on) { g_p40 = on; }
 // The expected rows per expert from which the gate/up GEMM takes M-tile 128: 8 with P40 (T >= 256; tuning aid:
 // LILY_P40_ROWS, read per call; session 21 call 2: 8 gave +9.6 % at 256 over 16; from 512 tokens 4, 8 and 16
-// all choose M-tile 128),
-// 128 without.
+// all choose M-tile 128), 128 without.
 static double p40_rows() {
   if (!g_p40) return 128;
   const char* v = std::getenv("LILY_P40_ROWS");
