@@ -101,7 +101,7 @@ std::vector<int32_t> prompt_tokens(const std::string& path, int n, int vocab, ui
 }
 
 struct Series {
-  std::vector<double> tok_s, cpu_s;   // per round
+  std::vector<double> tok_s, cpu_s, host_s;   // per round (host_s: wall minus the time blocked on the device)
 };
 
 // One engine variant: its own backend and model on the CPU (ablations are fixed at creation there);
@@ -216,13 +216,14 @@ int bench_prefill_main(int argc, char** argv) {
     auto st = m.new_state(L + n_dec + 1);
     m.backend().synchronize();
     const double state = dev_bytes(m.backend()) - before;
-    double w0 = wall_s(), c0 = cpu_s();
+    double w0 = wall_s(), c0 = cpu_s(), b0 = m.backend().host_wait_s();
     m.forward(*st, std::span<const int32_t>(ids.data(), size_t(L)), logits.data(), false);
     m.backend().synchronize();
-    double w1 = wall_s(), c1 = cpu_s();
+    double w1 = wall_s(), c1 = cpu_s(), b1 = m.backend().host_wait_s();
     if (pre) {
       pre->tok_s.push_back(L / (w1 - w0));
       pre->cpu_s.push_back(c1 - c0);
+      pre->host_s.push_back((w1 - w0) - (b1 - b0));
     }
     const double after = dev_bytes(m.backend());
     mem.peak = std::max(mem.peak, after);
@@ -233,13 +234,16 @@ int bench_prefill_main(int argc, char** argv) {
     gen.clear();
     w0 = wall_s();
     c0 = cpu_s();
+    b0 = m.backend().host_wait_s();
     m.generate_greedy(*st, first, n_dec, gen);
     m.backend().synchronize();
     w1 = wall_s();
     c1 = cpu_s();
+    b1 = m.backend().host_wait_s();
     if (dec) {
       dec->tok_s.push_back(n_dec / (w1 - w0));
       dec->cpu_s.push_back(c1 - c0);
+      dec->host_s.push_back((w1 - w0) - (b1 - b0));
     }
   };
 
@@ -274,8 +278,8 @@ int bench_prefill_main(int argc, char** argv) {
     done.push_back(L);
     prev_L = L;
     prev_s = wall_s() - t0;
-    std::fprintf(stderr, "bench prefill: %6d tokens  %.1f tok/s (cpu %.3f s)%s  [%.1f s, device %.0f MiB: state %.0f + rest %.0f]\n",
-                 L, median_of(pre[{L, 0}].tok_s), median_of(pre[{L, 0}].cpu_s),
+    std::fprintf(stderr, "bench prefill: %6d tokens  %.1f tok/s (cpu %.3f s, host %.4f s)%s  [%.1f s, device %.0f MiB: state %.0f + rest %.0f]\n",
+                 L, median_of(pre[{L, 0}].tok_s), median_of(pre[{L, 0}].cpu_s), median_of(pre[{L, 0}].host_s),
                  N > 0 ? fmtd("  decode %.1f tok/s", median_of(dec[{L, 0}].tok_s)).c_str() : "", prev_s,
                  mem.peak / 1048576.0, mem.state / 1048576.0, mem.rest / 1048576.0);
   }
@@ -399,7 +403,8 @@ int bench_prefill_main(int argc, char** argv) {
      << "\",\n  \"notes\": \"prefill tok_s = L / wall time from the first token fed to the last token's logits on "
      << "the host, fresh zeroed state per measurement (capacity L + decode tokens + 1), warm-up of min(L, warmup_max) "
      << "tokens per length and variant discarded; decode tok_s = N / wall time of N greedy tokens after that real "
-     << "prefill; cpu_s = process CPU time (all threads) of the same span; state_device_bytes = KV cache + conv + "
+     << "prefill; cpu_s = process CPU time (all threads) of the same span; host_s = the span's wall time minus the time the "
+     << "host was blocked waiting for the device (the host's own work: enqueueing, copies; on cpu the whole span); state_device_bytes = KV cache + conv + "
      << "recurrent state, rest_device_bytes = all other device memory after the prefill\",\n  \"results\": [\n";
   md << "# Prefill benchmark (" << date << ")\n\n- machine: " << machine << " (" << backend << " backend)\n- commit: "
      << o.str("commit") << "\n- command: `" << cmdline << "`\n- model: " << model_name
@@ -411,11 +416,12 @@ int bench_prefill_main(int argc, char** argv) {
     md << "- skipped (predicted to exceed --max-seconds " << fmtd("%g", budget_s) << " s): " << int_list(skipped) << "\n";
   if (!ws_note.empty()) md << "- " << ws_note << "\n";
   if (!balance.empty()) md << "- expert load balance: " << balance << "\n";
-  md << "\n| phase | length | variant | tok/s (median) | min | max | CPU s (median) | peak host MiB | peak device MiB "
-     << "| state MiB | rest MiB |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  md << "\n| phase | length | variant | tok/s (median) | min | max | CPU s (median) | host s (median) | peak host MiB | peak device MiB "
+     << "| state MiB | rest MiB |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   bool first = true;
   auto emit = [&](const char* phase, int L, size_t v, const Series& s) {
     const double med = median_of(s.tok_s), cs = median_of(s.cpu_s);
+    const double hs = s.host_s.empty() ? 0.0 : median_of(s.host_s);
     const double mn = *std::min_element(s.tok_s.begin(), s.tok_s.end());
     const double mx = *std::max_element(s.tok_s.begin(), s.tok_s.end());
     const Mem& mm = mem_at[L];
@@ -424,7 +430,7 @@ int bench_prefill_main(int argc, char** argv) {
     ab += "]";
     js << (first ? "" : ",\n") << "    {\"engine\": \"lily\", \"phase\": \"" << phase << "\", \"length\": " << L
        << ", \"tok_s_median\": " << med << ", \"tok_s_min\": " << mn << ", \"tok_s_max\": " << mx
-       << ", \"cpu_s_median\": " << cs << ", \"peak_host_bytes\": " << peak_host[L]
+       << ", \"cpu_s_median\": " << cs << ", \"host_s_median\": " << hs << ", \"peak_host_bytes\": " << peak_host[L]
        << ", \"peak_device_bytes\": " << mm.peak << ", \"state_device_bytes\": " << mm.state
        << ", \"rest_device_bytes\": " << mm.rest << ", \"rounds\": " << rounds
        << (phase[0] == 'd' ? ", \"tokens\": " + std::to_string(N) : std::string()) << ", \"ablate\": " << ab << "}";
@@ -432,7 +438,7 @@ int bench_prefill_main(int argc, char** argv) {
     auto mib = [](double b) { return b > 0 ? fmtd("%.0f", b / 1048576.0) : std::string(); };
     md << "| " << phase << " | " << L << " | " << (vars[v].off.empty() ? "all on" : "-" + vars[v].off[0]) << " | "
        << fmtd("%.1f", med) << " | " << fmtd("%.1f", mn) << " | " << fmtd("%.1f", mx) << " | " << fmtd("%.3f", cs)
-       << " | " << fmtd("%.0f", peak_host[L] / 1048576.0) << " | " << mib(mm.peak) << " | " << mib(mm.state) << " | "
+       << " | " << fmtd("%.4f", hs) << " | " << fmtd("%.0f", peak_host[L] / 1048576.0) << " | " << mib(mm.peak) << " | " << mib(mm.state) << " | "
        << mib(mm.rest) << " |\n";
   };
   for (int L : done)

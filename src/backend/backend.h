@@ -81,6 +81,9 @@ class Backend {
   virtual void copy(void* dst, const void* src, int64_t bytes) = 0;   // within the backend
   virtual void fill_zero(void* p, int64_t bytes) = 0;
   virtual void synchronize() {}
+  // Host seconds spent blocked waiting for the device so far (synchronize, copies to the host, event waits); the
+  // wall time of a call minus its share of this is the host's own work (cpu: 0, the host is the device).
+  virtual double host_wait_s() const { return 0; }
   // Element type of KV caches allocated from now on (cuda: fp16 unless ablation D18 is off).
   virtual KvType kv_type() const { return KvType::f32; }
   // n elements between f32 (backend memory) and a KV buffer of type t (tests, benchmarks).

@@ -5,6 +5,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -166,7 +167,7 @@ class CudaBackend final : public Backend {
                up(m.shared_up_proj), up(m.shared_down_proj), up(m.shared_expert_gate)};
       d.layers.push_back(std::move(o));
     }
-    CUDA_CHECK(cudaStreamSynchronize(s_));
+    wait_stream();
     uploaded_.clear();
     return d;
   }
@@ -186,7 +187,7 @@ class CudaBackend final : public Backend {
     auto it = std::find(allocs_.begin(), allocs_.end(), p);
     if (it == allocs_.end()) return;
     flush();
-    CUDA_CHECK(cudaStreamSynchronize(s_));
+    wait_stream();
     bytes_ -= alloc_size_[p];
     alloc_size_.erase(p);
     allocs_.erase(it);
@@ -195,12 +196,12 @@ class CudaBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, int64_t bytes) override {
     flush();
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s_));
-    CUDA_CHECK(cudaStreamSynchronize(s_));
+    wait_stream();
   }
   void copy_from_host(void* dst, const void* src, int64_t bytes) override {
     flush();
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s_));
-    CUDA_CHECK(cudaStreamSynchronize(s_));
+    wait_stream();
   }
   void copy(void* dst, const void* src, int64_t bytes) override {
     flush();
@@ -212,7 +213,7 @@ class CudaBackend final : public Backend {
   }
   void synchronize() override {
     flush();
-    CUDA_CHECK(cudaStreamSynchronize(s_));
+    wait_stream();
   }
 
   // ---- ops --------------------------------------------------------------------------------
@@ -562,7 +563,9 @@ class CudaBackend final : public Backend {
   }
   void wait_event(int slot) override {
     LILY_CHECK(slot >= 0 && slot < 8 && slot_ev_[slot], "cuda wait_event: slot never recorded");
+    const auto w0 = std::chrono::steady_clock::now();
     CUDA_CHECK(cudaEventSynchronize(slot_ev_[slot]));
+    wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
   }
   bool can_capture() const override { return !abl_.has("D2"); }
   int last_sample_path() { return sample_ws_ ? cuda::sample_last_path(sample_ws_) : -1; }
@@ -576,7 +579,7 @@ class CudaBackend final : public Backend {
     // A variant may launch fewer CTAs than the eager steps before it (D44): no stale stamps in its slots.
     if (trace_on_) fill_zero(trace_buf_, int64_t(kTraceSlots) * kTraceCtas * kTracePhases * 8);
     flush();
-    CUDA_CHECK(cudaStreamSynchronize(s_));
+    wait_stream();
     CUDA_CHECK(cudaStreamBeginCapture(s_, cudaStreamCaptureModeThreadLocal));
     capturing_ = true;
     cap_splits_ = variant == 1 && short_splits_ > 0 ? short_splits_ : splits_;
@@ -853,6 +856,14 @@ class CudaBackend final : public Backend {
       }
     }
   }
+  // Blocks the host until s_ is idle; the time blocked is summed in wait_s_ (benchmarks subtract it from the wall
+  // time: what is left is the host's own work, e.g. enqueueing a forward pass).
+  void wait_stream() {
+    const auto w0 = std::chrono::steady_clock::now();
+    CUDA_CHECK(cudaStreamSynchronize(s_));
+    wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+  }
+  double host_wait_s() const override { return wait_s_; }
   void* alloc_bytes(int64_t bytes) {
     void* p = nullptr;
     LILY_CHECK(!capturing_, "cuda backend: allocation during graph capture");
@@ -861,7 +872,7 @@ class CudaBackend final : public Backend {
     // the host) could land after a later write on s_ and zero it (session 22: the intermittent cuda-test-attn
     // failures, inputs uploaded by copy_from_host then zeroed).
     CUDA_CHECK(cudaMemsetAsync(p, 0, std::max<int64_t>(bytes, 16), s_));
-    CUDA_CHECK(cudaStreamSynchronize(s_));
+    wait_stream();
     allocs_.push_back(p);
     alloc_size_[p] = bytes;
     bytes_ += bytes;
@@ -875,7 +886,7 @@ class CudaBackend final : public Backend {
     // On s_ and waited for (a cudaMemcpy from pageable memory may return before its DMA has landed, and the
     // kernels that read the copy run on the non-blocking s_).
     CUDA_CHECK(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, s_));
-    CUDA_CHECK(cudaStreamSynchronize(s_));
+    wait_stream();
     uploaded_[host] = {d, bytes};
     return d;
   }
@@ -1345,6 +1356,7 @@ class CudaBackend final : public Backend {
   void* sample_ws_ = nullptr;
   int64_t sample_ws_bytes_ = 0;
   cudaEvent_t slot_ev_[8] = {};
+  double wait_s_ = 0;   // host seconds blocked in wait_stream / wait_event
   float* ws_ = nullptr;
   int64_t ws_floats_ = 0;
   std::vector<GemvJob> pend_;
