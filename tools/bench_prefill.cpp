@@ -16,10 +16,12 @@
 #include <memory>
 #include <random>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "backend/backend.h"
 #include "bench_common.h"
+#include "nvml_energy.h"
 #include "core/common.h"
 #include "core/options.h"
 #include "model/op_flops.h"
@@ -101,7 +103,8 @@ std::vector<int32_t> prompt_tokens(const std::string& path, int n, int vocab, ui
 }
 
 struct Series {
-  std::vector<double> tok_s, cpu_s, host_s;   // per round (host_s: wall minus the time blocked on the device)
+  std::vector<double> tok_s, cpu_s, host_s, joules;   // per round (host_s: wall minus the time blocked on the
+                                                       // device; joules: the board's energy, when NVML reads it)
 };
 
 // One engine variant: its own backend and model on the CPU (ablations are fixed at creation there);
@@ -135,6 +138,7 @@ int bench_prefill_main(int argc, char** argv) {
              {"profile-length", "0", "per-op breakdown (eager, CUDA events) of one prefill of this many tokens (cuda; 0 = none)"},
              {"peak-tflops", "790", "matrix-rate ceiling for the breakdown's % column (bf16 on H200, measured: device KINDS.md)"},
              {"decode-tokens", "0", "after each prefill, time this many greedy tokens (0 = none)"},
+             {"cooldown-ms", "0", "idle time before each measured prefill (a board at its power limit recovers; 0 = none)"},
              {"ids", "", "raw int32 token-id file to use as the prompt (default: random ids)"},
              {"seed", "1", "seed of the random prompt ids"},
              {"ablate", "", "optimization ids; each is measured as its own variant (e.g. P1,P5)"},
@@ -159,6 +163,9 @@ int bench_prefill_main(int argc, char** argv) {
   if (rounds < 1) throw Error("--rounds must be at least 1");
   if (N < 0) throw Error("--decode-tokens must be >= 0");
   const int warm_max = o.num("warmup-max");
+  const int cooldown_ms = o.num("cooldown-ms");
+  if (cooldown_ms < 0) throw Error("--cooldown-ms must be >= 0");
+  const NvmlEnergy nvml;
   const double budget_s = o.real("max-seconds");
   const int max_len = *std::max_element(lengths.begin(), lengths.end());
   const std::vector<int32_t> ids = prompt_tokens(o.str("ids"), max_len, c.vocab_size, uint64_t(o.i64("seed")));
@@ -216,14 +223,16 @@ int bench_prefill_main(int argc, char** argv) {
     auto st = m.new_state(L + n_dec + 1);
     m.backend().synchronize();
     const double state = dev_bytes(m.backend()) - before;
-    double w0 = wall_s(), c0 = cpu_s(), b0 = m.backend().host_wait_s();
+    if (cooldown_ms > 0 && pre) std::this_thread::sleep_for(std::chrono::milliseconds(cooldown_ms));
+    double w0 = wall_s(), c0 = cpu_s(), b0 = m.backend().host_wait_s(), e0 = nvml.joules();
     m.forward(*st, std::span<const int32_t>(ids.data(), size_t(L)), logits.data(), false);
     m.backend().synchronize();
-    double w1 = wall_s(), c1 = cpu_s(), b1 = m.backend().host_wait_s();
+    double w1 = wall_s(), c1 = cpu_s(), b1 = m.backend().host_wait_s(), e1 = nvml.joules();
     if (pre) {
       pre->tok_s.push_back(L / (w1 - w0));
       pre->cpu_s.push_back(c1 - c0);
       pre->host_s.push_back((w1 - w0) - (b1 - b0));
+      if (e0 >= 0 && e1 >= 0) pre->joules.push_back(e1 - e0);
     }
     const double after = dev_bytes(m.backend());
     mem.peak = std::max(mem.peak, after);
@@ -235,15 +244,18 @@ int bench_prefill_main(int argc, char** argv) {
     w0 = wall_s();
     c0 = cpu_s();
     b0 = m.backend().host_wait_s();
+    e0 = nvml.joules();
     m.generate_greedy(*st, first, n_dec, gen);
     m.backend().synchronize();
     w1 = wall_s();
     c1 = cpu_s();
     b1 = m.backend().host_wait_s();
+    e1 = nvml.joules();
     if (dec) {
       dec->tok_s.push_back(n_dec / (w1 - w0));
       dec->cpu_s.push_back(c1 - c0);
       dec->host_s.push_back((w1 - w0) - (b1 - b0));
+      if (e0 >= 0 && e1 >= 0) dec->joules.push_back(e1 - e0);
     }
   };
 
@@ -278,8 +290,9 @@ int bench_prefill_main(int argc, char** argv) {
     done.push_back(L);
     prev_L = L;
     prev_s = wall_s() - t0;
-    std::fprintf(stderr, "bench prefill: %6d tokens  %.1f tok/s (cpu %.3f s, host %.4f s)%s  [%.1f s, device %.0f MiB: state %.0f + rest %.0f]\n",
+    std::fprintf(stderr, "bench prefill: %6d tokens  %.1f tok/s (cpu %.3f s, host %.4f s%s)%s  [%.1f s, device %.0f MiB: state %.0f + rest %.0f]\n",
                  L, median_of(pre[{L, 0}].tok_s), median_of(pre[{L, 0}].cpu_s), median_of(pre[{L, 0}].host_s),
+                 pre[{L, 0}].joules.empty() ? "" : fmtd(", %.2f J", median_of(pre[{L, 0}].joules)).c_str(),
                  N > 0 ? fmtd("  decode %.1f tok/s", median_of(dec[{L, 0}].tok_s)).c_str() : "", prev_s,
                  mem.peak / 1048576.0, mem.state / 1048576.0, mem.rest / 1048576.0);
   }
@@ -404,7 +417,8 @@ int bench_prefill_main(int argc, char** argv) {
      << "the host, fresh zeroed state per measurement (capacity L + decode tokens + 1), warm-up of min(L, warmup_max) "
      << "tokens per length and variant discarded; decode tok_s = N / wall time of N greedy tokens after that real "
      << "prefill; cpu_s = process CPU time (all threads) of the same span; host_s = the span's wall time minus the time the "
-     << "host was blocked waiting for the device (the host's own work: enqueueing, copies; on cpu the whole span); state_device_bytes = KV cache + conv + "
+     << "host was blocked waiting for the device (the host's own work: enqueueing, copies; on cpu the whole span); joules = the "
+     << "GPU board's energy over the same span (NVML; absent without it), watts = joules / wall time; state_device_bytes = KV cache + conv + "
      << "recurrent state, rest_device_bytes = all other device memory after the prefill\",\n  \"results\": [\n";
   md << "# Prefill benchmark (" << date << ")\n\n- machine: " << machine << " (" << backend << " backend)\n- commit: "
      << o.str("commit") << "\n- command: `" << cmdline << "`\n- model: " << model_name
@@ -412,16 +426,24 @@ int bench_prefill_main(int argc, char** argv) {
      << ", fresh state per measurement, chunk " << mo.max_chunk << ", median of " << rounds
      << " rounds (variants alternate order), warm-up of min(L, " << warm_max << ") tokens discarded\n- load average at the end: "
      << fmtd("%.2f", load[0]) << " / " << fmtd("%.2f", load[1]) << " / " << fmtd("%.2f", load[2]) << "\n";
+  if (nvml.ok()) md << "- GPU board power limit: " << fmtd("%.0f", nvml.power_limit_w()) << " W (NVML)\n";
+  if (cooldown_ms > 0) md << "- idle " << cooldown_ms << " ms before each measured prefill (--cooldown-ms)\n";
   if (!skipped.empty())
     md << "- skipped (predicted to exceed --max-seconds " << fmtd("%g", budget_s) << " s): " << int_list(skipped) << "\n";
   if (!ws_note.empty()) md << "- " << ws_note << "\n";
   if (!balance.empty()) md << "- expert load balance: " << balance << "\n";
-  md << "\n| phase | length | variant | tok/s (median) | min | max | CPU s (median) | host s (median) | peak host MiB | peak device MiB "
-     << "| state MiB | rest MiB |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  md << "\n| phase | length | variant | tok/s (median) | min | max | CPU s (median) | host s (median) | J (median) | W (median) | peak host MiB | peak device MiB "
+     << "| state MiB | rest MiB |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   bool first = true;
   auto emit = [&](const char* phase, int L, size_t v, const Series& s) {
     const double med = median_of(s.tok_s), cs = median_of(s.cpu_s);
     const double hs = s.host_s.empty() ? 0.0 : median_of(s.host_s);
+    // Watts per round (its joules over its wall time: tok_s is L / wall, or N / wall for decode).
+    std::vector<double> watts;
+    for (size_t i = 0; i < s.joules.size() && i < s.tok_s.size(); ++i)
+      watts.push_back(s.joules[i] * s.tok_s[i] / double(phase[0] == 'd' ? N : L));
+    const std::string jm = s.joules.empty() ? "" : fmtd("%.3f", median_of(s.joules));
+    const std::string wm = watts.empty() ? "" : fmtd("%.0f", median_of(watts));
     const double mn = *std::min_element(s.tok_s.begin(), s.tok_s.end());
     const double mx = *std::max_element(s.tok_s.begin(), s.tok_s.end());
     const Mem& mm = mem_at[L];
@@ -430,7 +452,8 @@ int bench_prefill_main(int argc, char** argv) {
     ab += "]";
     js << (first ? "" : ",\n") << "    {\"engine\": \"lily\", \"phase\": \"" << phase << "\", \"length\": " << L
        << ", \"tok_s_median\": " << med << ", \"tok_s_min\": " << mn << ", \"tok_s_max\": " << mx
-       << ", \"cpu_s_median\": " << cs << ", \"host_s_median\": " << hs << ", \"peak_host_bytes\": " << peak_host[L]
+       << ", \"cpu_s_median\": " << cs << ", \"host_s_median\": " << hs
+       << (jm.empty() ? std::string() : ", \"joules_median\": " + jm + ", \"watts_median\": " + wm) << ", \"peak_host_bytes\": " << peak_host[L]
        << ", \"peak_device_bytes\": " << mm.peak << ", \"state_device_bytes\": " << mm.state
        << ", \"rest_device_bytes\": " << mm.rest << ", \"rounds\": " << rounds
        << (phase[0] == 'd' ? ", \"tokens\": " + std::to_string(N) : std::string()) << ", \"ablate\": " << ab << "}";
@@ -438,7 +461,7 @@ int bench_prefill_main(int argc, char** argv) {
     auto mib = [](double b) { return b > 0 ? fmtd("%.0f", b / 1048576.0) : std::string(); };
     md << "| " << phase << " | " << L << " | " << (vars[v].off.empty() ? "all on" : "-" + vars[v].off[0]) << " | "
        << fmtd("%.1f", med) << " | " << fmtd("%.1f", mn) << " | " << fmtd("%.1f", mx) << " | " << fmtd("%.3f", cs)
-       << " | " << fmtd("%.4f", hs) << " | " << fmtd("%.0f", peak_host[L] / 1048576.0) << " | " << mib(mm.peak) << " | " << mib(mm.state) << " | "
+       << " | " << fmtd("%.4f", hs) << " | " << jm << " | " << wm << " | " << fmtd("%.0f", peak_host[L] / 1048576.0) << " | " << mib(mm.peak) << " | " << mib(mm.state) << " | "
        << mib(mm.rest) << " |\n";
   };
   for (int L : done)

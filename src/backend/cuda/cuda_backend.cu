@@ -195,13 +195,17 @@ class CudaBackend final : public Backend {
   }
   void copy_to_host(void* dst, const void* src, int64_t bytes) override {
     flush();
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s_));
-    wait_stream();
+    waiting([&] {   // a copy from or to pageable memory blocks inside the call: all of it counts as waiting
+      CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s_));
+      CUDA_CHECK(cudaStreamSynchronize(s_));
+    });
   }
   void copy_from_host(void* dst, const void* src, int64_t bytes) override {
     flush();
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s_));
-    wait_stream();
+    waiting([&] {   // a copy from or to pageable memory blocks inside the call: all of it counts as waiting
+      CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s_));
+      CUDA_CHECK(cudaStreamSynchronize(s_));
+    });
   }
   void copy(void* dst, const void* src, int64_t bytes) override {
     flush();
@@ -563,9 +567,7 @@ class CudaBackend final : public Backend {
   }
   void wait_event(int slot) override {
     LILY_CHECK(slot >= 0 && slot < 8 && slot_ev_[slot], "cuda wait_event: slot never recorded");
-    const auto w0 = std::chrono::steady_clock::now();
-    CUDA_CHECK(cudaEventSynchronize(slot_ev_[slot]));
-    wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+    waiting([&] { CUDA_CHECK(cudaEventSynchronize(slot_ev_[slot])); });
   }
   bool can_capture() const override { return !abl_.has("D2"); }
   int last_sample_path() { return sample_ws_ ? cuda::sample_last_path(sample_ws_) : -1; }
@@ -739,8 +741,11 @@ class CudaBackend final : public Backend {
     // does: the fused mainloop's per-warp unpacking costs more than one pass over the weights once
     // a chunk is long (P1 off measured +1.9 % at 512, +2.1 % at 1K, +4.2 % at 4K end to end; shorter
     // chunks not measured). --ablate P8: always fused.
-    p8_min_t_ = abl_.has("P8") ? INT32_MAX : std::max(1, env_int("LILY_P8_MIN_T", 512));
     p21_ = !abl_.has("P21");   // P21: P8's 16-bit copies of the dense matrices kept across chunks
+    // P51 (opt-in): with P21's copies kept (no dequantisation pass per call), P8 from LILY_P51_MIN_T tokens
+    // (default 128) instead of 512: the 512 was measured when every call still paid the pass.
+    const int p8_def = tried("P51") && p21_ ? std::max(16, env_int("LILY_P51_MIN_T", 128)) : 512;
+    p8_min_t_ = abl_.has("P8") ? INT32_MAX : std::max(1, env_int("LILY_P8_MIN_T", p8_def));
     p21_reserve_mb_ = std::max(0, env_int("LILY_P21_RESERVE_MB", 8192));
     p2_off_ = abl_.has("P2");   // P2: MoE prefill groups built on the host
     // P1w: wgmma mainloop for 4-bit fp16 dense GEMMs; opt-in (LILY_GEMM_WGMMA=1): measured 4 % slower
@@ -856,12 +861,16 @@ class CudaBackend final : public Backend {
       }
     }
   }
-  // Blocks the host until s_ is idle; the time blocked is summed in wait_s_ (benchmarks subtract it from the wall
-  // time: what is left is the host's own work, e.g. enqueueing a forward pass).
-  void wait_stream() {
+  // Runs f, a call that blocks the host on the device, and adds its time to wait_s_ (benchmarks subtract it from the
+  // wall time: what is left is the host's own work, e.g. enqueueing a forward pass); wait_stream: until s_ is idle.
+  template <class F>
+  void waiting(F&& f) {
     const auto w0 = std::chrono::steady_clock::now();
-    CUDA_CHECK(cudaStreamSynchronize(s_));
+    f();
     wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+  }
+  void wait_stream() {
+    waiting([&] { CUDA_CHECK(cudaStreamSynchronize(s_)); });
   }
   double host_wait_s() const override { return wait_s_; }
   void* alloc_bytes(int64_t bytes) {
@@ -1356,7 +1365,7 @@ class CudaBackend final : public Backend {
   void* sample_ws_ = nullptr;
   int64_t sample_ws_bytes_ = 0;
   cudaEvent_t slot_ev_[8] = {};
-  double wait_s_ = 0;   // host seconds blocked in wait_stream / wait_event
+  double wait_s_ = 0;   // host seconds blocked on the device (waiting)
   float* ws_ = nullptr;
   int64_t ws_floats_ = 0;
   std::vector<GemvJob> pend_;
