@@ -742,10 +742,14 @@ class CudaBackend final : public Backend {
     // a chunk is long (P1 off measured +1.9 % at 512, +2.1 % at 1K, +4.2 % at 4K end to end; shorter
     // chunks not measured). --ablate P8: always fused.
     p21_ = !abl_.has("P21");   // P21: P8's 16-bit copies of the dense matrices kept across chunks
-    // P51 (opt-in): with P21's copies kept (no dequantisation pass per call), P8 from LILY_P51_MIN_T tokens
-    // (default 128) instead of 512: the 512 was measured when every call still paid the pass.
-    const int p8_def = tried("P51") && p21_ ? std::max(16, env_int("LILY_P51_MIN_T", 128)) : 512;
+    // P51 (default on): with P21's copies kept (no dequantisation pass per call), P8 from LILY_P51_MIN_T tokens
+    // (default 128) instead of 512, where it was measured when every call still paid the pass (session 24 call 2:
+    // +10.8 % at 128 tokens, +8.7 % at 256, +6.5 % at 384).
+    const int p8_def = !abl_.has("P51") && p21_ ? std::max(16, env_int("LILY_P51_MIN_T", 128)) : 512;
     p8_min_t_ = abl_.has("P8") ? INT32_MAX : std::max(1, env_int("LILY_P8_MIN_T", p8_def));
+    // P52 (opt-in): the 16-bit-B wgmma GEMM (P13), and so P30's stacked projections, from 32 output tiles instead of
+    // 3/4 of the SMs: a 256-token chunk's GDN projections are 2 x 49 tiles, one short of the 99 that H200 needs.
+    gemm_set_wg16_min_tiles(tried("P52") ? 32 : 0);
     p21_reserve_mb_ = std::max(0, env_int("LILY_P21_RESERVE_MB", 8192));
     p2_off_ = abl_.has("P2");   // P2: MoE prefill groups built on the host
     // P1w: wgmma mainloop for 4-bit fp16 dense GEMMs; opt-in (LILY_GEMM_WGMMA=1): measured 4 % slower

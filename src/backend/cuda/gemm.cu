@@ -1168,6 +1168,7 @@ int env_int(const char* name, int def) {
 namespace {
 bool g_wgmma = false;
 bool g_wg16 = true;
+int g_wg16_min_tiles = 0;   // P52: 0 = three quarters of the SMs
 // P13: whether a 16-bit-B fp16 GEMM of T x N x K runs on gemm_wg16_kernel. LILY_GEMM_WG16=0/1/2 (read
 // per call) forces it off / on / on with TMA loads; otherwise P13 on, no LILY_GEMM_BN forcing (an
 // mma.sync knob) and at least LILY_GEMM_WG16_MIN_TILES (default 3/4 of the SMs) 128x256 tiles: below
@@ -1178,7 +1179,7 @@ bool wg16_takes(int T, int N, int K) {
   if (forced >= 0 && forced <= 2) return forced >= 1;
   if (!g_wg16 || env_int("LILY_GEMM_BN", 0) != 0) return false;
   const int64_t tiles = int64_t((T + kW16BM - 1) / kW16BM) * ((N + kW16BN - 1) / kW16BN);
-  return tiles >= env_int("LILY_GEMM_WG16_MIN_TILES", sm_count() * 3 / 4);
+  return tiles >= env_int("LILY_GEMM_WG16_MIN_TILES", g_wg16_min_tiles > 0 ? g_wg16_min_tiles : sm_count() * 3 / 4);
 }
 // The TMA form of the P13 kernel (default: 648 vs 461 TFLOP/s for the cp.async form on 8192x2048 at
 // T = 4096, session 6): LILY_GEMM_WG16=1 forces the cp.async form, =2 the TMA form; otherwise
@@ -1245,6 +1246,7 @@ int gemm_moe_wg() {
   return forced >= 0 ? forced : (g_moe_p15 ? 2 : 0);
 }
 void gemm_set_wg16(bool on) { g_wg16 = on; }
+void gemm_set_wg16_min_tiles(int n) { g_wg16_min_tiles = n; }
 bool gemm_wg16() { return g_wg16; }
 void gemm_set_wgmma(bool on) { g_wgmma = on; }
 bool gemm_wgmma() { return g_wgmma; }

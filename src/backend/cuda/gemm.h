@@ -68,6 +68,8 @@ bool gemm_wide();
 // form (one thread loads a stage with two tensor copies instead of 128 threads with cp.async) is
 // opt-in: LILY_GEMM_WG16_TMA=1. gemm_set_wg16 is the P13 switch (on by default).
 void gemm_set_wg16(bool on);
+// P52: the P13 kernel (and P30's stacked GEMM, which needs it) from this many output tiles; 0 = 3/4 of the SMs.
+void gemm_set_wg16_min_tiles(int n);
 bool gemm_wg16();
 // P14 / P15: the MoE's grouped GEMMs with fp16 operands on Hopper wgmma kernels (gemm_moe_wg.cuh),
 // LILY_MOE_WG (read per call; unset: 2, or 0 when gemm_set_moe_p15(false), the P15 ablation;
