@@ -166,6 +166,9 @@ int bench_prefill_main(int argc, char** argv) {
   const int cooldown_ms = o.num("cooldown-ms");
   if (cooldown_ms < 0) throw Error("--cooldown-ms must be >= 0");
   const NvmlEnergy nvml;
+  // NVML's energy counter did not move within 25 ms spans and read 750 W over 84 ms ones at a 700 W limit (session
+  // 24 call 2): it advances in steps, so only spans of at least half a second get an energy reading.
+  constexpr double kMinEnergySpan = 0.5;
   const double budget_s = o.real("max-seconds");
   const int max_len = *std::max_element(lengths.begin(), lengths.end());
   const std::vector<int32_t> ids = prompt_tokens(o.str("ids"), max_len, c.vocab_size, uint64_t(o.i64("seed")));
@@ -232,7 +235,7 @@ int bench_prefill_main(int argc, char** argv) {
       pre->tok_s.push_back(L / (w1 - w0));
       pre->cpu_s.push_back(c1 - c0);
       pre->host_s.push_back((w1 - w0) - (b1 - b0));
-      if (e0 >= 0 && e1 >= 0) pre->joules.push_back(e1 - e0);
+      if (e0 >= 0 && e1 >= 0 && w1 - w0 >= kMinEnergySpan) pre->joules.push_back(e1 - e0);
     }
     const double after = dev_bytes(m.backend());
     mem.peak = std::max(mem.peak, after);
@@ -255,7 +258,7 @@ int bench_prefill_main(int argc, char** argv) {
       dec->tok_s.push_back(n_dec / (w1 - w0));
       dec->cpu_s.push_back(c1 - c0);
       dec->host_s.push_back((w1 - w0) - (b1 - b0));
-      if (e0 >= 0 && e1 >= 0) dec->joules.push_back(e1 - e0);
+      if (e0 >= 0 && e1 >= 0 && w1 - w0 >= kMinEnergySpan) dec->joules.push_back(e1 - e0);
     }
   };
 
@@ -418,7 +421,8 @@ int bench_prefill_main(int argc, char** argv) {
      << "tokens per length and variant discarded; decode tok_s = N / wall time of N greedy tokens after that real "
      << "prefill; cpu_s = process CPU time (all threads) of the same span; host_s = the span's wall time minus the time the "
      << "host was blocked waiting for the device (the host's own work: enqueueing, copies; on cpu the whole span); joules = the "
-     << "GPU board's energy over the same span (NVML; absent without it), watts = joules / wall time; state_device_bytes = KV cache + conv + "
+     << "GPU board's energy over the same span (NVML; absent without it or for spans under 0.5 s, where its counter's steps "
+     << "dominate), watts = joules / wall time; state_device_bytes = KV cache + conv + "
      << "recurrent state, rest_device_bytes = all other device memory after the prefill\",\n  \"results\": [\n";
   md << "# Prefill benchmark (" << date << ")\n\n- machine: " << machine << " (" << backend << " backend)\n- commit: "
      << o.str("commit") << "\n- command: `" << cmdline << "`\n- model: " << model_name
