@@ -142,15 +142,8 @@ int bench_main(int argc, char** argv) {
   // One state per KV cache type: a variant with D18 off (f32 cache) decodes from its own state.
   std::map<int, std::unique_ptr<Qwen36State>> states;
   std::vector<std::vector<std::string>> variants = {{}};
-  for (const auto& id : split_list(o.str("ablate"))) {   // "D9+D10": one variant with both off
-    std::vector<std::string> v;
-    for (size_t a = 0, b; a <= id.size(); a = b + 1) {
-      b = id.find('+', a);
-      if (b == std::string::npos) b = id.size();
-      if (b > a) v.push_back(id.substr(a, b - a));
-    }
-    variants.push_back(v);
-  }
+  for (const auto& id : split_list(o.str("ablate")))   // "D9+D10": one variant with both off
+    variants.push_back(Ablations::variant(id).off);
   auto set_variant = [&](const std::vector<std::string>& v) {
     Ablations a;
     a.off = v;

@@ -17,6 +17,16 @@ bool Ablations::has(const std::string& id) const {
   return std::find(off.begin(), off.end(), id) != off.end();
 }
 
+Ablations Ablations::variant(const std::string& spec) {
+  Ablations a;
+  for (size_t i = 0; i <= spec.size();) {
+    const size_t j = std::min(spec.find('+', i), spec.size());
+    if (j > i && !a.has(spec.substr(i, j - i))) a.off.push_back(spec.substr(i, j - i));
+    i = j + 1;
+  }
+  return a;
+}
+
 void Ablations::merge_env(const char* var) {
   const char* e = std::getenv(var);
   if (!e) return;

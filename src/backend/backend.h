@@ -60,6 +60,8 @@ SampleConfig make_sample_config(float temperature, float top_p, int top_k, float
 struct Ablations {
   std::vector<std::string> off;   // ids switched off, e.g. {"D2", "P1"}
   bool has(const std::string& id) const;
+  // One benchmark variant's ids: "D9+D10" switches both off (an --ablate list is comma-separated variants).
+  static Ablations variant(const std::string& spec);
   // Appends the comma-separated ids of environment variable `var` (LILY_ABLATE: switched off
   // process-wide, on top of any --ablate) that are not already in `off`.
   void merge_env(const char* var = "LILY_ABLATE");

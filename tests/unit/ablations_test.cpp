@@ -40,6 +40,14 @@ TEST(Ablations, MergeEnvUnsetOrEmptyIsANoOp) {
   EXPECT_EQ(a.off, (std::vector<std::string>{"D2"}));
 }
 
+TEST(Ablations, VariantSplitsOnPlus) {
+  EXPECT_EQ(Ablations::variant("P46+P47+P48").off, (std::vector<std::string>{"P46", "P47", "P48"}));
+  EXPECT_EQ(Ablations::variant("D3").off, (std::vector<std::string>{"D3"}));
+  EXPECT_EQ(Ablations::variant("D9++D10+D9+").off, (std::vector<std::string>{"D9", "D10"}));
+  EXPECT_TRUE(Ablations::variant("").off.empty());
+  EXPECT_TRUE(Ablations::variant("D3+P46").has("P46"));
+}
+
 QMatrix affine4(int64_t rows, int64_t cols) {
   QMatrix w;
   w.type = WType::kAffine4;

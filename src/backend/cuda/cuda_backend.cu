@@ -747,9 +747,12 @@ class CudaBackend final : public Backend {
     // +10.8 % at 128 tokens, +8.7 % at 256, +6.5 % at 384).
     const int p8_def = !abl_.has("P51") && p21_ ? std::max(16, env_int("LILY_P51_MIN_T", 128)) : 512;
     p8_min_t_ = abl_.has("P8") ? INT32_MAX : std::max(1, env_int("LILY_P8_MIN_T", p8_def));
-    // P52 (opt-in): the 16-bit-B wgmma GEMM (P13), and so P30's stacked projections, from 32 output tiles instead of
-    // 3/4 of the SMs: a 256-token chunk's GDN projections are 2 x 49 tiles, one short of the 99 that H200 needs.
-    gemm_set_wg16_min_tiles(tried("P52") ? 32 : 0);
+    // P52 (default on): the 16-bit-B wgmma GEMM (P13), and so P30's stacked projections, from 72 output tiles instead
+    // of 3/4 of the SMs (99 on H200): a 256-token chunk's GDN projections are 2 x 49 tiles and the attention ones
+    // 2 x 36. Session 24 call 3 (from 32 tiles): +10.5 % at 256 tokens (GDN projections 2.93 -> 1.10 ms, attention
+    // 0.70 -> 0.36 ms per prefill), but -3.8 % at 128 (49 and 36 tiles) and -1.6 % at 1K (the 2048x4096
+    // out-projection, 64 tiles): 72 takes the 256-token cases only.
+    gemm_set_wg16_min_tiles(abl_.has("P52") ? 0 : 72);
     p21_reserve_mb_ = std::max(0, env_int("LILY_P21_RESERVE_MB", 8192));
     p2_off_ = abl_.has("P2");   // P2: MoE prefill groups built on the host
     // P1w: wgmma mainloop for 4-bit fp16 dense GEMMs; opt-in (LILY_GEMM_WGMMA=1): measured 4 % slower

@@ -1168,7 +1168,7 @@ int env_int(const char* name, int def) {
 namespace {
 bool g_wgmma = false;
 bool g_wg16 = true;
-int g_wg16_min_tiles = 0;   // P52: 0 = three quarters of the SMs
+int g_wg16_min_tiles = 0;   // P52 (cuda_backend sets 72); 0 = three quarters of the SMs
 // P13: whether a 16-bit-B fp16 GEMM of T x N x K runs on gemm_wg16_kernel. LILY_GEMM_WG16=0/1/2 (read
 // per call) forces it off / on / on with TMA loads; otherwise P13 on, no LILY_GEMM_BN forcing (an
 // mma.sync knob) and at least LILY_GEMM_WG16_MIN_TILES (default 3/4 of the SMs) 128x256 tiles: below
