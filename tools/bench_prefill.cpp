@@ -235,10 +235,14 @@ int bench_prefill_main(int argc, char** argv) {
     m.backend().synchronize();
     const double state = dev_bytes(m.backend()) - before;
     if (cooldown_ms > 0 && pre) std::this_thread::sleep_for(std::chrono::milliseconds(cooldown_ms));
-    double w0 = wall_s(), c0 = cpu_s(), b0 = m.backend().host_wait_s(), e0 = nvml.joules();
+    // The energy readings bracket the timed span from outside: an NVML call takes milliseconds (session 24 calls 2-4
+    // read e0 inside the span and lost ~2.6 ms per prefill: 256 tokens at 9.8K tok/s instead of 11.0K).
+    double e0 = nvml.joules();
+    double w0 = wall_s(), c0 = cpu_s(), b0 = m.backend().host_wait_s();
     m.forward(*st, std::span<const int32_t>(ids.data(), size_t(L)), logits.data(), false);
     m.backend().synchronize();
-    double w1 = wall_s(), c1 = cpu_s(), b1 = m.backend().host_wait_s(), e1 = nvml.joules();
+    double w1 = wall_s(), c1 = cpu_s(), b1 = m.backend().host_wait_s();
+    double e1 = nvml.joules();
     if (pre) {
       pre->tok_s.push_back(L / (w1 - w0));
       pre->cpu_s.push_back(c1 - c0);
@@ -252,10 +256,10 @@ int bench_prefill_main(int argc, char** argv) {
     if (n_dec <= 0) return;
     const int32_t first = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
     gen.clear();
+    e0 = nvml.joules();
     w0 = wall_s();
     c0 = cpu_s();
     b0 = m.backend().host_wait_s();
-    e0 = nvml.joules();
     m.generate_greedy(*st, first, n_dec, gen);
     m.backend().synchronize();
     w1 = wall_s();
