@@ -752,7 +752,7 @@ class CudaBackend final : public Backend {
     // 2 x 36. Session 24 call 3 (from 32 tiles): +10.5 % at 256 tokens (GDN projections 2.93 -> 1.10 ms, attention
     // 0.70 -> 0.36 ms per prefill), but -3.8 % at 128 (49 and 36 tiles) and -1.6 % at 1K (the 2048x4096
     // out-projection, 64 tiles): 72 takes the 256-token cases only.
-    gemm_set_wg16_min_tiles(abl_.has("P52") ? 0 : 72);
+    gemm_set_wg16_min_tiles(abl_.has("P52") ? 0 : std::max(1, env_int("LILY_P52_TILES", 72)));   // tuning aid
     p21_reserve_mb_ = std::max(0, env_int("LILY_P21_RESERVE_MB", 8192));
     p2_off_ = abl_.has("P2");   // P2: MoE prefill groups built on the host
     // P1w: wgmma mainloop for 4-bit fp16 dense GEMMs; opt-in (LILY_GEMM_WGMMA=1): measured 4 % slower
