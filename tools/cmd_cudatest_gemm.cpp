@@ -1127,6 +1127,38 @@ int run(const Options& o) {
                         diff > std::max(1, T / 50) ? " (too many)" : "", ident.c_str());
           tally.report(what, e, ee, extra, 0, kEmuRmsBound);
         }
+        if (tl == "128" && !host) {
+          // P53: the gate/up GEMM at M-tile 32 on the P34 kernel's 8-stage form must equal the same GEMM at M-tile 128
+          // (P38: each tile's wgmma N = its rows rounded up to 32) bit for bit, the down GEMM at M-tile 32 in both.
+          setenv("LILY_MOE_WG", "2", 1);
+          setenv("LILY_MOE_TILE_DOWN", "32", 1);
+          set_abl(off0);
+          int d0 = 0, d1 = 0;
+          Err e0, ee0, e1, ee1;
+          run_moe_case(eref[1], eref32[1], d0, e0, ee0);
+          const std::vector<float> y0 = y;
+          setenv("LILY_MOE_TILE", "32", 1);
+          setenv("LILY_TRY", (try0.empty() ? std::string("P53") : try0 + ",P53").c_str(), 1);
+          set_abl(off0);   // LILY_TRY is read when the switches are set
+          run_moe_case(eref[1], eref32[1], d1, e1, ee1);
+          double m = y.size() == y0.size() ? 0 : 1;
+          for (size_t i = 0; i < y.size() && i < y0.size(); ++i) m = std::max(m, double(std::fabs(y[i] - y0[i])));
+          char b[200];
+          std::snprintf(b, sizeof b, "%s moe T=%-4d P53 (gate/up M-tile 32, 8 stages) %s", m == 0 ? "PASS" : "FAIL", T,
+                        m == 0 ? "== M-tile 128 bit for bit" : ("differs from M-tile 128 by " + std::to_string(m)).c_str());
+          std::printf("%s\n", b);
+          if (m == 0) {
+            tally.pass += 1;
+          } else {
+            tally.fail += 1;
+            tally.failed.push_back(b);
+          }
+          unsetenv("LILY_MOE_TILE_DOWN");
+          setenv("LILY_MOE_TILE", tl.c_str(), 1);
+          if (try0.empty()) unsetenv("LILY_TRY");
+          else setenv("LILY_TRY", try0.c_str(), 1);
+          set_abl(off0);
+        }
       }
       unsetenv("LILY_MOE_WG");
       set_abl({});

@@ -420,7 +420,7 @@ struct MrCfg {
   static_assert(BM * SVLD * 4 <= S * STAGE, "SwiGLU staging tile fits in the ring");
   static_assert(NH == 1 || NH == 2, "one or two m64 blocks per consumer warpgroup");
   static_assert(NC == 2 || (NC == 4 && NH == 1), "2 consumer warpgroups, or 4 with one m64 block each (P18)");
-  static_assert(BM * 8 % NCT == 0, "AM 2: the activation chunks split evenly over the consumers");
+  static_assert(BM * 8 % NCT == 0 || NCT % (BM * 8) == 0, "the activation chunks split evenly over the consumers");
   // Slot b % SBS was last read by block b - SBS (steps up to 8b - 8·SBS + 7); issuing step 8b waits for
   // the release of step 8b - S, so S <= 8·SBS - 7.
   static_assert(S <= 8 * SBS - 7, "scale blocks: a slot is free when its block's first step is issued");
@@ -706,20 +706,24 @@ __device__ __forceinline__ uint64_t wg_desc_lo(uint32_t lo) {
 // is unpacked once half j of step kg - 1 has retired.
 // The P18 kernel's ring: P18 6 stages, 3 scale-block slots; P32 an 8-stage ring, 2 slots; P34 (with P32) 4
 // stages of two 64-k steps each.
-template <bool P32, bool P34>
-using Rs4Cfg = MrCfg<128, P34 ? 4 : P32 ? 8 : 6, 1, 4, P32 ? 2 : 3, P34 ? 2 : 1>;
+// P53 (BM = 32, with P32 and P34): an M-tile of 32 tokens, so a stage's activation block is 8 KB instead of 32 and the
+// ring holds 8 stages (LEAD 6: 12 steps, 96 KB of codes requested ahead instead of 32; three scale-block slots).
+template <bool P32, bool P34, int BM = 128>
+using Rs4Cfg = MrCfg<BM, BM == 32 ? 8 : P34 ? 4 : P32 ? 8 : 6, 1, 4, BM == 32 ? 3 : P32 ? 2 : 3, P34 ? 2 : 1>;
 // P50 (with P34): odd nibble pairs unpacked in place (dq4_pair_odd: one shift per code word instead of three; the
 // same bits).
-template <int AM, bool P32 = false, bool P34 = false, bool P50 = false>
+template <int AM, bool P32 = false, bool P34 = false, bool P50 = false, int BM = 128>
 __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_constant__ GemmArgs a) {
-  constexpr int BM = 128;
   constexpr int KS = P34 ? 2 : 1;   // 64-k steps per ring stage
-  using C = Rs4Cfg<P32, P34>;
+  using C = Rs4Cfg<P32, P34, BM>;
   static_assert(!P34 || P32, "P34 is a form of the P32 loop");
   static_assert(!P50 || P34, "P50: the P34 loop only");
+  static_assert(BM == 128 || (BM == 32 && P34 && AM == kAmF16), "P53: M-tile 32 on the P34 loop, gate/up only");
   constexpr int RW = C::RW, S = C::S, NCT = C::NCT, LEAD = S - 2;
+  constexpr int XA = BM * 8 / NCT;   // activation chunks per thread: 2, or (P53) 0 with threads < BM * 8 copying one
   static_assert(AM == kAmF16 || AM == kAmF16Grp, "P18: fp16 operands only");
-  static_assert(BM * 8 == 2 * NCT && RW * 2 == NCT, "P18: 2 activation chunks and 1 code chunk per thread");
+  static_assert((XA == 2 || (XA == 0 && BM * 8 * 2 == NCT)) && RW * 2 == NCT,
+                "P18: 2 activation chunks (P53: threads < 256 one) and 1 code chunk per thread");
   extern __shared__ __align__(1024) uint8_t mr_smem_raw[];
   const uint32_t raw0 = smem_addr(mr_smem_raw);
   const uint32_t pad = ((raw0 + 1023u) & ~1023u) - raw0;
@@ -812,8 +816,8 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_const
       const uint32_t st = sm0 + s * C::STAGE;
 #pragma unroll
       for (int u = 0; u < KS; ++u) {
-        cp_async16(st + u * (BM * 128) + xoff0, ap0 + u * kBK, aval[0]);
-        cp_async16(st + u * (BM * 128) + xoff1, ap1 + u * kBK, aval[1]);
+        if (XA == 2 || tid < BM * 8) cp_async16(st + u * (BM * 128) + xoff0, ap0 + u * kBK, aval[0]);
+        if (XA == 2) cp_async16(st + u * (BM * 128) + xoff1, ap1 + u * kBK, aval[1]);
         cp_async16(st + u * (RW * 32) + coff, cp + u * 32, cval);
       }
       if (((iq * KS) & 7) == 0) {
@@ -916,11 +920,15 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_const
       mr_fence_u32<16>(&af[0][0][0]);
       mw_epilogue<NT, AM, C::SVLD, 1, 4>(a, acc, acc1, smem, srf, by, pos0, rows, tid, wgc, warp, g, t);
     };
-    const int nt = a.var_n ? (rows + 31) / 32 * 32 : BM;
-    if (nt <= 32) mainloop(std::integral_constant<int, 32>{});
-    else if (nt <= 64) mainloop(std::integral_constant<int, 64>{});
-    else if (nt <= 96) mainloop(std::integral_constant<int, 96>{});
-    else mainloop(std::integral_constant<int, BM>{});
+    if constexpr (BM == 32) {   // P53: every tile has at most 32 rows
+      mainloop(std::integral_constant<int, 32>{});
+    } else {
+      const int nt = a.var_n ? (rows + 31) / 32 * 32 : BM;
+      if (nt <= 32) mainloop(std::integral_constant<int, 32>{});
+      else if (nt <= 64) mainloop(std::integral_constant<int, 64>{});
+      else if (nt <= 96) mainloop(std::integral_constant<int, 96>{});
+      else mainloop(std::integral_constant<int, BM>{});
+    }
     return;
   } else {
     for (int kg = 0; kg < nk; ++kg) {
@@ -989,16 +997,16 @@ void launch_moe_rs_t(const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t 
          size_t(MrCfg<BM, NS, NH>::SMEM), s, a);
   CUDA_LAUNCH_CHECK();
 }
-template <int AM, bool P32, bool P34 = false, bool P50 = false>
+template <int AM, bool P32, bool P34 = false, bool P50 = false, int BM = 128>
 void launch_moe_rs4_t(const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t s) {
-  using C = Rs4Cfg<P32, P34>;
+  using C = Rs4Cfg<P32, P34, BM>;
   static bool attr = false;
   if (!attr) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_moe_rs4_kernel<AM, P32, P34, P50>,
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_moe_rs4_kernel<AM, P32, P34, P50, BM>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
     attr = true;
   }
-  launch(gemm_moe_rs4_kernel<AM, P32, P34, P50>, dim3(grid_n, max_tiles), dim3(C::NCT), size_t(C::SMEM), s, a);
+  launch(gemm_moe_rs4_kernel<AM, P32, P34, P50, BM>, dim3(grid_n, max_tiles), dim3(C::NCT), size_t(C::SMEM), s, a);
   CUDA_LAUNCH_CHECK();
 }
 // mode 1: P14, mode 2: P15. bm: the tile list's M-tile (32 runs the 64 kernel: rows <= 32 of 64).
@@ -1007,6 +1015,12 @@ bool launch_moe_wg(int mode, int am, int bm, const GemmArgs& a, int max_tiles, i
   LILY_CHECK(a.K % kBK == 0 && a.K / kBK >= 1 && (am != kAmF16Grp || a.K <= kMaxGrpK), "gemm: P14/P15 shape");
   if (mode == 2) {
     if (a.K % 128 != 0 || (bm == 128 && !gemm_moe_p17())) return false;
+    // P53: the SwiGLU GEMM at M-tile 32 on the P18 kernel with P34's loop and an 8-stage ring.
+    if (bm == 32 && a.swiglu && am == kAmF16 && gemm_moe_p53() && gemm_moe_p18() && gemm_moe_p32() && gemm_moe_p34() &&
+        gemm_moe_p50()) {
+      launch_moe_rs4_t<kAmF16, true, true, true, 32>(a, max_tiles, a.N / 128, s);
+      return true;
+    }
     if (bm == 128) {   // P17: m64n128k16, 128 weight rows per CTA (one m64 block per consumer warpgroup)
       if (gemm_moe_p18()) {   // P18: 4 warpgroups, 256 weight rows per CTA
         const int gn = a.swiglu ? a.N / 128 : (a.N + 255) / 256;

@@ -284,6 +284,13 @@ static double p40_rows() {
   return r > 0 ? r : 8;
 }
 
+// P53: the expected rows per expert below which the gate/up GEMM keeps M-tile 32 (LILY_P53_ROWS, read per call).
+static double p53_rows() {
+  const char* v = std::getenv("LILY_P53_ROWS");
+  const double r = v && *v ? std::atof(v) : 0;
+  return r > 0 ? r : 16;
+}
+
 bool moe_prefill_p17(const MoeDev& m, bool f16) {
   const int wg = gemm_moe_wg();
   return f16 && gemm_moe_p17() && (wg == 2 || wg == 3) && m.H % 128 == 0 && m.I % 128 == 0;
@@ -337,7 +344,8 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
     if (v && *v) {
       const int f = std::atoi(v);
       if (f == 32 || f == 64 || f == 128) bm_dn = f;
-    } else if (!(vg && *vg) && bm < 128 && moe_prefill_p17(m, f16) && double(T) * m.K / m.E >= p40_rows()) {
+    } else if (!(vg && *vg) && bm < 128 && moe_prefill_p17(m, f16) && double(T) * m.K / m.E >= p40_rows() &&
+               !(bm == 32 && gemm_moe_p53() && double(T) * m.K / m.E < p53_rows())) {
       bm = 128;
     }
   }
