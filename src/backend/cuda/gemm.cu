@@ -1219,8 +1219,8 @@ bool gemm_moe_p34() { return g_moe_p34; }
 bool g_moe_p50 = true;
 void gemm_set_moe_p50(bool on) { g_moe_p50 = on; }
 bool gemm_moe_p50() { return g_moe_p50; }
-// P53 (opt-in): the gate/up GEMM of short prompts at M-tile 32 on the P34 kernel with an 8-stage ring.
-bool g_moe_p53 = false;
+// P53: the gate/up GEMM of short prompts at M-tile 32 on the P34 kernel with an 8-stage ring.
+bool g_moe_p53 = true;
 void gemm_set_moe_p53(bool on) { g_moe_p53 = on; }
 bool gemm_moe_p53() { return g_moe_p53; }
 // P38 (P34 kernel): each tile's wgmmas span its rows rounded up to 32 tokens instead of 128 (same bits).
