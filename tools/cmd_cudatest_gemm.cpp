@@ -1152,6 +1152,37 @@ int run(const Options& o) {
             tally.failed.push_back(b);
           }
           unsetenv("LILY_MOE_TILE_DOWN");
+          // P54 (opt-in): the down GEMM at M-tile 32 on the same kernel must equal P15's both-GEMMs form at M-tile 128
+          // (LILY_MOE_WG=3: the down GEMM on the M-tile 128 kernel, wgmma N = the tile's rows rounded up to 32) bit for bit.
+          setenv("LILY_MOE_WG", "3", 1);
+          setenv("LILY_MOE_TILE", "128", 1);
+          set_abl(off0);
+          int d2 = 0, d3 = 0;
+          Err e2, ee2, e3, ee3;
+          run_moe_case(eref[1], eref32[1], d2, e2, ee2);
+          const std::vector<float> y2 = y;
+          setenv("LILY_MOE_WG", "2", 1);
+          setenv("LILY_MOE_TILE", "32", 1);
+          setenv("LILY_TRY", (try0.empty() ? std::string("P54") : try0 + ",P54").c_str(), 1);
+          set_abl(off0);   // LILY_TRY is read when the switches are set
+          run_moe_case(eref[1], eref32[1], d3, e3, ee3);
+          double m54 = y.size() == y2.size() ? 0 : 1;
+          for (size_t i = 0; i < y.size() && i < y2.size(); ++i) m54 = std::max(m54, double(std::fabs(y[i] - y2[i])));
+          std::snprintf(b, sizeof b, "%s moe T=%-4d P54 (down M-tile 32, 8 stages) %s", m54 == 0 ? "PASS" : "FAIL", T,
+                        m54 == 0 ? "== P15 both at M-tile 128 bit for bit"
+                                 : ("differs from P15 both at M-tile 128 by " + std::to_string(m54)).c_str());
+          std::printf("%s\n", b);
+          if (m54 == 0) {
+            tally.pass += 1;
+          } else {
+            tally.fail += 1;
+            tally.failed.push_back(b);
+          }
+          std::snprintf(b, sizeof b, "moe T=%-4d P54 (down M-tile 32) vs the references", T);
+          tally.report(b, e3, ee3, "", 0, kEmuRmsBound);
+          if (try0.empty()) unsetenv("LILY_TRY");
+          else setenv("LILY_TRY", try0.c_str(), 1);
+          set_abl(off0);
           setenv("LILY_MOE_TILE", tl.c_str(), 1);
         }
       }

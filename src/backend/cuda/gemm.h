@@ -111,6 +111,11 @@ bool gemm_moe_p50();
 // Session 24 call 7: +14.4 % at 128 tokens, +2.9 % at 256, +0.4 % at 384.
 void gemm_set_moe_p53(bool on);
 bool gemm_moe_p53();
+// P54 (opt-in, LILY_TRY=P54): the prefill MoE's down GEMM at M-tile 32 (prompts under 768 tokens) on P53's kernel
+// (register-A wgmma, 8-stage ring, f32 slot rows) instead of gemm_kernel on mma.sync; the same bits as the P15 "both"
+// form at M-tile 128 (LILY_MOE_WG=3), not as the mma.sync kernel (another summation order).
+void gemm_set_moe_p54(bool on);
+bool gemm_moe_p54();
 int gemm_small_n(int T);
 // gemm_ok(w) and w.rows >= gemm_small_n(T): the prefill matmul path for W at T tokens.
 bool gemm_takes(const QMat& w, int T);

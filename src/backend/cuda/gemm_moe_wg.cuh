@@ -718,7 +718,7 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_const
   using C = Rs4Cfg<P32, P34, BM>;
   static_assert(!P34 || P32, "P34 is a form of the P32 loop");
   static_assert(!P50 || P34, "P50: the P34 loop only");
-  static_assert(BM == 128 || (BM == 32 && P34 && AM == kAmF16), "P53: M-tile 32 on the P34 loop, gate/up only");
+  static_assert(BM == 128 || (BM == 32 && P34), "P53 / P54: M-tile 32 on the P34 loop only");
   constexpr int RW = C::RW, S = C::S, NCT = C::NCT, LEAD = S - 2;
   constexpr int XA = BM * 8 / NCT;   // activation chunks per thread: 2, or (P53) 0 with threads < BM * 8 copying one
   static_assert(AM == kAmF16 || AM == kAmF16Grp, "P18: fp16 operands only");
@@ -853,9 +853,9 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_const
           for (int u = 0; u < KS; ++u) {
             uint8_t* xs = smem + s * C::STAGE + u * (BM * 128);
 #pragma unroll
-            for (int j = 0; j < BM * 8 / NCT; ++j) {
+            for (int j = 0; j < (XA > 0 ? XA : 1); ++j) {
               const int idx = tid + NCT * j, m = idx >> 3;
-              grp_scale_chunk(xs + swz(m, idx & 7), sgf, m, kq * KS + u);
+              if (XA > 0 || idx < BM * 8) grp_scale_chunk(xs + swz(m, idx & 7), sgf, m, kq * KS + u);
             }
           }
           fence_proxy_async();
@@ -1019,6 +1019,12 @@ bool launch_moe_wg(int mode, int am, int bm, const GemmArgs& a, int max_tiles, i
     if (bm == 32 && a.swiglu && am == kAmF16 && gemm_moe_p53() && gemm_moe_p18() && gemm_moe_p32() && gemm_moe_p34() &&
         gemm_moe_p50()) {
       launch_moe_rs4_t<kAmF16, true, true, true, 32>(a, max_tiles, a.N / 128, s);
+      return true;
+    }
+    // P54 (opt-in): the scatter (down) GEMM at M-tile 32 on the same kernel (fp16 activations with group exponents).
+    if (bm == 32 && !a.swiglu && am == kAmF16Grp && gemm_moe_p54() && gemm_moe_p18() && gemm_moe_p32() &&
+        gemm_moe_p34() && gemm_moe_p50()) {
+      launch_moe_rs4_t<kAmF16Grp, true, true, true, 32>(a, max_tiles, (a.N + 255) / 256, s);
       return true;
     }
     if (bm == 128) {   // P17: m64n128k16, 128 weight rows per CTA (one m64 block per consumer warpgroup)
