@@ -1030,6 +1030,20 @@ int run(const Options& o) {
       unsetenv("LILY_GEMM_BN");
       set_gemm_precision(true);
       std::vector<float> ymma(size_t(T) * H);
+      // y against ref bit for bit (the same products in the same order: any difference is a bug), printed and tallied.
+      auto same_bits = [&](const std::vector<float>& ref, const std::string& what, const std::string& same_as) {
+        double m = y.size() == ref.size() ? 0 : 1;
+        for (size_t i = 0; i < y.size() && i < ref.size(); ++i) m = std::max(m, double(std::fabs(y[i] - ref[i])));
+        const std::string line = (m == 0 ? "PASS " : "FAIL ") + what +
+                                 (m == 0 ? " == " + same_as + " bit for bit" : " differs from " + same_as + " by " + std::to_string(m));
+        std::printf("%s\n", line.c_str());
+        if (m == 0) {
+          tally.pass += 1;
+        } else {
+          tally.fail += 1;
+          tally.failed.push_back(line);
+        }
+      };
       for (const char* tile : {"", "32", "64", "128", "host", "host64"}) {
         const std::string ts = tile;
         const bool host = ts.rfind("host", 0) == 0;
@@ -1077,35 +1091,17 @@ int run(const Options& o) {
             int d50 = 0;
             Err e50, ee50;
             run_moe_case(eref[1], eref32[1], d50, e50, ee50);
-            double m = y.size() == y0.size() ? 0 : 1;
-            for (size_t i = 0; i < y.size() && i < y0.size(); ++i) m = std::max(m, double(std::fabs(y[i] - y0[i])));
             char b[200];
-            std::snprintf(b, sizeof b, "%s moe T=%-4d tile %s%s wg %d: P50 off %s", m == 0 ? "PASS" : "FAIL", T,
-                          tl.c_str(), host ? " host" : "", wg, m == 0 ? "== P50 on bit for bit" : "differs from P50 on");
-            std::printf("%s\n", b);
-            if (m == 0) {
-              tally.pass += 1;
-            } else {
-              tally.fail += 1;
-              tally.failed.push_back(b);
-            }
+            std::snprintf(b, sizeof b, "moe T=%-4d tile %s%s wg %d: P50 off", T, tl.c_str(), host ? " host" : "", wg);
+            same_bits(y0, b, "P50 on");
             set_abl(off0);
             y = y0;
           }
           if (wg == 3) yp38 = y;
           if (wg == 7) {
-            double m = yp38.size() == y.size() ? 0 : 1;
-            for (size_t i = 0; i < y.size() && i < yp38.size(); ++i) m = std::max(m, double(std::fabs(y[i] - yp38[i])));
-            if (m != 0) {   // the same products in the same order: any difference is a bug
-              char b[200];
-              std::snprintf(b, sizeof b, "FAIL moe T=%-4d tile %s P38 off differs from P38 (wg 3) by %.3g", T, tl.c_str(), m);
-              std::printf("%s\n", b);
-              tally.fail += 1;
-              tally.failed.push_back(b);
-            } else {
-              std::printf("PASS moe T=%-4d tile %s P38 off == P38 (wg 3) bit for bit\n", T, tl.c_str());
-              tally.pass += 1;
-            }
+            char b[200];
+            std::snprintf(b, sizeof b, "moe T=%-4d tile %s P38 off", T, tl.c_str());
+            same_bits(yp38, b, "P38 (wg 3)");
           }
           std::string ident;
           if (wg == 0) {
@@ -1139,18 +1135,9 @@ int run(const Options& o) {
           const std::vector<float> y0 = y;
           setenv("LILY_MOE_TILE", "32", 1);   // P53 (default on) takes the M-tile 32 gate/up GEMM
           run_moe_case(eref[1], eref32[1], d1, e1, ee1);
-          double m = y.size() == y0.size() ? 0 : 1;
-          for (size_t i = 0; i < y.size() && i < y0.size(); ++i) m = std::max(m, double(std::fabs(y[i] - y0[i])));
           char b[200];
-          std::snprintf(b, sizeof b, "%s moe T=%-4d P53 (gate/up M-tile 32, 8 stages) %s", m == 0 ? "PASS" : "FAIL", T,
-                        m == 0 ? "== M-tile 128 bit for bit" : ("differs from M-tile 128 by " + std::to_string(m)).c_str());
-          std::printf("%s\n", b);
-          if (m == 0) {
-            tally.pass += 1;
-          } else {
-            tally.fail += 1;
-            tally.failed.push_back(b);
-          }
+          std::snprintf(b, sizeof b, "moe T=%-4d P53 (gate/up M-tile 32, 8 stages)", T);
+          same_bits(y0, b, "M-tile 128");
           unsetenv("LILY_MOE_TILE_DOWN");
           // P54 (opt-in): the down GEMM at M-tile 32 on the same kernel must equal P15's both-GEMMs form at M-tile 128
           // (LILY_MOE_WG=3: the down GEMM on the M-tile 128 kernel, wgmma N = the tile's rows rounded up to 32) bit for bit.
@@ -1166,18 +1153,8 @@ int run(const Options& o) {
           setenv("LILY_TRY", (try0.empty() ? std::string("P54") : try0 + ",P54").c_str(), 1);
           set_abl(off0);   // LILY_TRY is read when the switches are set
           run_moe_case(eref[1], eref32[1], d3, e3, ee3);
-          double m54 = y.size() == y2.size() ? 0 : 1;
-          for (size_t i = 0; i < y.size() && i < y2.size(); ++i) m54 = std::max(m54, double(std::fabs(y[i] - y2[i])));
-          std::snprintf(b, sizeof b, "%s moe T=%-4d P54 (down M-tile 32, 8 stages) %s", m54 == 0 ? "PASS" : "FAIL", T,
-                        m54 == 0 ? "== P15 both at M-tile 128 bit for bit"
-                                 : ("differs from P15 both at M-tile 128 by " + std::to_string(m54)).c_str());
-          std::printf("%s\n", b);
-          if (m54 == 0) {
-            tally.pass += 1;
-          } else {
-            tally.fail += 1;
-            tally.failed.push_back(b);
-          }
+          std::snprintf(b, sizeof b, "moe T=%-4d P54 (down M-tile 32, 8 stages)", T);
+          same_bits(y2, b, "P15 both at M-tile 128");
           std::snprintf(b, sizeof b, "moe T=%-4d P54 (down M-tile 32) vs the references", T);
           tally.report(b, e3, ee3, "", 0, kEmuRmsBound);
           if (try0.empty()) unsetenv("LILY_TRY");
