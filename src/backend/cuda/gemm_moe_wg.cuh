@@ -1009,7 +1009,8 @@ void launch_moe_rs4_t(const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t
   launch(gemm_moe_rs4_kernel<AM, P32, P34, P50, BM>, dim3(grid_n, max_tiles), dim3(C::NCT), size_t(C::SMEM), s, a);
   CUDA_LAUNCH_CHECK();
 }
-// mode 1: P14, mode 2: P15. bm: the tile list's M-tile (32 runs the 64 kernel: rows <= 32 of 64).
+// mode 1: P14, mode 2: P15. bm: the tile list's M-tile (32 runs the 64 kernel, rows <= 32 of 64, unless P53 / P54
+// take it on the P34 kernel at M-tile 32).
 // Returns false where the mode has no kernel for bm (P15 at 128 with P17 off: the caller runs gemm_kernel).
 bool launch_moe_wg(int mode, int am, int bm, const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t s) {
   LILY_CHECK(a.K % kBK == 0 && a.K / kBK >= 1 && (am != kAmF16Grp || a.K <= kMaxGrpK), "gemm: P14/P15 shape");
