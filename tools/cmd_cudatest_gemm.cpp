@@ -44,6 +44,7 @@ int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split,
 int64_t gemm_segmented_probe(int T, int K, int nseg, const int* rows, unsigned seed);
 // backend/cuda/gemm.h: the P28 test entry (fused GDN gated norm + conversion vs the two kernels), synchronous
 int64_t gemm_gdn_norm_convert_probe(int nv, int T, bool f16, bool split, unsigned seed);
+double gemm_splitk_probe(int T, int N, int K, int ksplit, int bm, unsigned seed);
 }  // namespace lily::cuda
 #endif
 
@@ -782,6 +783,19 @@ int run(const Options& o) {
         std::printf("%s\n", line);
         (d == 0 ? tally.pass : tally.fail) += 1;
         if (d != 0) tally.failed.push_back(line);
+      }
+    // P37: the router-shaped 8-bit GEMM with K in slices (summed in slice order) == unsplit up to fp32 summation order.
+    if (!p14)
+      for (const auto& cs : std::vector<std::array<int, 3>>{{4096, 4, 128}, {4096, 2, 128}, {2048, 4, 64}, {300, 2, 32},
+                                                            {256, 4, 32}, {128, 4, 32}, {77, 4, 128}, {64, 4, 0}}) {
+        const double d = lily::cuda::gemm_splitk_probe(cs[0], 256, 2048, cs[1], cs[2], 13u + cs[0]);
+        const bool ok = d < 1e-5;
+        char line[200];
+        std::snprintf(line, sizeof line, "%-4s P37 router split K T=%d slices=%d bm=%d: max |diff| / max |y| = %.2e",
+                      ok ? "PASS" : "FAIL", cs[0], cs[1], cs[2], d);
+        std::printf("%s\n", line);
+        (ok ? tally.pass : tally.fail) += 1;
+        if (!ok) tally.failed.push_back(line);
       }
     // P30: stacked projections with per-matrix outputs == the slices of one stacked product.
     if (!p14)

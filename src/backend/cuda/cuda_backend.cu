@@ -681,6 +681,7 @@ class CudaBackend final : public Backend {
     gemm_set_moe_p38(!abl_.has("P38"));   // P38: the P34 MoE kernel's wgmma N = the tile's rows rounded up to 32
     moe_lean_act_enabled() = !abl_.has("D63");   // D63: the MoE's down activations staged in fewer instructions
     d53_ = !abl_.has("D53");   // D53: the out-projection's router-row add loaded with x
+    p37_ = tried("P37");   // P37: the prefill router GEMM with K in slices
     moe_w0_pick_enabled() = !abl_.has("D50");   // D50: the MoE picks on warp 0 while x is staged
     gdn_push_enabled() = !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier
     gdn_s_late_enabled() = !abl_.has("D45");   // D45: D12's state written after its cluster barrier
@@ -1324,6 +1325,7 @@ class CudaBackend final : public Backend {
     o.slot16 = slot16_;
     o.sg_in_convert = !abl_.has("P19");   // P19: shared-expert gate in the router's operand conversion
     o.skip_x = p42_;                       // P42: no f32 x from that conversion (nothing reads it)
+    o.router_split = p37_;                // P37 (opt-in): the router GEMM with K in 4 slices
     if (pn.h) o.pre_norm = {pn.h, pn.r, pn.w, pn.eps};   // P25 (x = pn.out)
     if (!profiling_ || capturing_) {
       timed("moe_prefill", 0, [&] { cuda::moe_prefill(m, x, T, out, ws, o, s_); });   // (skip= applies)
@@ -1361,6 +1363,7 @@ class CudaBackend final : public Backend {
   bool p30_ = true;   // P30: the dense projections of one input as one GEMM
   bool d53_ = true;   // D53
   bool p42_ = true;   // P42
+  bool p37_ = false;  // P37 (opt-in): the router GEMM with K in slices
   struct {
     MoeDev m;
     int T;

@@ -99,6 +99,11 @@ struct GemmArgs {
   int seg_n0[kGemmMaxSegs];
   float* seg_y[kGemmMaxSegs];
   int64_t seg_ld[kGemmMaxSegs];
+  // P37 (plain store mode, 8-bit B): ksplit > 1 cuts K into ksplit equal slices (multiples of 512), one
+  // per blockIdx.z; slice z writes its partial product to y + z · zstride (the caller sums the slices).
+  // Last, so that the other fields keep their offsets (and every other kernel its SASS).
+  int ksplit;
+  int64_t zstride;
 };
 
 // fp16 with saturation at ±65504 (a finite value never becomes inf; NaN stays NaN), as the fp16 KV cache.
@@ -372,7 +377,13 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
     rows = min(BM, a.M - pos0);
   }
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int K = a.K, nk = K / kBK;
+  const int K = a.K;
+  // P37: this CTA's K slice [k0, k0 + nk·kBK) (K stays the row stride of A and B).
+  // 8-bit B only (the router): every other instance folds k0 to 0 and keeps its code.
+  constexpr bool kSplitK = BT == kQ8;
+  const bool zs = kSplitK && plain && a.ksplit > 1;
+  const int kz = zs ? int(blockIdx.z) : 0;
+  const int nk = K / kBK / (zs ? a.ksplit : 1), k0 = kz * nk * kBK;
 
   // ---- per-thread load plan ----
   // B rows: CTA row r -> (matrix, output column). SwiGLU interleaves gate/up per 8 rows.
@@ -403,7 +414,8 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
   const int b_dcol = a.swiglu ? RPJ / 2 : RPJ;
   // Rows past N read nothing (src-size 0) from a valid address: the chunk-0 row clamped to column 0.
   const uint8_t* b_src0 = static_cast<const uint8_t*>(mat_of(b_mat).data) + goff +
-                          int64_t(b_col0 < a.N ? b_col0 : 0) * row_bytes + b_c * 16;
+                          int64_t(b_col0 < a.N ? b_col0 : 0) * row_bytes + b_c * 16 +
+                          (BT == kQ4 ? k0 / 2 : BT == kQ8 ? k0 : 2 * k0);
   // 512 wide: bytes between chunks j and j + 1 (< 2^31 / 3 for the MoE's K: 32-bit offsets).
   [[maybe_unused]] const int b_jstride = int(b_dcol * row_bytes);
   const int b_dst0 = BT == kBF ? swz(b_r0, b_c) : b_r0 * RB + b_c * 16;
@@ -429,7 +441,7 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
   if (BT != kBF) {
     const QMat& w = mat_of(sb_mat);
     sb_src0 = static_cast<const uint8_t*>((tid & 1) ? w.biases : w.scales) + gsoff +
-              int64_t(sb_col0 < a.N ? sb_col0 : 0) * (K / 64) * 2;
+              int64_t(sb_col0 < a.N ? sb_col0 : 0) * (K / 64) * 2 + (k0 / 64) * 2;
   }
   const uint32_t sb_dst0 = smem_addr(((tid & 1) ? sbb : sbs) + sb_r0 * 8);
   const uint32_t sm0 = smem_addr(smem);
@@ -476,7 +488,7 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
     aval[j] = m < rows;
     int src = 0;
     if (aval[j]) src = a.a_rows ? a.a_rows[pos0 + m] : pos0 + m;
-    asrc[j] = a.a + int64_t(src) * K + c * 8;
+    asrc[j] = a.a + int64_t(src) * K + c * 8 + k0;
     adst[j] = swz(m, c);
   }
   auto load_a = [&](int kg) {
@@ -833,7 +845,7 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
         orow = a.dst[pos];
         sc *= a.scale[pos];
       }
-      float* yrow = a.y + orow * a.ldy;
+      float* yrow = a.y + kz * a.zstride + orow * a.ldy;
       if (a.mode == kScatter && a.y16) {   // P16: the slot rows as fp16 (ldy even, n even: 4-byte stores)
         __half* hrow = reinterpret_cast<__half*>(a.y) + orow * a.ldy;
 #pragma unroll
@@ -1094,8 +1106,8 @@ void launch_gemm(const GemmArgs& a, int grid_m, int grid_n, cudaStream_t s) {
                                     smem_bytes<BM, BT, AM, BN>()));
     attr = true;
   }
-  launch(gemm_kernel<BM, BT, AM, BN, V>, dim3(grid_m, grid_n), dim3(kThreads), size_t(smem_bytes<BM, BT, AM, BN>()),
-         s, a);
+  launch(gemm_kernel<BM, BT, AM, BN, V>, dim3(grid_m, grid_n, a.ksplit > 1 ? a.ksplit : 1), dim3(kThreads),
+         size_t(smem_bytes<BM, BT, AM, BN>()), s, a);
 }
 
 template <int BT, int AM, int BN>
@@ -1422,6 +1434,62 @@ int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split,
          bytes_differ(dy[0], dy[1], int64_t(T) * 4) + conv_differ(c0, c1, tn, T);
 }
 
+double gemm_splitk_probe(int T, int N, int K, int ksplit, int bm, unsigned seed) {
+  ProbeBufs b(seed);
+  std::vector<uint8_t> codes(size_t(N) * K);
+  std::vector<uint16_t> sc(size_t(N) * (K / 64)), bi(sc.size());
+  std::uniform_int_distribution<int> ud(0, 255);
+  for (uint8_t& c : codes) c = uint8_t(ud(b.g));
+  auto bf = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  };
+  for (size_t i = 0; i < sc.size(); ++i) {
+    sc[i] = bf(0.002f * (1.f + 0.1f * b.nd(b.g)));
+    bi[i] = bf(-0.25f + 0.01f * b.nd(b.g));
+  }
+  QMat w;
+  w.type = kQ8;
+  w.rows = N;
+  w.cols = K;
+  w.gs = 64;
+  void* d = b.zeros(int64_t(codes.size()));
+  void* ds = b.zeros(int64_t(sc.size()) * 2);
+  void* db = b.zeros(int64_t(bi.size()) * 2);
+  CUDA_CHECK(cudaMemcpy(d, codes.data(), codes.size(), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(ds, sc.data(), sc.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(db, bi.data(), bi.size() * 2, cudaMemcpyHostToDevice));
+  w.data = d;
+  w.scales = ds;
+  w.biases = db;
+  const int64_t tk = int64_t(T) * K, tn = int64_t(T) * N;
+  float* x = b.copy(b.randn(tk, 1.f));
+  const ConvOut c(b, tk, T);
+  float* y1 = b.zeros_f(tn);
+  float* yz = b.zeros_f(tn * ksplit);
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const GemmA xa = c.operand(false, true);
+  gemm_convert_a(x, T, K, xa, s);
+  gemm(w, xa, T, y1, N, false, nullptr, bm, s);
+  gemm(w, xa, T, yz, N, false, nullptr, bm, s, ksplit);
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  CUDA_CHECK(cudaStreamDestroy(s));
+  std::vector<float> h1(static_cast<size_t>(tn)), hz(static_cast<size_t>(tn * ksplit));
+  CUDA_CHECK(cudaMemcpy(h1.data(), y1, h1.size() * 4, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(hz.data(), yz, hz.size() * 4, cudaMemcpyDeviceToHost));
+  double md = 0, my = 0;
+  for (int64_t i = 0; i < tn; ++i) {
+    double v = 0;
+    for (int z = 0; z < ksplit; ++z) v += hz[size_t(z * tn + i)];
+    if (!std::isfinite(v) || !std::isfinite(h1[size_t(i)])) return 1e30;
+    md = std::max(md, std::fabs(v - h1[size_t(i)]));
+    my = std::max(my, double(std::fabs(h1[size_t(i)])));
+  }
+  return my > 0 ? md / my : 1e30;
+}
+
 bool gemm_gdn_norm_convert_ok(int nv, int dv) {
   return dv == 128 && nv >= 1 && nv <= 8 * kGnMaxHeadsPerWarp && (nv <= 8 || nv % 8 == 0);
 }
@@ -1471,7 +1539,7 @@ void gemm_dequant(const QMat& w, bool f16, uint16_t* wb, cudaStream_t s) {
 }
 
 void gemm(const QMat& w, const GemmA& x, int T, float* y, int64_t ldy, bool accumulate, const uint16_t* wb, int bm,
-          cudaStream_t s) {
+          cudaStream_t s, int ksplit) {
   LILY_CHECK(gemm_ok(w), "gemm: unsupported weight matrix");
   LILY_CHECK(w.type != kQ8 || (x.lo && !wb && (x.f16 ? x.hi : x.a)), "gemm: 8-bit weights need the split activations");
   LILY_CHECK(w.type == kQ8 || (x.a && (!x.f16 || x.rs)), "gemm: missing activations");
@@ -1521,7 +1589,12 @@ void gemm(const QMat& w, const GemmA& x, int T, float* y, int64_t ldy, bool accu
     a.b.w[0].type = kBF;
     a.b.w[0].data = wb;
   }
-  if (wb && am == kAmF16 && wg16_takes(T, w.rows, w.cols)) {   // P13
+  if (ksplit > 1) {   // P37
+    LILY_CHECK(!accumulate && w.type == kQ8 && w.cols % (512 * ksplit) == 0,
+               "gemm: split K is for 8-bit weights in store mode, K a multiple of 512 per slice");
+    a.ksplit = ksplit;
+    a.zstride = int64_t(T) * ldy;
+  } else if (wb && am == kAmF16 && wg16_takes(T, w.rows, w.cols)) {   // P13
     launch_wg16(a, wg16_tma(), s);
     return;
   }

@@ -170,9 +170,13 @@ void gemm_segmented(const GemmA& x, int T, int K, const uint16_t* wb, int nseg, 
 int64_t gemm_segmented_probe(int T, int K, int nseg, const int* rows, unsigned seed);
 // y[T, w.rows] (row stride ldy) = x · Wᵀ, or += when `accumulate`. wb: the P1-off copy of a 4-bit W
 // (same precision as x; nullptr: fused dequantisation). bm: M-tile 32/64/128, 0 = chosen from T
-// and the grid size (LILY_GEMM_BM overrides).
+// and the grid size (LILY_GEMM_BM overrides). ksplit > 1 (P37; store mode, 8-bit weights, K a multiple of
+// 512·ksplit): K in ksplit slices, slice z's partial product at y + z·T·ldy; the caller sums them.
 void gemm(const QMat& w, const GemmA& x, int T, float* y, int64_t ldy, bool accumulate, const uint16_t* wb, int bm,
-          cudaStream_t s);
+          cudaStream_t s, int ksplit = 1);
+// P37 check: an 8-bit (router-shaped, N × K) GEMM of T rows in split precision with K cut into ksplit slices
+// (partials summed on the host) against the same GEMM unsplit: the largest |difference| over the largest |y|.
+double gemm_splitk_probe(int T, int N, int K, int ksplit, int bm, unsigned seed);
 // Test aid (P13): y[T, N] (row stride ldy) = rs[row]·2^-8 · a·bᵀ (or += when `accumulate`) on raw
 // fp16 device buffers a [T, K], b [N, K] (row-major, K % 64 == 0; any common column order), with
 // kernel 0 = the mma.sync kernel (BM 128, BN 256: what P8 runs without P13), 1 = gemm_wg16_kernel,
@@ -229,6 +233,7 @@ struct MoePrefillOpts {
   bool slot16 = true;           // P16: the down GEMM's (token, slot) rows in fp16 (off: f32)
   bool sg_in_convert = true;    // P19: the shared-expert gate's dot in the operand conversion (off: own GEMV)
   bool skip_x = false;          // P42 (with P19, P25): the f32 x, which no MoE kernel then reads, is not written
+  bool router_split = false;    // P37 (opt-in): the router GEMM with K in slices (router_split())
   // P25: x is produced by this rmsnorm (not launched yet): the router stage's conversion runs it too
   // (gemm_rmsnorm_convert; h += r first when r is set). Unset: x is ready.
   struct PreNorm {
@@ -238,6 +243,12 @@ struct MoePrefillOpts {
     float eps = 0.f;
   } pre_norm;
 };
+// P37: the router GEMM's K slices (k) and M-tile (bm; 0 = gemm's choice) for T tokens; k = 1: unsplit.
+constexpr int kRouterMaxSplit = 4;
+struct RouterSplit {
+  int k = 1, bm = 0;
+};
+RouterSplit router_split(const MoeDev& m, int T, bool on);
 // True when moe_prefill handles these weights (4-bit experts, H and I multiples of 512, I == Is).
 bool moe_prefill_ok(const MoeDev& m);
 // P3: the expert M-tile for T tokens (expected rows per expert T·K/E); LILY_MOE_TILE overrides.

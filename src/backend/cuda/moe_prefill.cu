@@ -49,7 +49,7 @@ Layout layout(const MoeDev& m, int T) {
   l.rs = take(int64_t(T) * 4);
   l.xh = take(int64_t(T) * m.H * 2);
   l.xl = take(int64_t(T) * m.H * 2);
-  l.logits = take(int64_t(T) * m.E * 4);
+  l.logits = take(int64_t(T) * m.E * 4 * kRouterMaxSplit);   // P37: one slice per K split
   l.sg = take(int64_t(T) * 4);
   l.ids = take(int64_t(T) * m.K * 4);
   l.wts = take(int64_t(T) * m.K * 4);
@@ -67,10 +67,11 @@ Layout layout(const MoeDev& m, int T) {
 }
 
 // Warp per token: softmax over E logits (f32), top-K by probability (lowest id on ties),
-// renormalised weights; per-expert counts for the grouping.
+// renormalised weights; per-expert counts for the grouping. nz > 1 (P37): the logits are the sum of nz
+// partial slices zstride apart, added in slice order.
 template <int NJ>
 __global__ void moe_topk_kernel(const float* __restrict__ logits, int T, int E, int K, int32_t* __restrict__ ids,
-                                float* __restrict__ wts, int* counts, int* hist) {
+                                float* __restrict__ wts, int* counts, int* hist, int nz, int64_t zstride) {
   pdl_trigger();
   pdl_wait();
   const int lane = threadIdx.x & 31, t = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
@@ -81,7 +82,12 @@ __global__ void moe_topk_kernel(const float* __restrict__ logits, int T, int E, 
 #pragma unroll
   for (int j = 0; j < NJ; ++j) {
     const int e = j * 32 + lane;
-    p[j] = e < E ? l[e] : -FLT_MAX;
+    float v = -FLT_MAX;
+    if (e < E) {
+      v = l[e];
+      for (int z = 1; z < nz; ++z) v += l[z * zstride + e];
+    }
+    p[j] = v;
     mx = fmaxf(mx, p[j]);
   }
   mx = warp_max(mx);
@@ -298,6 +304,24 @@ bool moe_prefill_p17(const MoeDev& m, bool f16) {
 
 int64_t moe_prefill_workspace_bytes(const MoeDev& m, int T) { return layout(m, T).total; }
 
+// P37 (opt-in): the router GEMM (E = 256 rows: 2 N tiles) with K in 4 slices, the top-k kernel adding them. From
+// T >= 2,048 at M-tile 128 (256 CTAs at T = 4,096 instead of 256 at M-tile 32; session 18: 2.12 vs 2.34 ms per 4K
+// prefill, end to end +-0.0 %); below, at M-tile 32, where unsplit it runs T / 32 x 2 CTAs (16 at 256 tokens: 1.28 of
+// a 256-token prefill's 20 ms in session 24). LILY_ROUTER_SPLIT / LILY_ROUTER_BM override (tuning aids).
+RouterSplit router_split(const MoeDev& m, int T, bool on) {
+  RouterSplit r;
+  if (!on) return r;
+  static const int fk = [] { const char* v = std::getenv("LILY_ROUTER_SPLIT"); return v && *v ? std::atoi(v) : 0; }();
+  static const int fb = [] { const char* v = std::getenv("LILY_ROUTER_BM"); return v && *v ? std::atoi(v) : 0; }();
+  int k = fk > 0 ? fk : 4;
+  k = std::min(k, kRouterMaxSplit);
+  while (k > 1 && m.H % (512 * k) != 0) --k;
+  if (k <= 1) return r;
+  r.k = k;
+  r.bm = fb == 32 || fb == 64 || fb == 128 ? fb : T >= 2048 ? 128 : 32;
+  return r;
+}
+
 const int32_t* moe_prefill_ids(const MoeDev& m, int T, const void* work) {
   return reinterpret_cast<const int32_t*>(static_cast<const char*>(work) + layout(m, T).ids);
 }
@@ -360,12 +384,13 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
   // P42: with the shared gate fused, every reader of x here takes the converted operands (the router xh / xl, the
   // experts xa), and the model reads x (its normalised rows) again only after writing it anew.
   float* x_out = o.skip_x && sg_fused ? nullptr : const_cast<float*>(x);
+  const RouterSplit rsplit = router_split(m, T, o.router_split);
   if ((o.stages & (1 | 32)) && o.pre_norm.h)   // P25: x = rmsnorm(h) written and converted in one pass
     gemm_rmsnorm_convert(o.pre_norm.h, o.pre_norm.r, o.pre_norm.w, m.H, T, o.pre_norm.eps, x_out, xa, s,
                          sg_fused ? &m.shared_gate : nullptr, sg_fused ? sg : nullptr);
   else if (o.stages & (1 | 32))
     gemm_convert_a(x, T, m.H, xa, s, sg_fused ? &m.shared_gate : nullptr, sg_fused ? sg : nullptr);
-  if (o.stages & (1 | 64)) gemm(m.router, xa, T, logits, m.E, false, nullptr, 0, s);
+  if (o.stages & (1 | 64)) gemm(m.router, xa, T, logits, m.E, false, nullptr, rsplit.bm, s, rsplit.k);
   if ((o.stages & (1 | 128)) && !sg_fused) {
     if (gemm_takes(m.shared_gate, T)) {
       gemm(m.shared_gate, xa, T, sg, 1, false, nullptr, 0, s);
@@ -377,8 +402,9 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
   if (o.stages & 2) {
     CUDA_CHECK(cudaMemsetAsync(counts, 0, 4 * (m.E + 1), s));
     const dim3 gt((T + 7) / 8), bt(256);
-    if (m.E <= 256) launch(moe_topk_kernel<8>, gt, bt, 0, s, logits, T, m.E, m.K, ids, wts, counts, m.hist);
-    else launch(moe_topk_kernel<16>, gt, bt, 0, s, logits, T, m.E, m.K, ids, wts, counts, m.hist);
+    const int64_t zs = int64_t(T) * m.E;
+    if (m.E <= 256) launch(moe_topk_kernel<8>, gt, bt, 0, s, logits, T, m.E, m.K, ids, wts, counts, m.hist, rsplit.k, zs);
+    else launch(moe_topk_kernel<16>, gt, bt, 0, s, logits, T, m.E, m.K, ids, wts, counts, m.hist, rsplit.k, zs);
     CUDA_LAUNCH_CHECK();
     if (o.host_routing) {
       host_plan(m, T, bm, w, l, s);
