@@ -12,6 +12,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -227,6 +228,22 @@ int bench_prefill_main(int argc, char** argv) {
   struct Mem {
     double peak = 0, state = 0, rest = 0;
   } mem;
+  // Runs f and waits for the device; into out (when given): tokens / wall time, CPU time, host time (wall minus the
+  // time blocked on the device) and energy. The energy readings bracket the span from outside: an NVML call takes
+  // milliseconds (session 24 calls 2-4 read it inside the span and lost ~2.6 ms per prefill).
+  auto timed = [&](Backend& be, int tokens, Series* out, const std::function<void()>& f) {
+    const double e0 = nvml.joules();
+    const double w0 = wall_s(), c0 = cpu_s(), b0 = be.host_wait_s();
+    f();
+    be.synchronize();
+    const double w1 = wall_s(), c1 = cpu_s(), b1 = be.host_wait_s();
+    const double e1 = nvml.joules();
+    if (!out) return;
+    out->tok_s.push_back(tokens / (w1 - w0));
+    out->cpu_s.push_back(c1 - c0);
+    out->host_s.push_back((w1 - w0) - (b1 - b0));
+    if (e0 >= 0 && e1 >= 0 && w1 - w0 >= kMinEnergySpan) out->joules.push_back(e1 - e0);
+  };
   // One measurement: fresh state (allocated and zeroed outside the timing), prompt of L tokens;
   // the clock stops when forward() has returned the last token's logits to the host.
   auto measure = [&](Qwen36& m, int L, int n_dec, Series* pre, Series* dec) {
@@ -235,20 +252,9 @@ int bench_prefill_main(int argc, char** argv) {
     m.backend().synchronize();
     const double state = dev_bytes(m.backend()) - before;
     if (cooldown_ms > 0 && pre) std::this_thread::sleep_for(std::chrono::milliseconds(cooldown_ms));
-    // The energy readings bracket the timed span from outside: an NVML call takes milliseconds (session 24 calls 2-4
-    // read e0 inside the span and lost ~2.6 ms per prefill: 256 tokens at 9.8K tok/s instead of 11.0K).
-    double e0 = nvml.joules();
-    double w0 = wall_s(), c0 = cpu_s(), b0 = m.backend().host_wait_s();
-    m.forward(*st, std::span<const int32_t>(ids.data(), size_t(L)), logits.data(), false);
-    m.backend().synchronize();
-    double w1 = wall_s(), c1 = cpu_s(), b1 = m.backend().host_wait_s();
-    double e1 = nvml.joules();
-    if (pre) {
-      pre->tok_s.push_back(L / (w1 - w0));
-      pre->cpu_s.push_back(c1 - c0);
-      pre->host_s.push_back((w1 - w0) - (b1 - b0));
-      if (e0 >= 0 && e1 >= 0 && w1 - w0 >= kMinEnergySpan) pre->joules.push_back(e1 - e0);
-    }
+    timed(m.backend(), L, pre, [&] {
+      m.forward(*st, std::span<const int32_t>(ids.data(), size_t(L)), logits.data(), false);
+    });
     const double after = dev_bytes(m.backend());
     mem.peak = std::max(mem.peak, after);
     mem.state = std::max(mem.state, state);
@@ -256,22 +262,7 @@ int bench_prefill_main(int argc, char** argv) {
     if (n_dec <= 0) return;
     const int32_t first = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
     gen.clear();
-    e0 = nvml.joules();
-    w0 = wall_s();
-    c0 = cpu_s();
-    b0 = m.backend().host_wait_s();
-    m.generate_greedy(*st, first, n_dec, gen);
-    m.backend().synchronize();
-    w1 = wall_s();
-    c1 = cpu_s();
-    b1 = m.backend().host_wait_s();
-    e1 = nvml.joules();
-    if (dec) {
-      dec->tok_s.push_back(n_dec / (w1 - w0));
-      dec->cpu_s.push_back(c1 - c0);
-      dec->host_s.push_back((w1 - w0) - (b1 - b0));
-      if (e0 >= 0 && e1 >= 0 && w1 - w0 >= kMinEnergySpan) dec->joules.push_back(e1 - e0);
-    }
+    timed(m.backend(), n_dec, dec, [&] { m.generate_greedy(*st, first, n_dec, gen); });
   };
 
   std::map<std::pair<int, size_t>, Series> pre, dec;

@@ -1138,40 +1138,39 @@ int run(const Options& o) {
           tally.report(what, e, ee, extra, 0, kEmuRmsBound);
         }
         if (tl == "128" && !host) {
+          // The MoE block with LILY_MOE_WG, LILY_MOE_TILE, LILY_MOE_TILE_DOWN ("": unset) and LILY_TRY extended by
+          // `tries` for one run; y holds its output, e / ee its errors against the references.
+          auto moe_with = [&](const char* wg, const char* tile, const char* tile_down, const char* tries, Err& e, Err& ee) {
+            setenv("LILY_MOE_WG", wg, 1);
+            setenv("LILY_MOE_TILE", tile, 1);
+            if (*tile_down) setenv("LILY_MOE_TILE_DOWN", tile_down, 1);
+            else unsetenv("LILY_MOE_TILE_DOWN");
+            const std::string t = try0.empty() ? std::string(tries) : *tries ? try0 + "," + tries : try0;
+            if (t.empty()) unsetenv("LILY_TRY");
+            else setenv("LILY_TRY", t.c_str(), 1);
+            set_abl(off0);   // LILY_TRY is read when the switches are set
+            int d = 0;
+            run_moe_case(eref[1], eref32[1], d, e, ee);
+          };
+          Err e0, ee0, e1, ee1;
+          char b[200];
           // P53: the gate/up GEMM at M-tile 32 on the P34 kernel's 8-stage form must equal the same GEMM at M-tile 128
           // (P38: each tile's wgmma N = its rows rounded up to 32) bit for bit, the down GEMM at M-tile 32 in both.
-          setenv("LILY_MOE_WG", "2", 1);
-          setenv("LILY_MOE_TILE_DOWN", "32", 1);
-          set_abl(off0);
-          int d0 = 0, d1 = 0;
-          Err e0, ee0, e1, ee1;
-          run_moe_case(eref[1], eref32[1], d0, e0, ee0);
+          moe_with("2", "128", "32", "", e0, ee0);
           const std::vector<float> y0 = y;
-          setenv("LILY_MOE_TILE", "32", 1);   // P53 (default on) takes the M-tile 32 gate/up GEMM
-          run_moe_case(eref[1], eref32[1], d1, e1, ee1);
-          char b[200];
+          moe_with("2", "32", "32", "", e1, ee1);   // P53 (default on) takes the M-tile 32 gate/up GEMM
           std::snprintf(b, sizeof b, "moe T=%-4d P53 (gate/up M-tile 32, 8 stages)", T);
           same_bits(y0, b, "M-tile 128");
-          unsetenv("LILY_MOE_TILE_DOWN");
           // P54 (opt-in): the down GEMM at M-tile 32 on the same kernel must equal P15's both-GEMMs form at M-tile 128
           // (LILY_MOE_WG=3: the down GEMM on the M-tile 128 kernel, wgmma N = the tile's rows rounded up to 32) bit for bit.
-          setenv("LILY_MOE_WG", "3", 1);
-          setenv("LILY_MOE_TILE", "128", 1);
-          set_abl(off0);
-          int d2 = 0, d3 = 0;
-          Err e2, ee2, e3, ee3;
-          run_moe_case(eref[1], eref32[1], d2, e2, ee2);
+          moe_with("3", "128", "", "", e0, ee0);
           const std::vector<float> y2 = y;
-          setenv("LILY_MOE_WG", "2", 1);
-          setenv("LILY_MOE_TILE", "32", 1);
-          setenv("LILY_TRY", (try0.empty() ? std::string("P54") : try0 + ",P54").c_str(), 1);
-          set_abl(off0);   // LILY_TRY is read when the switches are set
-          run_moe_case(eref[1], eref32[1], d3, e3, ee3);
+          moe_with("2", "32", "", "P54", e1, ee1);
           std::snprintf(b, sizeof b, "moe T=%-4d P54 (down M-tile 32, 8 stages)", T);
           same_bits(y2, b, "P15 both at M-tile 128");
           std::snprintf(b, sizeof b, "moe T=%-4d P54 (down M-tile 32) vs the references", T);
-          tally.report(b, e3, ee3, "", 0, kEmuRmsBound);
-          if (try0.empty()) unsetenv("LILY_TRY");
+          tally.report(b, e1, ee1, "", 0, kEmuRmsBound);
+          if (try0.empty()) unsetenv("LILY_TRY");   // the loop's environment back
           else setenv("LILY_TRY", try0.c_str(), 1);
           set_abl(off0);
           setenv("LILY_MOE_TILE", tl.c_str(), 1);

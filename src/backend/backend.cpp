@@ -7,6 +7,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/common.h"
+#include "core/options.h"
 #ifdef LILY_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -19,11 +20,8 @@ bool Ablations::has(const std::string& id) const {
 
 Ablations Ablations::variant(const std::string& spec) {
   Ablations a;
-  for (size_t i = 0; i <= spec.size();) {
-    const size_t j = std::min(spec.find('+', i), spec.size());
-    if (j > i && !a.has(spec.substr(i, j - i))) a.off.push_back(spec.substr(i, j - i));
-    i = j + 1;
-  }
+  for (std::string& id : split_list(spec, '+'))
+    if (!a.has(id)) a.off.push_back(std::move(id));
   return a;
 }
 
