@@ -1161,15 +1161,26 @@ int run(const Options& o) {
           moe_with("2", "32", "32", "", e1, ee1);   // P53 (default on) takes the M-tile 32 gate/up GEMM
           std::snprintf(b, sizeof b, "moe T=%-4d P53 (gate/up M-tile 32, 8 stages)", T);
           same_bits(y0, b, "M-tile 128");
-          // P54 (opt-in): the down GEMM at M-tile 32 on the same kernel must equal P15's both-GEMMs form at M-tile 128
-          // (LILY_MOE_WG=3: the down GEMM on the M-tile 128 kernel, wgmma N = the tile's rows rounded up to 32) bit for bit.
+          // P15's both-GEMMs form at M-tile 128 (LILY_MOE_WG=3: the down GEMM on the M-tile 128 kernel, wgmma N = the
+          // tile's rows rounded up to 32), f32 slot rows: P55 below must equal it bit for bit.
           moe_with("3", "128", "", "", e0, ee0);
           const std::vector<float> y2 = y;
-          moe_with("2", "32", "", "P54", e1, ee1);
-          std::snprintf(b, sizeof b, "moe T=%-4d P54 (down M-tile 32, 8 stages)", T);
-          same_bits(y2, b, "P15 both at M-tile 128");
-          std::snprintf(b, sizeof b, "moe T=%-4d P54 (down M-tile 32) vs the references", T);
-          tally.report(b, e1, ee1, "", 0, kEmuRmsBound);
+          // P55 (opt-in): the down GEMM at M-tile 128 with the tile's activations resident, 2 and 4 weight blocks per
+          // CTA: with P16 off (f32 slot rows) the same bits as P15's both-GEMMs form at M-tile 128 (y2 above); with
+          // P16 on (fp16 slot rows) against the references.
+          for (const char* nb : {"2", "4"}) {
+            setenv("LILY_P55_NB", nb, 1);
+            moe_with("2", "128", "", "P55", e1, ee1);
+            std::snprintf(b, sizeof b, "moe T=%-4d P55 (down, activations resident, %s blocks per CTA), P16 off", T, nb);
+            same_bits(y2, b, "P15 both at M-tile 128");
+            std::vector<std::string> on16 = {"P1w"};
+            set_abl(on16);   // P16 on: fp16 slot rows
+            int d = 0;
+            run_moe_case(eref[1], eref32[1], d, e1, ee1);
+            std::snprintf(b, sizeof b, "moe T=%-4d P55 (%s blocks per CTA), P16 on, vs the references", T, nb);
+            tally.report(b, e1, ee1, "", 0, kEmuRmsBound);
+          }
+          unsetenv("LILY_P55_NB");
           if (try0.empty()) unsetenv("LILY_TRY");   // the loop's environment back
           else setenv("LILY_TRY", try0.c_str(), 1);
           set_abl(off0);

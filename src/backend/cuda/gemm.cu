@@ -1235,10 +1235,15 @@ bool gemm_moe_p50() { return g_moe_p50; }
 bool g_moe_p53 = true;
 void gemm_set_moe_p53(bool on) { g_moe_p53 = on; }
 bool gemm_moe_p53() { return g_moe_p53; }
-// P54 (opt-in): the down GEMM of short prompts (M-tile 32) on P53's kernel instead of gemm_kernel (mma.sync).
-bool g_moe_p54 = false;
-void gemm_set_moe_p54(bool on) { g_moe_p54 = on; }
-bool gemm_moe_p54() { return g_moe_p54; }
+// P55 (opt-in): the down GEMM at M-tile 128 with the tile's activations resident (gemm_moe_down_res_kernel), NB weight
+// blocks of 256 rows per CTA (LILY_P55_NB = 2 or 4, read per call; default 2).
+bool g_moe_p55 = false;
+void gemm_set_moe_p55(bool on) { g_moe_p55 = on; }
+bool gemm_moe_p55() { return g_moe_p55; }
+static int p55_nb() {
+  const int v = env_int("LILY_P55_NB", 2);
+  return v == 4 ? 4 : 2;
+}
 // P38 (P34 kernel): each tile's wgmmas span its rows rounded up to 32 tokens instead of 128 (same bits).
 bool g_moe_p38 = true;
 void gemm_set_moe_p38(bool on) { g_moe_p38 = on; }
@@ -1759,9 +1764,13 @@ bool gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* 
   LILY_CHECK(!f16 || (act_exp && a.K <= kMaxGrpK), "gemm_grouped_scatter: fp16 needs the exponents, K <= 1024");
   const int am = f16 ? kAmF16Grp : kAmBf16;
   const int wg = gemm_moe_wg();   // 1: P14, 3: P15 (2: P15 for gate/up only, the down GEMM on gemm_kernel)
-  if (am == kAmF16Grp && (wg == 1 || wg == 3 || (wg == 2 && bm == 32 && g_moe_p54)) &&
+  if (am == kAmF16Grp && wg == 2 && bm == 128 && g_moe_p55) {   // P55: fp16 slot rows as P16 (f32 without it)
+    const bool y16s = y16 && ldy % 2 == 0;
+    if (launch_moe_down_res(a, max_tiles, p55_nb(), y16s, s)) return y16s;
+  }
+  if (am == kAmF16Grp && (wg == 1 || wg == 3) &&
       launch_moe_wg(wg == 1 ? 1 : 2, am, bm, a, max_tiles, (a.N + kMwBN - 1) / kMwBN, s))
-    return false;   // P14 / P15 / P54 epilogues write f32
+    return false;   // P14 / P15 epilogues write f32
   int bn = moe_bn(am, bm);
   if (bn == kBNMoe && a.N % kBNMoe != 0) bn = kBNWide;   // 512 wide: whole N tiles only
   a.y16 = y16 && !on_wgmma(kQ4, am) && ldy % 2 == 0 ? 1 : 0;   // P16 on the mma.sync kernel only

@@ -111,11 +111,12 @@ bool gemm_moe_p50();
 // Session 24 call 7: +14.4 % at 128 tokens, +2.9 % at 256, +0.4 % at 384.
 void gemm_set_moe_p53(bool on);
 bool gemm_moe_p53();
-// P54 (opt-in, LILY_TRY=P54): the prefill MoE's down GEMM at M-tile 32 (prompts under 768 tokens) on P53's kernel
-// (register-A wgmma, 8-stage ring, f32 slot rows) instead of gemm_kernel on mma.sync; the same bits as the P15 "both"
-// form at M-tile 128 (LILY_MOE_WG=3), not as the mma.sync kernel (another summation order).
-void gemm_set_moe_p54(bool on);
-bool gemm_moe_p54();
+// P55 (opt-in, LILY_TRY=P55): the prefill MoE's down GEMM at M-tile 128 (from LILY_P55_ROWS, default 16, expected rows
+// per expert) on a register-A wgmma kernel whose tile activations (128 x 512 fp16) stay in shared memory while the CTA
+// streams 2 (LILY_P55_NB=4: 4) blocks of 256 weight rows; fp16 slot rows as P16. With P16 off the same bits as the P15
+// "both" form at M-tile 128 (LILY_MOE_WG=3).
+void gemm_set_moe_p55(bool on);
+bool gemm_moe_p55();
 int gemm_small_n(int T);
 // gemm_ok(w) and w.rows >= gemm_small_n(T): the prefill matmul path for W at T tokens.
 bool gemm_takes(const QMat& w, int T);
@@ -233,7 +234,7 @@ struct MoePrefillOpts {
   bool slot16 = true;           // P16: the down GEMM's (token, slot) rows in fp16 (off: f32)
   bool sg_in_convert = true;    // P19: the shared-expert gate's dot in the operand conversion (off: own GEMV)
   bool skip_x = false;          // P42 (with P19, P25): the f32 x, which no MoE kernel then reads, is not written
-  bool router_split = false;    // P37 (opt-in): the router GEMM with K in slices (router_split())
+  bool router_split = false;    // P37: the router GEMM with K in slices (router_split())
   // P25: x is produced by this rmsnorm (not launched yet): the router stage's conversion runs it too
   // (gemm_rmsnorm_convert; h += r first when r is set). Unset: x is ready.
   struct PreNorm {

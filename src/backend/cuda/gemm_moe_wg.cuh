@@ -718,7 +718,7 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_const
   using C = Rs4Cfg<P32, P34, BM>;
   static_assert(!P34 || P32, "P34 is a form of the P32 loop");
   static_assert(!P50 || P34, "P50: the P34 loop only");
-  static_assert(BM == 128 || (BM == 32 && P34), "P53 / P54: M-tile 32 on the P34 loop only");
+  static_assert(BM == 128 || (BM == 32 && P34), "P53: M-tile 32 on the P34 loop only");
   constexpr int RW = C::RW, S = C::S, NCT = C::NCT, LEAD = S - 2;
   constexpr int XA = BM * 8 / NCT;   // activation chunks per thread: 2, or (P53) 0 with threads < BM * 8 copying one
   static_assert(AM == kAmF16 || AM == kAmF16Grp, "P18: fp16 operands only");
@@ -972,6 +972,249 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_const
   mw_epilogue<BM, AM, C::SVLD, 1, 4>(a, acc0, acc1, smem, srf, by, pos0, rows, tid, wgc, warp, g, t);
 }
 
+// P55: the MoE down GEMM (K = 512, the scatter epilogue) on the P34 loop with the tile's activations RESIDENT: a CTA
+// of 512 threads (4 consumer warpgroups, every thread also copies) takes one tile (expert, 128 rows, wgmma N = the
+// rows rounded up to 32 as P38) and NB consecutive 256-row weight blocks. Its 128 x 512 fp16 activation block (128
+// KB, 8 swizzled 64-k blocks) is copied once, each 64-k block on its own mbarrier, and scaled by the rows' group
+// factors once, in the first weight block's steps; then only the weight codes stream through a 4-stage ring of two
+// 64-k steps each (8 KB per step), continuously across the NB weight blocks (the refill runs on during a block's
+// epilogue), one scale / bias block (8 groups) per weight block in two slots. Against gemm_kernel (mma.sync, M-tile
+// 64, 8 K steps per CTA with its fill and epilogue unhidden, 25 % of the tensor rate at 4K) and the P34 kernel as the
+// down GEMM (LILY_MOE_WG=3: the activations copied and scaled again for every 256 weight rows, 8 steps per CTA): the
+// same fill per tile serves NB weight blocks. Same operands, same unpacking (P50), same wgmma order as the P34 kernel
+// at M-tile 128: with f32 slot rows (Y16 false) the same bits as LILY_MOE_WG=3; Y16 writes P16's saturated fp16 slot
+// rows (a lane-pair exchange makes each store two consecutive columns). 214 KB of shared memory, one CTA per SM.
+struct RdCfg {
+  static constexpr int BM = 128, RW = 256, NCT = 512;
+  static constexpr int KB = 8;                        // 64-k blocks of K = 512
+  static constexpr int KS = 2, S = 4, SBS = 2;        // steps per stage, ring stages, scale-block slots
+  static constexpr int A_BLK = BM * 128;              // one 64-k block of the activations, swizzled (16 KB)
+  static constexpr int C_STEP = RW * 32;              // codes of one step (8 KB)
+  static constexpr int STAGE = KS * C_STEP;
+  static constexpr int OFF_RING = KB * A_BLK;
+  static constexpr int OFF_SB = OFF_RING + S * STAGE;               // [SBS][2 kinds][RW rows][8] bf16
+  static constexpr int OFF_GF = OFF_SB + SBS * 2 * RW * 16;         // [BM][16] fp16 group factors
+  static constexpr int OFF_RF = OFF_GF + BM * (kMaxGrpK / 64) * 2;  // [BM] f32 2^-(s_row + 8)
+  static constexpr int OFF_FAC = OFF_RF + BM * 4;                   // [BM] f32 epilogue factors (· routing weight)
+  static constexpr int OFF_DST = OFF_FAC + BM * 4;                  // [BM] destination slot rows
+  static constexpr int OFF_BAR = OFF_DST + BM * 4;                  // full[S], empty[S], a_full[KB]
+  static constexpr int BYTES = OFF_BAR + (2 * S + KB) * 8;
+  static constexpr int SMEM = BYTES + 1024;
+  static_assert(A_BLK % 1024 == 0 && OFF_RING % 1024 == 0 && STAGE % 1024 == 0, "swizzle atoms are 1024-aligned");
+  static_assert(KB % KS == 0 && S >= 3 && (S & (S - 1)) == 0, "ring");
+  // Slot b & 1 was last read by weight block b - 2 (stages up to SPB·b - SPB - 1); the first stage of block b waits
+  // for the release of stage SPB·b - S >= SPB·b - SPB - 1.
+  static_assert(S <= KB / KS + 1, "scale-block slots");
+  static_assert(SMEM <= 227 * 1024, "shared memory");
+};
+
+template <int NB, bool Y16>
+__global__ void __launch_bounds__(512, 1) gemm_moe_down_res_kernel(const __grid_constant__ GemmArgs a) {
+  using C = RdCfg;
+  constexpr int BM = C::BM, RW = C::RW, S = C::S, KS = C::KS, NCT = C::NCT, KB = C::KB, LEAD = S - 2;
+  constexpr int SPB = KB / KS;   // stages per weight block
+  constexpr int NST = NB * SPB;  // stages per CTA
+  static_assert(NST >= LEAD, "ring lead");
+  extern __shared__ __align__(1024) uint8_t rd_smem_raw[];
+  const uint32_t raw0 = smem_addr(rd_smem_raw);
+  const uint32_t pad = ((raw0 + 1023u) & ~1023u) - raw0;
+  uint8_t* smem = rd_smem_raw + pad;
+  const uint32_t sm0 = raw0 + pad;
+  uint16_t* sgf = reinterpret_cast<uint16_t*>(smem + C::OFF_GF);
+  float* srf = reinterpret_cast<float*>(smem + C::OFF_RF);
+  float* sfac = reinterpret_cast<float*>(smem + C::OFF_FAC);
+  int* sdst = reinterpret_cast<int*>(smem + C::OFF_DST);
+  const uint32_t bar_full = sm0 + C::OFF_BAR, bar_empty = bar_full + 8 * S, bar_a = bar_empty + 8 * S;
+
+  const int tid = threadIdx.x, by0 = blockIdx.x * NB;
+  pdl_trigger();
+  pdl_wait();
+  if (int(blockIdx.y) >= *a.n_tiles) return;
+  const int4 tl = a.tiles[blockIdx.y];
+  const int group = tl.x, pos0 = tl.y, rows = tl.z;
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(bar_full + 8 * s, NCT);
+      mbar_init(bar_empty + 8 * s, NCT);
+    }
+    for (int b = 0; b < KB; ++b) mbar_init(bar_a + 8 * b, NCT);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  mw_row_factors<BM, kAmF16Grp>(a, sgf, srf, tid, pos0, rows, a.K);
+  if (tid < BM) {   // mw_epilogue's scatter factors, once per tile: sc = srf · scale[pos], row dst[pos]
+    sfac[tid] = tid < rows ? srf[tid] * a.scale[pos0 + tid] : 0.f;
+    sdst[tid] = tid < rows ? a.dst[pos0 + tid] : 0;
+  }
+
+  // This thread's copies: activation chunks tid and tid + 512 of every 64-k block (rows tid / 8 and 64 + tid / 8),
+  // the code half (tid & 1) of weight row tid >> 1 of every step, and per weight block the scale (tid < 256) or
+  // bias (tid >= 256) block of row tid & 255.
+  bool aval[2], cval, bval;
+  const uint16_t* asrc[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) asrc[j] = mr_act_src(a, pos0, rows, tid + NCT * j, aval[j]);
+  const uint8_t* csrc;
+  const uint8_t* bsrc;
+  {
+    const uint8_t *sc, *bi, *cd;
+    mr_row_src<RW>(a, group, by0, tid >> 1, cval, csrc, sc, bi);
+    csrc += (tid & 1) * 16;
+    mr_row_src<RW>(a, group, by0, tid & 255, bval, cd, sc, bi);
+    bsrc = tid < 256 ? sc : bi;
+  }
+  const uint32_t xoff0 = swz(tid >> 3, tid & 7), xoff1 = swz((tid + NCT) >> 3, tid & 7);
+  const uint32_t coff = C::OFF_RING + (tid >> 1) * 32 + (tid & 1) * 16;
+  const uint32_t soff = C::OFF_SB + (tid >> 8) * (RW * 16) + (tid & 255) * 16;
+  constexpr int64_t kCodesPerBlock = int64_t(RW) * (KB * kBK / 2);   // bytes of one 256-row weight block's codes
+  constexpr int64_t kSbPerBlock = int64_t(RW) * KB * 2;              // bytes of its scales (or biases)
+  __syncthreads();   // barriers initialised, row factors written
+
+  auto issue_a = [&](int kb) {
+    const uint32_t d = sm0 + kb * C::A_BLK;
+    cp_async16(d + xoff0, asrc[0] + kb * kBK, aval[0]);
+    cp_async16(d + xoff1, asrc[1] + kb * kBK, aval[1]);
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar_a + 8 * kb) : "memory");
+  };
+  int iq = 0;   // next stage to issue (over the CTA's NB weight blocks)
+  auto issue2 = [&]() {
+    const int s = iq & (S - 1);
+    if (iq >= S) mr_wait(bar_empty + 8 * s, ((iq / S) + 1) & 1);
+    const int nb = iq / SPB, kq = iq % SPB;
+    const uint32_t st = sm0 + s * C::STAGE;
+    const uint8_t* cp = csrc + nb * kCodesPerBlock + kq * (KS * 32);
+#pragma unroll
+    for (int u = 0; u < KS; ++u) cp_async16(st + u * C::C_STEP + coff, cp + u * 32, cval);
+    if (kq == 0) cp_async16(sm0 + soff + (nb & 1) * (2 * RW * 16), bsrc + nb * kSbPerBlock, bval);
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar_full + 8 * s) : "memory");
+    ++iq;
+  };
+  // The first stages' activation blocks go first, then their codes; the rest of the activations after the lead.
+  for (int q = 0; q < LEAD; ++q) {
+#pragma unroll
+    for (int u = 0; u < KS; ++u) issue_a(q * KS + u);
+    issue2();
+  }
+  for (int kb = LEAD * KS; kb < KB; ++kb) issue_a(kb);
+
+  const int wgc = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int rowb = 64 * wgc + 16 * warp + g;
+  const uint32_t magic = 0x64006400u ^ (uint32_t(a.K) & 0x80000000u);   // P32: one LOP3 per pair
+  const uint8_t* crd = smem + C::OFF_RING + rowb * 32 + t * 8;
+  const uint8_t* srd = smem + C::OFF_SB + rowb * 16;
+  uint32_t af[2][2][4];   // [half][sub-step][fragment register]
+
+  auto mainloop = [&](auto ntag) {
+    constexpr int NT = decltype(ntag)::value;
+    float acc[NT / 2];
+    int kq = 0;   // stage being consumed
+    // One weight block: its SPB stages (the first block also scales the activation blocks as they land), then
+    // the scatter epilogue of its 256 columns.
+    auto block = [&](int nb) {
+#pragma unroll
+      for (int i = 0; i < NT / 2; ++i) acc[i] = 0.f;
+#pragma unroll 1
+      for (int kb0 = 0; kb0 < KB; kb0 += KS, ++kq) {
+        const int s = kq & (S - 1);
+        mr_wait(bar_full + 8 * s, (kq / S) & 1);
+        if (nb == 0) {
+#pragma unroll
+          for (int u = 0; u < KS; ++u) {
+            mr_wait(bar_a + 8 * (kb0 + u), 0);
+            uint8_t* xs = smem + (kb0 + u) * C::A_BLK;
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const int idx = tid + NCT * j, m = idx >> 3;
+              grp_scale_chunk(xs + swz(m, idx & 7), sgf, m, kb0 + u);
+            }
+          }
+          fence_proxy_async();
+          named_sync(1, NCT);
+        }
+#pragma unroll
+        for (int u = 0; u < KS; ++u) {
+          const int kg = kb0 + u;   // the 64-k block
+          uint2 wv[2];
+          __half2 sp, bq;
+          {
+            const uint8_t* cs = crd + s * C::STAGE + u * C::C_STEP;
+            wv[0] = *reinterpret_cast<const uint2*>(cs);
+            wv[1] = *reinterpret_cast<const uint2*>(cs + 256);
+            const uint16_t* sb = reinterpret_cast<const uint16_t*>(srd + (nb & 1) * (2 * RW * 16)) + kg;
+            const float s0 = __uint_as_float(uint32_t(sb[0]) << 16) * float(1 << kGemmF16WExp);
+            const float s1 = __uint_as_float(uint32_t(sb[64]) << 16) * float(1 << kGemmF16WExp);
+            const float b0 = __uint_as_float(uint32_t(sb[RW * 8]) << 16) * float(1 << kGemmF16WExp);
+            const float b1 = __uint_as_float(uint32_t(sb[RW * 8 + 64]) << 16) * float(1 << kGemmF16WExp);
+            sp = __floats2half2_rn(s0, s1);
+            bq = __floats2half2_rn(b0, b1);
+          }
+          const __half2 s0 = __low2half2(sp), s1 = __high2half2(sp), b0 = __low2half2(bq), b1 = __high2half2(bq);
+          const uint32_t dlo = uint32_t(wg_desc(sm0 + kg * C::A_BLK));
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            wg_wait<1>();   // half j of the previous step has retired: af[j] is free
+            wg_fence_regs<NT / 2>(acc);
+            mr_fence_u32<8>(&af[j][0][0]);
+            // All of stage kq - 1 retired (its last half is the previous step's half 1).
+            if (u == 0 && j == 1 && kq > 0) mbar_arrive(bar_empty + 8 * ((kq - 1) & (S - 1)));
+            const uint32_t w0 = j ? wv[0].y : wv[0].x, w1 = j ? wv[1].y : wv[1].x;
+#pragma unroll
+            for (int v = 0; v < 2; ++v) {
+              const int i = 2 * j + v;
+              af[j][v][0] = dq4_pair_odd<true>(w0, w0 >> 8, (2 * i) & 3, s0, b0, magic);
+              af[j][v][1] = dq4_pair_odd<true>(w1, w1 >> 8, (2 * i) & 3, s1, b1, magic);
+              af[j][v][2] = dq4_pair_odd<true>(w0, w0 >> 8, (2 * i + 1) & 3, s0, b0, magic);
+              af[j][v][3] = dq4_pair_odd<true>(w1, w1 >> 8, (2 * i + 1) & 3, s1, b1, magic);
+            }
+            mr_fence_u32<8>(&af[j][0][0]);
+            wg_fence();
+            wgmma_rs_tile<NT>(acc, af[j][0], wg_desc_lo(dlo + 2 * (2 * j)));
+            wgmma_rs_tile<NT>(acc, af[j][1], wg_desc_lo(dlo + 2 * (2 * j + 1)));
+            wg_commit();
+          }
+        }
+        if (iq < NST) issue2();   // stage kq + LEAD into the slot of stage kq - 2 (released during kq - 1)
+      }
+      wg_wait<0>();
+      wg_fence_regs<NT / 2>(acc);
+      mr_fence_u32<16>(&af[0][0][0]);
+      // Scatter: accumulator i is weight row 64·wgc + 16·warp + g + 8·((i >> 1) & 1) of this block, tile row
+      // 8·(i >> 2) + 2t + (i & 1); slot row dst[pos], value sfac[m] · acc (mw_epilogue's product).
+      const int n0 = (by0 + nb) * RW + 64 * wgc + 16 * warp + g;
+#pragma unroll
+      for (int jj = 0; jj < NT / 8; ++jj)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float v0 = acc[4 * jj + 2 * hh], v1 = acc[4 * jj + 2 * hh + 1];
+          const int m0 = 8 * jj + 2 * t, n = n0 + 8 * hh;
+          if constexpr (Y16) {
+            // Lanes g and g ^ 1 swap one value each: the even lane then holds columns n, n + 1 of row m0, the odd
+            // lane columns n - 1, n of row m0 + 1 (P16's fp16 pair store).
+            const float recv = __shfl_xor_sync(0xffffffffu, (g & 1) ? v0 : v1, 4);
+            const int m = m0 + (g & 1);
+            if (m < rows) {
+              const float sc = sfac[m];
+              const float lo = (g & 1) ? recv : v0, hi = (g & 1) ? v1 : recv;
+              __half* hrow = reinterpret_cast<__half*>(a.y) + int64_t(sdst[m]) * a.ldy;
+              *reinterpret_cast<__half2*>(hrow + (n & ~1)) = __halves2half2(sat_half(sc * lo), sat_half(sc * hi));
+            }
+          } else {
+            if (m0 < rows) a.y[int64_t(sdst[m0]) * a.ldy + n] = sfac[m0] * v0;
+            if (m0 + 1 < rows) a.y[int64_t(sdst[m0 + 1]) * a.ldy + n] = sfac[m0 + 1] * v1;
+          }
+        }
+    };
+    // One loop instance over the blocks: with block 0 (the scaling) as its own copy ahead of the loop, or the
+    // stage loop unrolled, ptxas serialised the wgmmas (C7511, "insufficient register resources").
+#pragma unroll 1
+    for (int nb = 0; nb < NB; ++nb) block(nb);
+  };
+  const int nt = a.var_n ? (rows + 31) / 32 * 32 : BM;
+  if (nt <= 32) mainloop(std::integral_constant<int, 32>{});
+  else if (nt <= 64) mainloop(std::integral_constant<int, 64>{});
+  else if (nt <= 96) mainloop(std::integral_constant<int, 96>{});
+  else mainloop(std::integral_constant<int, BM>{});
+}
+
 // Grid (weight-row blocks, worst-case tiles): the 256-row blocks of one tile run next to each
 // other (they share the tile's gathered activation rows in L2).
 template <int BM, int AM>
@@ -1009,8 +1252,33 @@ void launch_moe_rs4_t(const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t
   launch(gemm_moe_rs4_kernel<AM, P32, P34, P50, BM>, dim3(grid_n, max_tiles), dim3(C::NCT), size_t(C::SMEM), s, a);
   CUDA_LAUNCH_CHECK();
 }
-// mode 1: P14, mode 2: P15. bm: the tile list's M-tile (32 runs the 64 kernel, rows <= 32 of 64, unless P53 / P54
-// take it on the P34 kernel at M-tile 32).
+template <int NB, bool Y16>
+void launch_moe_down_res_t(const GemmArgs& a, int max_tiles, cudaStream_t s) {
+  static bool attr = false;
+  if (!attr) {
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_moe_down_res_kernel<NB, Y16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    RdCfg::SMEM));
+    attr = true;
+  }
+  launch(gemm_moe_down_res_kernel<NB, Y16>, dim3(a.N / (RdCfg::RW * NB), max_tiles), dim3(RdCfg::NCT),
+         size_t(RdCfg::SMEM), s, a);
+  CUDA_LAUNCH_CHECK();
+}
+// P55: the down GEMM at M-tile 128 with the activation tile resident, nb (2 or 4) weight blocks of 256 rows per CTA,
+// fp16 slot rows when y16. False where the shape is not the kernel's (K = 512, N a multiple of 256·nb).
+bool launch_moe_down_res(const GemmArgs& a, int max_tiles, int nb, bool y16, cudaStream_t s) {
+  if (a.K != RdCfg::KB * kBK || a.mode != kScatter || (nb != 2 && nb != 4) || a.N % (RdCfg::RW * nb) != 0) return false;
+  if (nb == 4) {
+    if (y16) launch_moe_down_res_t<4, true>(a, max_tiles, s);
+    else launch_moe_down_res_t<4, false>(a, max_tiles, s);
+  } else {
+    if (y16) launch_moe_down_res_t<2, true>(a, max_tiles, s);
+    else launch_moe_down_res_t<2, false>(a, max_tiles, s);
+  }
+  return true;
+}
+// mode 1: P14, mode 2: P15. bm: the tile list's M-tile (32 runs the 64 kernel, rows <= 32 of 64, unless P53
+// takes it on the P34 kernel at M-tile 32).
 // Returns false where the mode has no kernel for bm (P15 at 128 with P17 off: the caller runs gemm_kernel).
 bool launch_moe_wg(int mode, int am, int bm, const GemmArgs& a, int max_tiles, int grid_n, cudaStream_t s) {
   LILY_CHECK(a.K % kBK == 0 && a.K / kBK >= 1 && (am != kAmF16Grp || a.K <= kMaxGrpK), "gemm: P14/P15 shape");
@@ -1020,12 +1288,6 @@ bool launch_moe_wg(int mode, int am, int bm, const GemmArgs& a, int max_tiles, i
     if (bm == 32 && a.swiglu && am == kAmF16 && gemm_moe_p53() && gemm_moe_p18() && gemm_moe_p32() && gemm_moe_p34() &&
         gemm_moe_p50()) {
       launch_moe_rs4_t<kAmF16, true, true, true, 32>(a, max_tiles, a.N / 128, s);
-      return true;
-    }
-    // P54 (opt-in): the scatter (down) GEMM at M-tile 32 on the same kernel (fp16 activations with group exponents).
-    if (bm == 32 && !a.swiglu && am == kAmF16Grp && gemm_moe_p54() && gemm_moe_p18() && gemm_moe_p32() &&
-        gemm_moe_p34() && gemm_moe_p50()) {
-      launch_moe_rs4_t<kAmF16Grp, true, true, true, 32>(a, max_tiles, (a.N + 255) / 256, s);
       return true;
     }
     if (bm == 128) {   // P17: m64n128k16, 128 weight rows per CTA (one m64 block per consumer warpgroup)

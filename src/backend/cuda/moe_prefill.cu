@@ -290,6 +290,14 @@ static double p40_rows() {
   return r > 0 ? r : 8;
 }
 
+// P55: the expected rows per expert from which the down GEMM takes M-tile 128 on its resident-activation kernel
+// (LILY_P55_ROWS, read per call).
+static double p55_rows() {
+  const char* v = std::getenv("LILY_P55_ROWS");
+  const double r = v && *v ? std::atof(v) : 0;
+  return r > 0 ? r : 16;
+}
+
 // P53: the expected rows per expert below which the gate/up GEMM keeps M-tile 32 (LILY_P53_ROWS, read per call).
 static double p53_rows() {
   const char* v = std::getenv("LILY_P53_ROWS");
@@ -304,8 +312,8 @@ bool moe_prefill_p17(const MoeDev& m, bool f16) {
 
 int64_t moe_prefill_workspace_bytes(const MoeDev& m, int T) { return layout(m, T).total; }
 
-// P37 (opt-in): the router GEMM (E = 256 rows: 2 N tiles) with K in 4 slices, the top-k kernel adding them. From
-// T >= 2,048 at M-tile 128 (256 CTAs at T = 4,096 instead of 256 at M-tile 32; session 18: 2.12 vs 2.34 ms per 4K
+// P37 (default on since session 25: +2.1 to +5.8 % at 128-768 tokens): the router GEMM (E = 256 rows: 2 N tiles) with
+// K in 4 slices, the top-k kernel adding them. From T >= 2,048 at M-tile 128 (256 CTAs at T = 4,096 instead of 256 at M-tile 32; session 18: 2.12 vs 2.34 ms per 4K
 // prefill, end to end +-0.0 %); below, at M-tile 32, where unsplit it runs T / 32 x 2 CTAs (16 at 256 tokens: 1.28 of
 // a 256-token prefill's 20 ms in session 24). LILY_ROUTER_SPLIT / LILY_ROUTER_BM override (tuning aids).
 RouterSplit router_split(const MoeDev& m, int T, bool on) {
@@ -372,6 +380,8 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
                !(bm == 32 && gemm_moe_p53() && double(T) * m.K / m.E < p53_rows())) {
       bm = 128;
     }
+    if (!(v && *v) && bm == 128 && f16 && gemm_moe_p55() && gemm_moe_wg() == 2 && double(T) * m.K / m.E >= p55_rows())
+      bm_dn = 128;   // P55: the same tile list for both GEMMs
   }
   const int mt = max_tiles(m, T, bm);
   const bool split = bm_dn != bm;
