@@ -1168,7 +1168,7 @@ int run(const Options& o) {
           // P55 (opt-in): the down GEMM at M-tile 128 with the tile's activations resident, 2 and 4 weight blocks per
           // CTA: with P16 off (f32 slot rows) the same bits as P15's both-GEMMs form at M-tile 128 (y2 above); with
           // P16 on (fp16 slot rows) against the references.
-          for (const char* nb : {"2", "4"}) {
+          for (const char* nb : {"2", "4", "8"}) {
             setenv("LILY_P55_NB", nb, 1);
             moe_with("2", "128", "", "P55", e1, ee1);
             std::snprintf(b, sizeof b, "moe T=%-4d P55 (down, activations resident, %s blocks per CTA), P16 off", T, nb);
@@ -1177,10 +1177,22 @@ int run(const Options& o) {
             set_abl(on16);   // P16 on: fp16 slot rows
             int d = 0;
             run_moe_case(eref[1], eref32[1], d, e1, ee1);
-            std::snprintf(b, sizeof b, "moe T=%-4d P55 (%s blocks per CTA), P16 on, vs the references", T, nb);
-            tally.report(b, e1, ee1, "", 0, kEmuRmsBound);
+            const bool s16 = cuda_tools::last_moe_slot16(*gpu);
+            std::snprintf(b, sizeof b, "moe T=%-4d P55 (%s blocks per CTA), P16 on (%s slot rows), vs the references", T, nb,
+                          s16 ? "fp16" : "f32: WRONG");
+            if (!s16) ee1.finite = false;   // P55 with P16 must write fp16 slot rows
+            tally.report(b, e1, ee1, "", 0, s16 ? kEmuRmsMoeSlot16 : kEmuRmsBound);
           }
           unsetenv("LILY_P55_NB");
+          // P56 (opt-in): the tile lists reordered (full tiles first, the partial ones largest first) change no bit, with
+          // the automatic tiles (T = 1,024: gate/up at M-tile 128, the down GEMM on its own list at 64) and with P55.
+          for (const char* base : {"", "P55"}) {
+            moe_with("2", "", "", base, e0, ee0);
+            const std::vector<float> y3 = y;
+            moe_with("2", "", "", *base ? "P55,P56" : "P56", e1, ee1);
+            std::snprintf(b, sizeof b, "moe T=%-4d P56 (tile order)%s", T, *base ? " with P55" : "");
+            same_bits(y3, b, *base ? "P55 alone" : "the automatic tiles");
+          }
           if (try0.empty()) unsetenv("LILY_TRY");   // the loop's environment back
           else setenv("LILY_TRY", try0.c_str(), 1);
           set_abl(off0);

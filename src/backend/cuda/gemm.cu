@@ -1236,13 +1236,17 @@ bool g_moe_p53 = true;
 void gemm_set_moe_p53(bool on) { g_moe_p53 = on; }
 bool gemm_moe_p53() { return g_moe_p53; }
 // P55 (opt-in): the down GEMM at M-tile 128 with the tile's activations resident (gemm_moe_down_res_kernel), NB weight
-// blocks of 256 rows per CTA (LILY_P55_NB = 2 or 4, read per call; default 2).
+// blocks of 256 rows per CTA: 4, or 8 with P55n8 (LILY_P55_NB = 2 / 4 / 8 overrides, read per call).
 bool g_moe_p55 = false;
-void gemm_set_moe_p55(bool on) { g_moe_p55 = on; }
+int g_moe_p55_nb = 4;
+void gemm_set_moe_p55(bool on, int nb) {
+  g_moe_p55 = on;
+  g_moe_p55_nb = nb;
+}
 bool gemm_moe_p55() { return g_moe_p55; }
 static int p55_nb() {
-  const int v = env_int("LILY_P55_NB", 2);
-  return v == 4 ? 4 : 2;
+  const int v = env_int("LILY_P55_NB", g_moe_p55_nb);
+  return v == 2 || v == 8 ? v : 4;
 }
 // P38 (P34 kernel): each tile's wgmmas span its rows rounded up to 32 tokens instead of 128 (same bits).
 bool g_moe_p38 = true;

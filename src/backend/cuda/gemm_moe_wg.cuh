@@ -1264,11 +1264,15 @@ void launch_moe_down_res_t(const GemmArgs& a, int max_tiles, cudaStream_t s) {
          size_t(RdCfg::SMEM), s, a);
   CUDA_LAUNCH_CHECK();
 }
-// P55: the down GEMM at M-tile 128 with the activation tile resident, nb (2 or 4) weight blocks of 256 rows per CTA,
-// fp16 slot rows when y16. False where the shape is not the kernel's (K = 512, N a multiple of 256·nb).
+// P55: the down GEMM at M-tile 128 with the activation tile resident, nb (2, 4 or 8) weight blocks of 256 rows per
+// CTA, fp16 slot rows when y16. False where the shape is not the kernel's (K = 512, N a multiple of 256·nb).
 bool launch_moe_down_res(const GemmArgs& a, int max_tiles, int nb, bool y16, cudaStream_t s) {
-  if (a.K != RdCfg::KB * kBK || a.mode != kScatter || (nb != 2 && nb != 4) || a.N % (RdCfg::RW * nb) != 0) return false;
-  if (nb == 4) {
+  if (a.K != RdCfg::KB * kBK || a.mode != kScatter || (nb != 2 && nb != 4 && nb != 8) || a.N % (RdCfg::RW * nb) != 0)
+    return false;
+  if (nb == 8) {
+    if (y16) launch_moe_down_res_t<8, true>(a, max_tiles, s);
+    else launch_moe_down_res_t<8, false>(a, max_tiles, s);
+  } else if (nb == 4) {
     if (y16) launch_moe_down_res_t<4, true>(a, max_tiles, s);
     else launch_moe_down_res_t<4, false>(a, max_tiles, s);
   } else {

@@ -140,16 +140,21 @@ __global__ void moe_topk_kernel(const float* __restrict__ logits, int T, int E, 
 // One block of 512 threads: exclusive scans of the group sizes (E experts + the shared expert
 // with T rows) and of their tile counts; writes row offsets, resets the fill counters, writes the
 // tile list and its length.
+// P56 (full_first): the full tiles first (in group order), then each group's partial tile by rows, largest first
+// (ties by group): the grouped GEMMs' grids run tile-major, so the last wave holds the shortest CTAs instead of the
+// shared expert's full tiles (group E, last in group order). Same tiles, same rows per tile: the same bits.
 __global__ void __launch_bounds__(512) moe_plan_kernel(const int* counts, int E, int T, int bm, int* offsets,
-                                                       int* fill, int4* tiles, int* n_tiles) {
-  __shared__ int sc[512], st[512];
+                                                       int* fill, int4* tiles, int* n_tiles, int full_first) {
+  __shared__ int sc[512], st[512], sp[512];
   pdl_trigger();
   pdl_wait();
   const int tid = threadIdx.x;
   const int c = tid < E ? counts[tid] : tid == E ? T : 0;
-  const int nt = (c + bm - 1) / bm;
+  const int nt = full_first ? c / bm : (c + bm - 1) / bm;   // P56: full tiles only in this scan
+  const int part = c % bm;                                   // P56: the partial tile's rows (0: none)
   sc[tid] = c;
   st[tid] = nt;
+  sp[tid] = full_first ? part : 0;
   for (int off = 1; off < 512; off <<= 1) {
     __syncthreads();
     const int x = tid >= off ? sc[tid - off] : 0, y = tid >= off ? st[tid - off] : 0;
@@ -163,8 +168,18 @@ __global__ void __launch_bounds__(512) moe_plan_kernel(const int* counts, int E,
     offsets[tid] = off;
     fill[tid] = 0;
     for (int i = 0; i < nt; ++i) tiles[toff + i] = make_int4(tid, off + i * bm, min(bm, c - i * bm), 0);
+    if (full_first && part > 0) {
+      int rank = 0;   // partial tiles before this one: more rows, or as many rows and a lower group
+      for (int e = 0; e <= E; ++e) {
+        const int p = sp[e];
+        rank += p > part || (p == part && e < tid);
+      }
+      tiles[st[511] + rank] = make_int4(tid, off + nt * bm, part, 0);
+    }
   }
-  if (tid == 0) *n_tiles = st[511];
+  int np = 0;   // partial tiles (P56)
+  if (full_first) np = __syncthreads_count(tid <= E && part > 0);
+  if (tid == 0) *n_tiles = st[511] + np;
 }
 
 // Rows in group order: routed (t, k) at offsets[e] + arrival, shared-expert rows at T·K + t.
@@ -291,11 +306,12 @@ static double p40_rows() {
 }
 
 // P55: the expected rows per expert from which the down GEMM takes M-tile 128 on its resident-activation kernel
-// (LILY_P55_ROWS, read per call).
+// (LILY_P55_ROWS, read per call). Session 25 call 2: at 512 tokens (16 rows) -2.8 % with 2 weight blocks per CTA; at
+// 1K (32 rows) +0.8 % with 2, +2.2 % with 4.
 static double p55_rows() {
   const char* v = std::getenv("LILY_P55_ROWS");
   const double r = v && *v ? std::atof(v) : 0;
-  return r > 0 ? r : 16;
+  return r > 0 ? r : 32;
 }
 
 // P53: the expected rows per expert below which the gate/up GEMM keeps M-tile 32 (LILY_P53_ROWS, read per call).
@@ -419,14 +435,16 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
     if (o.host_routing) {
       host_plan(m, T, bm, w, l, s);
     } else {
-      launch(moe_plan_kernel, dim3(1), dim3(512), 0, s, counts, m.E, T, bm, offsets, fill, tiles, n_tiles);
+      launch(moe_plan_kernel, dim3(1), dim3(512), 0, s, counts, m.E, T, bm, offsets, fill, tiles, n_tiles,
+             o.tiles_full_first ? 1 : 0);
       CUDA_LAUNCH_CHECK();
       const int64_t R = routed + T;
       launch(moe_scatter_kernel, dim3(unsigned((R + 255) / 256)), dim3(256), 0, s, ids, wts, sg, T, m.K, offsets,
              fill, row_tok, row_dst, row_w);
       CUDA_LAUNCH_CHECK();
       if (split) {   // same offsets; resets fill, which the scatter is done with
-        launch(moe_plan_kernel, dim3(1), dim3(512), 0, s, counts, m.E, T, bm_dn, offsets, fill, tiles2, n_tiles2);
+        launch(moe_plan_kernel, dim3(1), dim3(512), 0, s, counts, m.E, T, bm_dn, offsets, fill, tiles2, n_tiles2,
+               o.tiles_full_first ? 1 : 0);
         CUDA_LAUNCH_CHECK();
       }
     }
