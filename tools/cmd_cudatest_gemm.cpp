@@ -1140,7 +1140,8 @@ int run(const Options& o) {
         if (tl == "128" && !host) {
           // The MoE block with LILY_MOE_WG, LILY_MOE_TILE, LILY_MOE_TILE_DOWN ("": unset) and LILY_TRY extended by
           // `tries` for one run; y holds its output, e / ee its errors against the references.
-          auto moe_with = [&](const char* wg, const char* tile, const char* tile_down, const char* tries, Err& e, Err& ee) {
+          auto moe_with = [&](const char* wg, const char* tile, const char* tile_down, const char* tries, Err& e, Err& ee,
+                              const std::vector<std::string>& also_off = {}) {
             setenv("LILY_MOE_WG", wg, 1);
             setenv("LILY_MOE_TILE", tile, 1);
             if (*tile_down) setenv("LILY_MOE_TILE_DOWN", tile_down, 1);
@@ -1148,7 +1149,9 @@ int run(const Options& o) {
             const std::string t = try0.empty() ? std::string(tries) : *tries ? try0 + "," + tries : try0;
             if (t.empty()) unsetenv("LILY_TRY");
             else setenv("LILY_TRY", t.c_str(), 1);
-            set_abl(off0);   // LILY_TRY is read when the switches are set
+            std::vector<std::string> off = off0;
+            off.insert(off.end(), also_off.begin(), also_off.end());
+            set_abl(off);   // LILY_TRY is read when the switches are set
             int d = 0;
             run_moe_case(eref[1], eref32[1], d, e, ee);
           };
@@ -1165,7 +1168,7 @@ int run(const Options& o) {
           // tile's rows rounded up to 32), f32 slot rows: P55 below must equal it bit for bit.
           moe_with("3", "128", "", "", e0, ee0);
           const std::vector<float> y2 = y;
-          // P55 (opt-in): the down GEMM at M-tile 128 with the tile's activations resident, 2 and 4 weight blocks per
+          // P55: the down GEMM at M-tile 128 with the tile's activations resident, 2, 4 and 8 weight blocks per
           // CTA: with P16 off (f32 slot rows) the same bits as P15's both-GEMMs form at M-tile 128 (y2 above); with
           // P16 on (fp16 slot rows) against the references.
           for (const char* nb : {"2", "4", "8"}) {
@@ -1184,15 +1187,27 @@ int run(const Options& o) {
             tally.report(b, e1, ee1, "", 0, s16 ? kEmuRmsMoeSlot16 : kEmuRmsBound);
           }
           unsetenv("LILY_P55_NB");
-          // P56 (opt-in): the tile lists reordered (full tiles first, the partial ones largest first) change no bit, with
-          // the automatic tiles (T = 1,024: gate/up at M-tile 128, the down GEMM on its own list at 64) and with P55.
-          for (const char* base : {"", "P55"}) {
-            moe_with("2", "", "", base, e0, ee0);
+          // P56: the tile lists reordered (full tiles first, the partial ones largest first) change no bit, with the
+          // automatic tiles (T = 1,024: both GEMMs at M-tile 128, the down GEMM on P55) and with P55 off (T = 1,024: the
+          // down GEMM on its own list at M-tile 64).
+          for (const bool p55 : {true, false}) {
+            const std::vector<std::string> off55 = p55 ? std::vector<std::string>{} : std::vector<std::string>{"P55"};
+            std::vector<std::string> off56 = off55;
+            off56.push_back("P56");
+            moe_with("2", "", "", "", e0, ee0, off56);
             const std::vector<float> y3 = y;
-            moe_with("2", "", "", *base ? "P55,P56" : "P56", e1, ee1);
-            std::snprintf(b, sizeof b, "moe T=%-4d P56 (tile order)%s", T, *base ? " with P55" : "");
-            same_bits(y3, b, *base ? "P55 alone" : "the automatic tiles");
+            moe_with("2", "", "", "", e1, ee1, off55);
+            std::snprintf(b, sizeof b, "moe T=%-4d P56 (tile order)%s", T, p55 ? "" : ", P55 off");
+            same_bits(y3, b, "P56 off");
           }
+          // P57 (opt-in, from 96 expected rows per expert; here from 1 row): the shared expert's tiles first, same bits.
+          setenv("LILY_P56_ROWS", "1", 1);
+          moe_with("2", "", "", "", e0, ee0);
+          const std::vector<float> y4 = y;
+          moe_with("2", "", "", "P57", e1, ee1);
+          std::snprintf(b, sizeof b, "moe T=%-4d P57 (shared expert's tiles first)", T);
+          same_bits(y4, b, "P57 off");
+          unsetenv("LILY_P56_ROWS");
           if (try0.empty()) unsetenv("LILY_TRY");   // the loop's environment back
           else setenv("LILY_TRY", try0.c_str(), 1);
           set_abl(off0);

@@ -673,7 +673,7 @@ class CudaBackend final : public Backend {
     gemm_set_moe_p48(!abl_.has("P48"));   // P48: the MoE down GEMM's loop without P39's checks for full warps
     gemm_set_moe_p50(!abl_.has("P50"));   // P50: the gate/up kernel's odd pairs unpacked in place
     gemm_set_moe_p53(!abl_.has("P53"));   // P53: short prompts' gate/up at M-tile 32 on a deeper ring
-    gemm_set_moe_p55(tried("P55"), tried("P55n8") ? 8 : 4);   // P55 (opt-in): the down GEMM, activations resident
+    gemm_set_moe_p55(!abl_.has("P55"), tried("P55n8") ? 8 : 4);   // P55: the down GEMM with its activations resident
     p42_ = !abl_.has("P42");   // P42: the prefill MoE's norm + conversion without its unread f32 x
     gdn_prep_wide_enabled() = !abl_.has("P41");   // P41: the GDN prefill prep a warp per head, float4 per lane
     moe_prefill_set_p40(!abl_.has("P40"));   // P40: the MoE gate/up at M-tile 128 (P34 + P38) from 8 expected rows
@@ -682,7 +682,8 @@ class CudaBackend final : public Backend {
     moe_lean_act_enabled() = !abl_.has("D63");   // D63: the MoE's down activations staged in fewer instructions
     d53_ = !abl_.has("D53");   // D53: the out-projection's router-row add loaded with x
     p37_ = !abl_.has("P37");   // P37: the prefill router GEMM with K in slices
-    p56_ = tried("P56");       // P56 (opt-in): the MoE tile list's full tiles first
+    p56_ = !abl_.has("P56");   // P56: the MoE tile lists' full tiles first (below 96 expected rows per expert)
+    p57_ = tried("P57");       // P57 (opt-in): from 96, the shared expert's tiles first
     moe_w0_pick_enabled() = !abl_.has("D50");   // D50: the MoE picks on warp 0 while x is staged
     gdn_push_enabled() = !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier
     gdn_s_late_enabled() = !abl_.has("D45");   // D45: D12's state written after its cluster barrier
@@ -1327,7 +1328,8 @@ class CudaBackend final : public Backend {
     o.sg_in_convert = !abl_.has("P19");   // P19: shared-expert gate in the router's operand conversion
     o.skip_x = p42_;                       // P42: no f32 x from that conversion (nothing reads it)
     o.router_split = p37_;                // P37: the router GEMM with K in 4 slices
-    o.tiles_full_first = p56_;            // P56 (opt-in): full tiles first, partial ones largest first
+    o.tiles_full_first = p56_;            // P56: full tiles first, partial ones largest first (short prompts)
+    o.tiles_shared_first = p57_;          // P57 (opt-in): the shared expert's tiles first (longer prompts)
     if (pn.h) o.pre_norm = {pn.h, pn.r, pn.w, pn.eps};   // P25 (x = pn.out)
     if (!profiling_ || capturing_) {
       timed("moe_prefill", 0, [&] { cuda::moe_prefill(m, x, T, out, ws, o, s_); });   // (skip= applies)
@@ -1366,7 +1368,8 @@ class CudaBackend final : public Backend {
   bool d53_ = true;   // D53
   bool p42_ = true;   // P42
   bool p37_ = true;   // P37: the router GEMM with K in slices
-  bool p56_ = false;  // P56 (opt-in): the MoE tile list's full tiles first, partial ones largest first
+  bool p56_ = true;   // P56: the MoE tile lists' full tiles first, partial ones largest first
+  bool p57_ = false;  // P57 (opt-in): the shared expert's tiles first
   struct {
     MoeDev m;
     int T;

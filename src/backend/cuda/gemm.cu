@@ -1235,9 +1235,9 @@ bool gemm_moe_p50() { return g_moe_p50; }
 bool g_moe_p53 = true;
 void gemm_set_moe_p53(bool on) { g_moe_p53 = on; }
 bool gemm_moe_p53() { return g_moe_p53; }
-// P55 (opt-in): the down GEMM at M-tile 128 with the tile's activations resident (gemm_moe_down_res_kernel), NB weight
-// blocks of 256 rows per CTA: 4, or 8 with P55n8 (LILY_P55_NB = 2 / 4 / 8 overrides, read per call).
-bool g_moe_p55 = false;
+// P55: the down GEMM at M-tile 128 with the tile's activations resident (gemm_moe_down_res_kernel), NB weight blocks of
+// 256 rows per CTA: 4, or 8 with P55n8 (LILY_TRY; LILY_P55_NB = 2 / 4 / 8 overrides, read per call).
+bool g_moe_p55 = true;
 int g_moe_p55_nb = 4;
 void gemm_set_moe_p55(bool on, int nb) {
   g_moe_p55 = on;

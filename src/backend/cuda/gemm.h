@@ -111,7 +111,7 @@ bool gemm_moe_p50();
 // Session 24 call 7: +14.4 % at 128 tokens, +2.9 % at 256, +0.4 % at 384.
 void gemm_set_moe_p53(bool on);
 bool gemm_moe_p53();
-// P55 (opt-in, LILY_TRY=P55): the prefill MoE's down GEMM at M-tile 128 (from LILY_P55_ROWS, default 32, expected rows
+// P55 (default on since session 25): the prefill MoE's down GEMM at M-tile 128 (from LILY_P55_ROWS, default 32, expected rows
 // per expert) on a register-A wgmma kernel whose tile activations (128 x 512 fp16) stay in shared memory while the CTA
 // streams nb (4; 8 with P55n8) blocks of 256 weight rows; fp16 slot rows as P16. With P16 off the same bits as the P15
 // "both" form at M-tile 128 (LILY_MOE_WG=3).
@@ -235,7 +235,9 @@ struct MoePrefillOpts {
   bool sg_in_convert = true;    // P19: the shared-expert gate's dot in the operand conversion (off: own GEMV)
   bool skip_x = false;          // P42 (with P19, P25): the f32 x, which no MoE kernel then reads, is not written
   bool router_split = false;    // P37: the router GEMM with K in slices (router_split())
-  bool tiles_full_first = false;   // P56: the tile list's full tiles first, the partial ones by rows, largest first
+  bool tiles_full_first = false;   // P56: below LILY_P56_ROWS (96) expected rows per expert the tile lists' full tiles
+                                   // first, the partial ones by rows, largest first
+  bool tiles_shared_first = false;   // P57 (opt-in): from there the shared expert's tiles first, then group order
   // P25: x is produced by this rmsnorm (not launched yet): the router stage's conversion runs it too
   // (gemm_rmsnorm_convert; h += r first when r is set). Unset: x is ready.
   struct PreNorm {
