@@ -235,9 +235,8 @@ struct MoePrefillOpts {
   bool sg_in_convert = true;    // P19: the shared-expert gate's dot in the operand conversion (off: own GEMV)
   bool skip_x = false;          // P42 (with P19, P25): the f32 x, which no MoE kernel then reads, is not written
   bool router_split = false;    // P37: the router GEMM with K in slices (router_split())
-  bool tiles_full_first = false;   // P56: below LILY_P56_ROWS (96) expected rows per expert the tile lists' full tiles
-                                   // first, the partial ones by rows, largest first
-  bool tiles_shared_first = false;   // P57 (opt-in): from there the shared expert's tiles first, then group order
+  bool tiles_full_first = false;   // P56: from 32 to below 96 expected rows per expert (LILY_P56_MIN_ROWS,
+                                   // LILY_P56_ROWS) the tile lists' full tiles first, the partial ones largest first
   // P25: x is produced by this rmsnorm (not launched yet): the router stage's conversion runs it too
   // (gemm_rmsnorm_convert; h += r first when r is set). Unset: x is ready.
   struct PreNorm {

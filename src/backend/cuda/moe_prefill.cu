@@ -140,14 +140,11 @@ __global__ void moe_topk_kernel(const float* __restrict__ logits, int T, int E, 
 // One block of 512 threads: exclusive scans of the group sizes (E experts + the shared expert
 // with T rows) and of their tile counts; writes row offsets, resets the fill counters, writes the
 // tile list and its length.
-// P56 (order 1, full_first): the full tiles first (in group order), then each group's partial tile by rows, largest
-// first (ties by group): the grouped GEMMs' grids run tile-major, so the last wave holds the shortest CTAs instead of
-// the shared expert's full tiles (group E, last in group order). P57 (order 2): group order with the shared expert's
-// tiles first (an expert's tiles stay next to each other, which P56 gives up). Same tiles, same rows per tile: the
-// same bits.
+// P56 (full_first): the full tiles first (in group order), then each group's partial tile by rows, largest first
+// (ties by group): the grouped GEMMs' grids run tile-major, so the last wave holds the shortest CTAs instead of the
+// shared expert's full tiles (group E, last in group order). Same tiles, same rows per tile: the same bits.
 __global__ void __launch_bounds__(512) moe_plan_kernel(const int* counts, int E, int T, int bm, int* offsets,
-                                                       int* fill, int4* tiles, int* n_tiles, int order) {
-  const bool full_first = order == 1;
+                                                       int* fill, int4* tiles, int* n_tiles, int full_first) {
   __shared__ int sc[512], st[512], sp[512];
   pdl_trigger();
   pdl_wait();
@@ -167,9 +164,7 @@ __global__ void __launch_bounds__(512) moe_plan_kernel(const int* counts, int E,
   }
   __syncthreads();
   if (tid <= E) {
-    const int ntE = (T + bm - 1) / bm;   // P57: group E's tiles (the shared expert: T rows) first
-    const int toff = order == 2 ? (tid == E ? 0 : st[tid] - nt + ntE) : st[tid] - nt;
-    const int off = sc[tid] - c;
+    const int off = sc[tid] - c, toff = st[tid] - nt;
     offsets[tid] = off;
     fill[tid] = 0;
     for (int i = 0; i < nt; ++i) tiles[toff + i] = make_int4(tid, off + i * bm, min(bm, c - i * bm), 0);
@@ -319,13 +314,15 @@ static double p55_rows() {
   return r > 0 ? r : 32;
 }
 
-// P56: the expected rows per expert below which the tile lists put their full tiles first (LILY_P56_ROWS, read per
-// call). Session 25 call 3: +3.6 % at 1K (32 rows), +1.5 % at 2K (64), -1.0 % at 4K (128: the gate/up GEMM 15.82 vs
-// 15.19 ms, an expert's partial tile no longer next to its full one, so its weights are read again from DRAM).
-static double p56_rows() {
+// P56: from LILY_P56_MIN_ROWS (default 32) to below LILY_P56_ROWS (default 96) expected rows per expert the tile
+// lists put their full tiles first (both read per call). Session 25 call 3: +3.6 % at 1K (32 rows), +1.5 % at 2K (64),
+// -1.0 % at 4K (128: the gate/up GEMM 15.82 vs 15.19 ms, an expert's partial tile no longer next to its full one, so
+// its weights are read again from DRAM); call 4: +2.2 % at 1K, +0.1 % at 2K, -0.4 % at 512 (16 rows).
+static bool p56_takes(double rows) {
   const char* v = std::getenv("LILY_P56_ROWS");
-  const double r = v && *v ? std::atof(v) : 0;
-  return r > 0 ? r : 96;
+  const char* vm = std::getenv("LILY_P56_MIN_ROWS");
+  const double hi = v && *v ? std::atof(v) : 96, lo = vm && *vm ? std::atof(vm) : 32;
+  return rows >= lo && rows < hi;
 }
 
 // P53: the expected rows per expert below which the gate/up GEMM keeps M-tile 32 (LILY_P53_ROWS, read per call).
@@ -440,9 +437,7 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
     }
   }
   if (o.stages & 2) {
-    // P56 below p56_rows() expected rows per expert, P57 (opt-in) from there.
-    const bool short_t = double(T) * m.K / m.E < p56_rows();
-    const int order = o.tiles_full_first && short_t ? 1 : o.tiles_shared_first && !short_t ? 2 : 0;
+    const bool full_first = o.tiles_full_first && p56_takes(double(T) * m.K / m.E);   // P56
     CUDA_CHECK(cudaMemsetAsync(counts, 0, 4 * (m.E + 1), s));
     const dim3 gt((T + 7) / 8), bt(256);
     const int64_t zs = int64_t(T) * m.E;
@@ -452,7 +447,8 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
     if (o.host_routing) {
       host_plan(m, T, bm, w, l, s);
     } else {
-      launch(moe_plan_kernel, dim3(1), dim3(512), 0, s, counts, m.E, T, bm, offsets, fill, tiles, n_tiles, order);
+      launch(moe_plan_kernel, dim3(1), dim3(512), 0, s, counts, m.E, T, bm, offsets, fill, tiles, n_tiles,
+             full_first ? 1 : 0);
       CUDA_LAUNCH_CHECK();
       const int64_t R = routed + T;
       launch(moe_scatter_kernel, dim3(unsigned((R + 255) / 256)), dim3(256), 0, s, ids, wts, sg, T, m.K, offsets,
@@ -460,7 +456,7 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
       CUDA_LAUNCH_CHECK();
       if (split) {   // same offsets; resets fill, which the scatter is done with
         launch(moe_plan_kernel, dim3(1), dim3(512), 0, s, counts, m.E, T, bm_dn, offsets, fill, tiles2, n_tiles2,
-               order);
+               full_first ? 1 : 0);
         CUDA_LAUNCH_CHECK();
       }
     }
