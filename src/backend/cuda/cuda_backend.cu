@@ -682,7 +682,7 @@ class CudaBackend final : public Backend {
     moe_lean_act_enabled() = !abl_.has("D63");   // D63: the MoE's down activations staged in fewer instructions
     d53_ = !abl_.has("D53");   // D53: the out-projection's router-row add loaded with x
     p37_ = !abl_.has("P37");   // P37: the prefill router GEMM with K in slices
-    p56_ = !abl_.has("P56");   // P56: the MoE tile lists' full tiles first (32 to 96 expected rows per expert)
+    p56_ = !abl_.has("P56");   // P56: the MoE tile lists' full tiles first (16 to 96 expected rows per expert)
     moe_w0_pick_enabled() = !abl_.has("D50");   // D50: the MoE picks on warp 0 while x is staged
     gdn_push_enabled() = !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier
     gdn_s_late_enabled() = !abl_.has("D45");   // D45: D12's state written after its cluster barrier
@@ -1327,7 +1327,7 @@ class CudaBackend final : public Backend {
     o.sg_in_convert = !abl_.has("P19");   // P19: shared-expert gate in the router's operand conversion
     o.skip_x = p42_;                       // P42: no f32 x from that conversion (nothing reads it)
     o.router_split = p37_;                // P37: the router GEMM with K in 4 slices
-    o.tiles_full_first = p56_;            // P56: full tiles first, partial ones largest first (1K-3K prompts)
+    o.tiles_full_first = p56_;            // P56: full tiles first, partial ones largest first (512-3K prompts)
     if (pn.h) o.pre_norm = {pn.h, pn.r, pn.w, pn.eps};   // P25 (x = pn.out)
     if (!profiling_ || capturing_) {
       timed("moe_prefill", 0, [&] { cuda::moe_prefill(m, x, T, out, ws, o, s_); });   // (skip= applies)

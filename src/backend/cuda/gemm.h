@@ -111,10 +111,10 @@ bool gemm_moe_p50();
 // Session 24 call 7: +14.4 % at 128 tokens, +2.9 % at 256, +0.4 % at 384.
 void gemm_set_moe_p53(bool on);
 bool gemm_moe_p53();
-// P55 (default on since session 25): the prefill MoE's down GEMM at M-tile 128 (from LILY_P55_ROWS, default 32, expected rows
-// per expert) on a register-A wgmma kernel whose tile activations (128 x 512 fp16) stay in shared memory while the CTA
-// streams nb (4; 8 with P55n8) blocks of 256 weight rows; fp16 slot rows as P16. With P16 off the same bits as the P15
-// "both" form at M-tile 128 (LILY_MOE_WG=3).
+// P55 (default on since session 25): the prefill MoE's down GEMM at M-tile 128 (from LILY_P55_ROWS, default 16,
+// expected rows per expert) on a register-A wgmma kernel whose tile activations (128 x 512 fp16) stay in shared memory
+// while the CTA streams nb (4; 8 with P55n8) blocks of 256 weight rows; fp16 slot rows as P16. With P16 off the same
+// bits as the P15 "both" form at M-tile 128 (LILY_MOE_WG=3). Session 25: +7.0 % prefill at 4K, +3.0 % at 512.
 void gemm_set_moe_p55(bool on, int nb);
 bool gemm_moe_p55();
 int gemm_small_n(int T);
@@ -235,7 +235,7 @@ struct MoePrefillOpts {
   bool sg_in_convert = true;    // P19: the shared-expert gate's dot in the operand conversion (off: own GEMV)
   bool skip_x = false;          // P42 (with P19, P25): the f32 x, which no MoE kernel then reads, is not written
   bool router_split = false;    // P37: the router GEMM with K in slices (router_split())
-  bool tiles_full_first = false;   // P56: from 32 to below 96 expected rows per expert (LILY_P56_MIN_ROWS,
+  bool tiles_full_first = false;   // P56: from 16 to below 96 expected rows per expert (LILY_P56_MIN_ROWS,
                                    // LILY_P56_ROWS) the tile lists' full tiles first, the partial ones largest first
   // P25: x is produced by this rmsnorm (not launched yet): the router stage's conversion runs it too
   // (gemm_rmsnorm_convert; h += r first when r is set). Unset: x is ready.

@@ -472,6 +472,22 @@ __device__ __forceinline__ void mr_row_src(const GemmArgs& a, int group, int by,
   bi = static_cast<const uint8_t*>(w.biases) + gsoff + c * (K / 64) * 2;
 }
 
+// The copy sources of thread tid of a 512-thread CTA over RW = 256 weight rows (column block by) and one tile (P18's
+// and P55's kernels): activation chunks tid and tid + NCT (rows tid / 8 and NCT / 8 + tid / 8) at k = 0, the code half
+// (tid & 1) of weight row tid >> 1, and the scale (tid < 256) or bias (tid >= 256) block of row tid & 255.
+template <int RW, int NCT>
+__device__ __forceinline__ void mr4_copy_srcs(const GemmArgs& a, int group, int by, int pos0, int rows, int tid,
+                                              const uint16_t* (&asrc)[2], bool (&aval)[2], const uint8_t*& csrc,
+                                              bool& cval, const uint8_t*& bsrc, bool& bval) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) asrc[j] = mr_act_src(a, pos0, rows, tid + NCT * j, aval[j]);
+  const uint8_t *sc, *bi, *cd;
+  mr_row_src<RW>(a, group, by, tid >> 1, cval, csrc, sc, bi);
+  csrc += (tid & 1) * 16;
+  mr_row_src<RW>(a, group, by, tid & 255, bval, cd, sc, bi);
+  bsrc = tid < 256 ? sc : bi;
+}
+
 // Consumers' entry to step kg: wait for its stage; for AM 2 scale its activation chunks by the down
 // GEMM's per-(row, group) factors (BM·8 / NCT per consumer thread, then a barrier of the NCT consumers
 // before any wgmma reads them). The proxy fence orders the cp.async-landed (and st.shared) data before
@@ -753,17 +769,9 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_const
   // tid >> 1, and every 8th step the scale (tid < 256) or bias (tid >= 256) block of row tid & 255.
   bool aval[2], cval, bval;
   const uint16_t* asrc[2];
-#pragma unroll
-  for (int j = 0; j < 2; ++j) asrc[j] = mr_act_src(a, pos0, rows, tid + NCT * j, aval[j]);
   const uint8_t* csrc;
   const uint8_t* bsrc;
-  {
-    const uint8_t *sc, *bi, *cd;
-    mr_row_src<RW>(a, group, by, tid >> 1, cval, csrc, sc, bi);
-    csrc += (tid & 1) * 16;
-    mr_row_src<RW>(a, group, by, tid & 255, bval, cd, sc, bi);
-    bsrc = tid < 256 ? sc : bi;
-  }
+  mr4_copy_srcs<RW, NCT>(a, group, by, pos0, rows, tid, asrc, aval, csrc, cval, bsrc, bval);
   const uint32_t xoff0 = swz(tid >> 3, tid & 7), xoff1 = swz((tid + NCT) >> 3, tid & 7);
   const uint32_t coff = C::X_BYTES + (tid >> 1) * 32 + (tid & 1) * 16;
   const uint32_t soff = C::OFF_SB + (tid >> 8) * (RW * 16) + (tid & 255) * 16;
@@ -1051,17 +1059,9 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_down_res_kernel(const __grid_
   // bias (tid >= 256) block of row tid & 255.
   bool aval[2], cval, bval;
   const uint16_t* asrc[2];
-#pragma unroll
-  for (int j = 0; j < 2; ++j) asrc[j] = mr_act_src(a, pos0, rows, tid + NCT * j, aval[j]);
   const uint8_t* csrc;
   const uint8_t* bsrc;
-  {
-    const uint8_t *sc, *bi, *cd;
-    mr_row_src<RW>(a, group, by0, tid >> 1, cval, csrc, sc, bi);
-    csrc += (tid & 1) * 16;
-    mr_row_src<RW>(a, group, by0, tid & 255, bval, cd, sc, bi);
-    bsrc = tid < 256 ? sc : bi;
-  }
+  mr4_copy_srcs<RW, NCT>(a, group, by0, pos0, rows, tid, asrc, aval, csrc, cval, bsrc, bval);
   const uint32_t xoff0 = swz(tid >> 3, tid & 7), xoff1 = swz((tid + NCT) >> 3, tid & 7);
   const uint32_t coff = C::OFF_RING + (tid >> 1) * 32 + (tid & 1) * 16;
   const uint32_t soff = C::OFF_SB + (tid >> 8) * (RW * 16) + (tid & 255) * 16;

@@ -298,39 +298,33 @@ void moe_prefill_set_p40(bool on) { g_p40 = on; }
 // The expected rows per expert from which the gate/up GEMM takes M-tile 128: 8 with P40 (T >= 256; tuning aid:
 // LILY_P40_ROWS, read per call; session 21 call 2: 8 gave +9.6 % at 256 over 16; from 512 tokens 4, 8 and 16
 // all choose M-tile 128), 128 without.
-static double p40_rows() {
-  if (!g_p40) return 128;
-  const char* v = std::getenv("LILY_P40_ROWS");
+// A positive number from the environment variable `name` (read per call), else `def`.
+static double env_rows(const char* name, double def) {
+  const char* v = std::getenv(name);
   const double r = v && *v ? std::atof(v) : 0;
-  return r > 0 ? r : 8;
+  return r > 0 ? r : def;
 }
+static double p40_rows() { return g_p40 ? env_rows("LILY_P40_ROWS", 8) : 128; }
 
 // P55: the expected rows per expert from which the down GEMM takes M-tile 128 on its resident-activation kernel
-// (LILY_P55_ROWS, read per call). Session 25 call 2: at 512 tokens (16 rows) -2.8 % with 2 weight blocks per CTA; at
-// 1K (32 rows) +0.8 % with 2, +2.2 % with 4.
-static double p55_rows() {
-  const char* v = std::getenv("LILY_P55_ROWS");
-  const double r = v && *v ? std::atof(v) : 0;
-  return r > 0 ? r : 32;
-}
+// (LILY_P55_ROWS, read per call). Session 25: at 512 tokens (16 rows) -2.8 % with 2 weight blocks per CTA (call 2),
+// +3.0 % with 4 (call 5); at 768 +3.0 % (call 5); at 1K (32 rows) +0.8 % with 2, +2.2 % with 4 (call 2). Below 16
+// rows the gate/up GEMM keeps M-tile 32 (P53), and P55 needs the M-tile 128 list.
+static double p55_rows() { return env_rows("LILY_P55_ROWS", 16); }
 
-// P56: from LILY_P56_MIN_ROWS (default 32) to below LILY_P56_ROWS (default 96) expected rows per expert the tile
+// P56: from LILY_P56_MIN_ROWS (default 16) to below LILY_P56_ROWS (default 96) expected rows per expert the tile
 // lists put their full tiles first (both read per call). Session 25 call 3: +3.6 % at 1K (32 rows), +1.5 % at 2K (64),
 // -1.0 % at 4K (128: the gate/up GEMM 15.82 vs 15.19 ms, an expert's partial tile no longer next to its full one, so
-// its weights are read again from DRAM); call 4: +2.2 % at 1K, +0.1 % at 2K, -0.4 % at 512 (16 rows).
+// its weights are read again from DRAM); call 4: +2.2 % at 1K, +0.1 % at 2K, -0.4 % at 512 (16 rows) without P55;
+// call 5, with P55 taken at 512: +4.1 % at 512, +1.6 % at 768.
 static bool p56_takes(double rows) {
-  const char* v = std::getenv("LILY_P56_ROWS");
-  const char* vm = std::getenv("LILY_P56_MIN_ROWS");
-  const double hi = v && *v ? std::atof(v) : 96, lo = vm && *vm ? std::atof(vm) : 32;
-  return rows >= lo && rows < hi;
+  const char* vm = std::getenv("LILY_P56_MIN_ROWS");   // may be 0
+  const double lo = vm && *vm ? std::atof(vm) : 16;
+  return rows >= lo && rows < env_rows("LILY_P56_ROWS", 96);
 }
 
 // P53: the expected rows per expert below which the gate/up GEMM keeps M-tile 32 (LILY_P53_ROWS, read per call).
-static double p53_rows() {
-  const char* v = std::getenv("LILY_P53_ROWS");
-  const double r = v && *v ? std::atof(v) : 0;
-  return r > 0 ? r : 16;
-}
+static double p53_rows() { return env_rows("LILY_P53_ROWS", 16); }
 
 bool moe_prefill_p17(const MoeDev& m, bool f16) {
   const int wg = gemm_moe_wg();
@@ -340,8 +334,8 @@ bool moe_prefill_p17(const MoeDev& m, bool f16) {
 int64_t moe_prefill_workspace_bytes(const MoeDev& m, int T) { return layout(m, T).total; }
 
 // P37 (default on since session 25: +2.1 to +5.8 % at 128-768 tokens): the router GEMM (E = 256 rows: 2 N tiles) with
-// K in 4 slices, the top-k kernel adding them. From T >= 2,048 at M-tile 128 (256 CTAs at T = 4,096 instead of 256 at M-tile 32; session 18: 2.12 vs 2.34 ms per 4K
-// prefill, end to end +-0.0 %); below, at M-tile 32, where unsplit it runs T / 32 x 2 CTAs (16 at 256 tokens: 1.28 of
+// K in 4 slices, the top-k kernel adding them. From T >= 2,048 at M-tile 128 (256 CTAs at T = 4,096 instead of 256 at
+// M-tile 32; session 18: 2.12 vs 2.34 ms per 4K prefill, end to end +-0.0 %); below, at M-tile 32, where unsplit it runs T / 32 x 2 CTAs (16 at 256 tokens: 1.28 of
 // a 256-token prefill's 20 ms in session 24). LILY_ROUTER_SPLIT / LILY_ROUTER_BM override (tuning aids).
 RouterSplit router_split(const MoeDev& m, int T, bool on) {
   RouterSplit r;
