@@ -1187,6 +1187,22 @@ int run(const Options& o) {
             tally.report(b, e1, ee1, "", 0, s16 ? kEmuRmsMoeSlot16 : kEmuRmsBound);
           }
           unsetenv("LILY_P55_NB");
+          // P58 (opt-in): P55's fp16 slot pairs by one cvt.rn.satfinite.f16x2.f32: the same bits as sat_half per value
+          // (4 and 8 weight blocks per CTA, P16 on).
+          for (const char* nb : {"4", "8"}) {
+            setenv("LILY_P55_NB", nb, 1);
+            int d = 0;
+            moe_with("2", "128", "", "", e0, ee0);   // the environment (LILY_TRY without P58), then P16 on:
+            set_abl({"P1w"});
+            run_moe_case(eref[1], eref32[1], d, e0, ee0);
+            const std::vector<float> y5 = y;
+            moe_with("2", "128", "", "P58", e1, ee1);
+            set_abl({"P1w"});
+            run_moe_case(eref[1], eref32[1], d, e1, ee1);
+            std::snprintf(b, sizeof b, "moe T=%-4d P58 (P55's fp16 pairs by satfinite, %s blocks per CTA)", T, nb);
+            same_bits(y5, b, "sat_half per value");
+          }
+          unsetenv("LILY_P55_NB");
           // P56: the tile lists reordered (full tiles first, the partial ones largest first) change no bit, with the
           // automatic tiles (T = 1,024: both GEMMs at M-tile 128, the down GEMM on P55) and with P55 off (T = 1,024: the
           // down GEMM on its own list at M-tile 64); taken here from 0 rows per expert (T = 16 and 200 too).

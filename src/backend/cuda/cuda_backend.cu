@@ -674,6 +674,7 @@ class CudaBackend final : public Backend {
     gemm_set_moe_p50(!abl_.has("P50"));   // P50: the gate/up kernel's odd pairs unpacked in place
     gemm_set_moe_p53(!abl_.has("P53"));   // P53: short prompts' gate/up at M-tile 32 on a deeper ring
     gemm_set_moe_p55(!abl_.has("P55"), tried("P55n8") ? 8 : 4);   // P55: the down GEMM with its activations resident
+    gemm_set_moe_p58(tried("P58"));   // P58 (opt-in): P55's fp16 pairs converted by one satfinite instruction
     p42_ = !abl_.has("P42");   // P42: the prefill MoE's norm + conversion without its unread f32 x
     gdn_prep_wide_enabled() = !abl_.has("P41");   // P41: the GDN prefill prep a warp per head, float4 per lane
     moe_prefill_set_p40(!abl_.has("P40"));   // P40: the MoE gate/up at M-tile 128 (P34 + P38) from 8 expected rows

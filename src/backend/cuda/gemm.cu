@@ -1244,6 +1244,9 @@ void gemm_set_moe_p55(bool on, int nb) {
   g_moe_p55_nb = nb;
 }
 bool gemm_moe_p55() { return g_moe_p55; }
+// P58 (opt-in): P55's fp16 slot rows converted by cvt.rn.satfinite.f16x2.f32, one instruction per pair (same values).
+bool g_moe_p58 = false;
+void gemm_set_moe_p58(bool on) { g_moe_p58 = on; }
 static int p55_nb() {
   const int v = env_int("LILY_P55_NB", g_moe_p55_nb);
   return v == 2 || v == 8 ? v : 4;
@@ -1770,7 +1773,7 @@ bool gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* 
   const int wg = gemm_moe_wg();   // 1: P14, 3: P15 (2: P15 for gate/up only, the down GEMM on gemm_kernel)
   if (am == kAmF16Grp && wg == 2 && bm == 128 && g_moe_p55) {   // P55: fp16 slot rows as P16 (f32 without it)
     const bool y16s = y16 && ldy % 2 == 0;
-    if (launch_moe_down_res(a, max_tiles, p55_nb(), y16s, s)) return y16s;
+    if (launch_moe_down_res(a, max_tiles, p55_nb(), y16s, g_moe_p58, s)) return y16s;
   }
   if (am == kAmF16Grp && (wg == 1 || wg == 3) &&
       launch_moe_wg(wg == 1 ? 1 : 2, am, bm, a, max_tiles, (a.N + kMwBN - 1) / kMwBN, s))

@@ -117,6 +117,10 @@ bool gemm_moe_p53();
 // bits as the P15 "both" form at M-tile 128 (LILY_MOE_WG=3). Session 25: +7.0 % prefill at 4K, +3.0 % at 512.
 void gemm_set_moe_p55(bool on, int nb);
 bool gemm_moe_p55();
+// P58 (opt-in, LILY_TRY=P58; written after session 25's device time, not run): P55's epilogue converts each pair of
+// fp16 slot values with one cvt.rn.satfinite.f16x2.f32 instead of sat_half per value (~5 instructions per store
+// fewer; the same values, NaN stays NaN). 4 and 8 weight blocks per CTA.
+void gemm_set_moe_p58(bool on);
 int gemm_small_n(int T);
 // gemm_ok(w) and w.rows >= gemm_small_n(T): the prefill matmul path for W at T tokens.
 bool gemm_takes(const QMat& w, int T);
