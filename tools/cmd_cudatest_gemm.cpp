@@ -1139,9 +1139,10 @@ int run(const Options& o) {
         }
         if (tl == "128" && !host) {
           // The MoE block with LILY_MOE_WG, LILY_MOE_TILE, LILY_MOE_TILE_DOWN ("": unset) and LILY_TRY extended by
-          // `tries` for one run; y holds its output, e / ee its errors against the references.
+          // `tries` for one run, the switches off0 and also_off off (with p16, P16 on); y holds its output, e / ee its
+          // errors against the references.
           auto moe_with = [&](const char* wg, const char* tile, const char* tile_down, const char* tries, Err& e, Err& ee,
-                              const std::vector<std::string>& also_off = {}) {
+                              const std::vector<std::string>& also_off = {}, bool p16 = false) {
             setenv("LILY_MOE_WG", wg, 1);
             setenv("LILY_MOE_TILE", tile, 1);
             if (*tile_down) setenv("LILY_MOE_TILE_DOWN", tile_down, 1);
@@ -1149,7 +1150,9 @@ int run(const Options& o) {
             const std::string t = try0.empty() ? std::string(tries) : *tries ? try0 + "," + tries : try0;
             if (t.empty()) unsetenv("LILY_TRY");
             else setenv("LILY_TRY", t.c_str(), 1);
-            std::vector<std::string> off = off0;
+            std::vector<std::string> off;
+            for (const std::string& id : off0)
+              if (!p16 || id != "P16") off.push_back(id);
             off.insert(off.end(), also_off.begin(), also_off.end());
             set_abl(off);   // LILY_TRY is read when the switches are set
             int d = 0;
@@ -1176,10 +1179,7 @@ int run(const Options& o) {
             moe_with("2", "128", "", "P55", e1, ee1);
             std::snprintf(b, sizeof b, "moe T=%-4d P55 (down, activations resident, %s blocks per CTA), P16 off", T, nb);
             same_bits(y2, b, "P15 both at M-tile 128");
-            std::vector<std::string> on16 = {"P1w"};
-            set_abl(on16);   // P16 on: fp16 slot rows
-            int d = 0;
-            run_moe_case(eref[1], eref32[1], d, e1, ee1);
+            moe_with("2", "128", "", "P55", e1, ee1, {}, true);   // P16 on: fp16 slot rows
             const bool s16 = cuda_tools::last_moe_slot16(*gpu);
             std::snprintf(b, sizeof b, "moe T=%-4d P55 (%s blocks per CTA), P16 on (%s slot rows), vs the references", T, nb,
                           s16 ? "fp16" : "f32: WRONG");
@@ -1191,14 +1191,9 @@ int run(const Options& o) {
           // (4 and 8 weight blocks per CTA, P16 on).
           for (const char* nb : {"4", "8"}) {
             setenv("LILY_P55_NB", nb, 1);
-            int d = 0;
-            moe_with("2", "128", "", "", e0, ee0);   // the environment (LILY_TRY without P58), then P16 on:
-            set_abl({"P1w"});
-            run_moe_case(eref[1], eref32[1], d, e0, ee0);
+            moe_with("2", "128", "", "", e0, ee0, {}, true);
             const std::vector<float> y5 = y;
-            moe_with("2", "128", "", "P58", e1, ee1);
-            set_abl({"P1w"});
-            run_moe_case(eref[1], eref32[1], d, e1, ee1);
+            moe_with("2", "128", "", "P58", e1, ee1, {}, true);
             std::snprintf(b, sizeof b, "moe T=%-4d P58 (P55's fp16 pairs by satfinite, %s blocks per CTA)", T, nb);
             same_bits(y5, b, "sat_half per value");
           }

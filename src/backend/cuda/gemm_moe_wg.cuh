@@ -734,7 +734,7 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_const
   using C = Rs4Cfg<P32, P34, BM>;
   static_assert(!P34 || P32, "P34 is a form of the P32 loop");
   static_assert(!P50 || P34, "P50: the P34 loop only");
-  static_assert(BM == 128 || (BM == 32 && P34), "P53: M-tile 32 on the P34 loop only");
+  static_assert(BM == 128 || (BM == 32 && P34 && AM == kAmF16), "P53: M-tile 32 on the P34 loop, gate/up only");
   constexpr int RW = C::RW, S = C::S, NCT = C::NCT, LEAD = S - 2;
   constexpr int XA = BM * 8 / NCT;   // activation chunks per thread: 2, or (P53) 0 with threads < BM * 8 copying one
   static_assert(AM == kAmF16 || AM == kAmF16Grp, "P18: fp16 operands only");
@@ -861,9 +861,9 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_rs4_kernel(const __grid_const
           for (int u = 0; u < KS; ++u) {
             uint8_t* xs = smem + s * C::STAGE + u * (BM * 128);
 #pragma unroll
-            for (int j = 0; j < (XA > 0 ? XA : 1); ++j) {
+            for (int j = 0; j < XA; ++j) {
               const int idx = tid + NCT * j, m = idx >> 3;
-              if (XA > 0 || idx < BM * 8) grp_scale_chunk(xs + swz(m, idx & 7), sgf, m, kq * KS + u);
+              grp_scale_chunk(xs + swz(m, idx & 7), sgf, m, kq * KS + u);
             }
           }
           fence_proxy_async();
