@@ -39,12 +39,14 @@ void gemm_moe_raw(int kernel, int bm, bool swiglu, const uint16_t* a, const floa
                   const void* codes2, const void* scales2, const void* biases2, const int* tiles, int n_tiles,
                   const int* dst, const float* scale, float* y, uint16_t* act, int8_t* act_exp);
 // backend/cuda/gemm.h: the P25 test entry (fused rmsnorm + conversion vs the two kernels), synchronous
-int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split, bool dot, unsigned seed);
+int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split, bool dot, unsigned seed,
+                                   int slots);
 // backend/cuda/gemm.h: the P30 test entry (segmented GEMM vs one output), synchronous
 int64_t gemm_segmented_probe(int T, int K, int nseg, const int* rows, unsigned seed);
 // backend/cuda/gemm.h: the P28 test entry (fused GDN gated norm + conversion vs the two kernels), synchronous
 int64_t gemm_gdn_norm_convert_probe(int nv, int T, bool f16, bool split, unsigned seed);
 double gemm_splitk_probe(int T, int N, int K, int ksplit, int bm, unsigned seed);
+int64_t gemm_accum_probe(int T, int N, int K, bool dequant, unsigned seed);
 }  // namespace lily::cuda
 #endif
 
@@ -761,13 +763,35 @@ int run(const Options& o) {
     // P25: the fused prefill rmsnorm + operand conversion must be bit-identical to rmsnorm followed by
     // gemm_convert_a (every output byte: h, the f32 rows, row scales, the P19 dot, fp16 / bf16 hi / lo).
     if (!p14)
-      for (const auto& cs : std::vector<std::array<int, 6>>{{2048, 1, 1, 1, 1, 1}, {2048, 37, 1, 1, 1, 1},
-                                                            {2048, 300, 0, 1, 0, 0}, {2048, 300, 1, 0, 1, 0},
-                                                            {4096, 64, 1, 1, 1, 1}, {1024, 5, 1, 1, 0, 1}}) {
-        const int64_t d = lily::cuda::gemm_rmsnorm_convert_probe(cs[0], cs[1], cs[2], cs[3], cs[4], cs[5], 7u + cs[1]);
+    // P59 (last element 1 / 2): the residual read from fp16 / f32 MoE slot rows against the combine stage first.
+    if (!p14)
+      for (const auto& cs : std::vector<std::array<int, 7>>{{2048, 1, 1, 1, 1, 1, 0}, {2048, 37, 1, 1, 1, 1, 0},
+                                                            {2048, 300, 0, 1, 0, 0, 0}, {2048, 300, 1, 0, 1, 0, 0},
+                                                            {4096, 64, 1, 1, 1, 1, 0}, {1024, 5, 1, 1, 0, 1, 0},
+                                                            {2048, 1, 1, 1, 0, 0, 1}, {2048, 37, 1, 1, 0, 0, 1},
+                                                            {2048, 300, 1, 1, 1, 1, 1}, {2048, 77, 1, 0, 1, 0, 2},
+                                                            {2048, 130, 1, 1, 0, 1, 2}, {1024, 5, 1, 1, 0, 0, 1}}) {
+        const int64_t d =
+            lily::cuda::gemm_rmsnorm_convert_probe(cs[0], cs[1], cs[2], cs[3], cs[4], cs[5], 7u + cs[1], cs[6]);
         char line[200];
-        std::snprintf(line, sizeof line, "%-4s P25 rmsnorm+convert n=%d T=%d add=%d f16=%d hi/lo=%d dot=%d: %lld bytes differ",
-                      d == 0 ? "PASS" : "FAIL", cs[0], cs[1], cs[2], cs[3], cs[4], cs[5], (long long)d);
+        std::snprintf(line, sizeof line,
+                      "%-4s P25 rmsnorm+convert n=%d T=%d add=%d f16=%d hi/lo=%d dot=%d%s: %lld bytes differ",
+                      d == 0 ? "PASS" : "FAIL", cs[0], cs[1], cs[2], cs[3], cs[4], cs[5],
+                      cs[6] == 1 ? " P59 fp16 slots" : cs[6] == 2 ? " P59 f32 slots" : "", (long long)d);
+        std::printf("%s\n", line);
+        (d == 0 ? tally.pass : tally.fail) += 1;
+        if (d != 0) tally.failed.push_back(line);
+      }
+    // P60: a GEMM accumulating into the residual == the store-mode GEMM followed by the f32 add, bit for bit
+    // (fused-dequant mma.sync kernels at short T, the 16-bit copy's wgmma / mma kernels with dequant).
+    if (!p14)
+      for (const auto& cs : std::vector<std::array<int, 4>>{{4096, 2048, 4096, 1}, {1000, 2048, 4096, 1},
+                                                            {300, 2048, 4096, 1}, {300, 2048, 4096, 0},
+                                                            {37, 2048, 4096, 0}, {16, 2048, 512, 0}, {130, 256, 2048, 1}}) {
+        const int64_t d = lily::cuda::gemm_accum_probe(cs[0], cs[1], cs[2], cs[3] != 0, 5u + cs[0]);
+        char line[200];
+        std::snprintf(line, sizeof line, "%-4s P60 gemm += (accumulate) T=%d N=%d K=%d %s: %lld values differ",
+                      d == 0 ? "PASS" : "FAIL", cs[0], cs[1], cs[2], cs[3] ? "16-bit copy" : "fused 4-bit", (long long)d);
         std::printf("%s\n", line);
         (d == 0 ? tally.pass : tally.fail) += 1;
         if (d != 0) tally.failed.push_back(line);
@@ -1185,17 +1209,6 @@ int run(const Options& o) {
                           s16 ? "fp16" : "f32: WRONG");
             if (!s16) ee1.finite = false;   // P55 with P16 must write fp16 slot rows
             tally.report(b, e1, ee1, "", 0, s16 ? kEmuRmsMoeSlot16 : kEmuRmsBound);
-          }
-          unsetenv("LILY_P55_NB");
-          // P58 (opt-in): P55's fp16 slot pairs by one cvt.rn.satfinite.f16x2.f32: the same bits as sat_half per value
-          // (4 and 8 weight blocks per CTA, P16 on).
-          for (const char* nb : {"4", "8"}) {
-            setenv("LILY_P55_NB", nb, 1);
-            moe_with("2", "128", "", "", e0, ee0, {}, true);
-            const std::vector<float> y5 = y;
-            moe_with("2", "128", "", "P58", e1, ee1, {}, true);
-            std::snprintf(b, sizeof b, "moe T=%-4d P58 (P55's fp16 pairs by satfinite, %s blocks per CTA)", T, nb);
-            same_bits(y5, b, "sat_half per value");
           }
           unsetenv("LILY_P55_NB");
           // P56: the tile lists reordered (full tiles first, the partial ones largest first) change no bit, with the

@@ -99,6 +99,16 @@ struct PendingGNorm {
   float* y = nullptr;
 };
 
+// P59 (prefill): the MoE's combine (its [T, H] output = Σ of its slot rows) not launched yet; the next
+// layer's P25 norm + conversion reads the slot rows instead of the output (gemm_rmsnorm_convert with slots,
+// bit-identical), anything else that needs the output, its workspace or the stream's order launches it
+// first (flush_comb).
+struct PendingComb {
+  cuda::MoeSlots sl{};
+  float* out = nullptr;
+  int H = 0;
+};
+
 // D9/D10 (decode): an MoE block held back until the next op, so that a following add(h, out)
 // becomes the down kernel's epilogue.
 struct PendingMoe {
@@ -183,6 +193,7 @@ class CudaBackend final : public Backend {
   }
   int32_t* alloc_i32(int64_t n) override { return static_cast<int32_t*>(alloc_bytes(n * 4)); }
   void free(void* p) override {
+    flush_comb();   // P59: it may write the buffer being freed
     drop_d39_folds(p);
     auto it = std::find(allocs_.begin(), allocs_.end(), p);
     if (it == allocs_.end()) return;
@@ -246,6 +257,7 @@ class CudaBackend final : public Backend {
         return;
       }
     }
+    flush_comb();   // P59: the norms below read the combine's output
     if (fold_norm_ && T == 1 && !pend_add_.h && w.n % 4 == 0 && x != out) {   // D9: left to the consumer
       pend_norm_ = {x, w.data, int(w.n), eps, out};
       return;
@@ -261,6 +273,7 @@ class CudaBackend final : public Backend {
   }
   void matmul(const QMatrix& W, const float* x, int T, float* y) override {
     d39_last_ = {};   // D39: an out-projection's logits are for the MoE right after it
+    if (pend_comb_.out && (x == pend_comb_.out || y == pend_comb_.out)) flush_comb();   // P59
     flush_moe();
     flush_add();
     const QMat q = to_qmat(W);
@@ -340,7 +353,23 @@ class CudaBackend final : public Backend {
         return;
       }
     }
-    flush();
+    // P60 (prefill): the add becomes the accumulate epilogue of the GEMM that produces r (h += x·Wᵀ, r unwritten),
+    // when nothing else in its batch touches h.
+    if (p60_ && pend_T_ >= gemm_min_t_ && !pend_.empty() && !pend_add_.h && h != r) {
+      GemvJob& j = pend_.back();
+      bool touches = j.y != r || j.acc || j.res || !gemm_takes(j.w, pend_T_) || n != int64_t(pend_T_) * j.w.rows ||
+                     mm_pn_.h == h || mm_pn_.out == h || mm_pn_.r == h || mm_gn_.y == h || mm_gn_.z == h ||
+                     mm_norm_.x == h || mm_norm_.out == h || pend_comb_.out == h;
+      for (const GemvJob& k : pend_) touches = touches || k.x == h || k.y == h || k.res == h;
+      if (!touches) {
+        j.y = h;
+        j.acc = true;
+        return;
+      }
+    }
+    // P59: an add of the held-back combine's output stays held back with it (the next norm may take both).
+    if (!(fuse_add_ && pend_comb_.out && r == pend_comb_.out && h != r)) flush_comb();
+    flush_rest();
     if (fuse_add_) {
       pend_add_ = {h, r, n};
       return;
@@ -418,6 +447,7 @@ class CudaBackend final : public Backend {
     });
   }
   void moe(const ModelConfig& c, const MoeWeights& w, const float* x, int T, float* out) override {
+    flush_comb();   // P59: the workspace is about to be reused
     flush_gn();
     flush_moe();
     flush_add();
@@ -674,7 +704,6 @@ class CudaBackend final : public Backend {
     gemm_set_moe_p50(!abl_.has("P50"));   // P50: the gate/up kernel's odd pairs unpacked in place
     gemm_set_moe_p53(!abl_.has("P53"));   // P53: short prompts' gate/up at M-tile 32 on a deeper ring
     gemm_set_moe_p55(!abl_.has("P55"), tried("P55n8") ? 8 : 4);   // P55: the down GEMM with its activations resident
-    gemm_set_moe_p58(tried("P58"));   // P58 (opt-in): P55's fp16 pairs converted by one satfinite instruction
     p42_ = !abl_.has("P42");   // P42: the prefill MoE's norm + conversion without its unread f32 x
     gdn_prep_wide_enabled() = !abl_.has("P41");   // P41: the GDN prefill prep a warp per head, float4 per lane
     moe_prefill_set_p40(!abl_.has("P40"));   // P40: the MoE gate/up at M-tile 128 (P34 + P38) from 8 expected rows
@@ -683,6 +712,8 @@ class CudaBackend final : public Backend {
     moe_lean_act_enabled() = !abl_.has("D63");   // D63: the MoE's down activations staged in fewer instructions
     d53_ = !abl_.has("D53");   // D53: the out-projection's router-row add loaded with x
     p37_ = !abl_.has("P37");   // P37: the prefill router GEMM with K in slices
+    p60_ = !abl_.has("P60");   // P60: the prefill residual add in the out-projection GEMM's epilogue
+    p59_ = !abl_.has("P59");   // P59: the prefill MoE combine folded into the next layer's norm + conversion
     p56_ = !abl_.has("P56");   // P56: the MoE tile lists' full tiles first (16 to 96 expected rows per expert)
     moe_w0_pick_enabled() = !abl_.has("D50");   // D50: the MoE picks on warp 0 while x is staged
     gdn_push_enabled() = !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier
@@ -979,6 +1010,7 @@ class CudaBackend final : public Backend {
   float* workspace(int64_t floats) {
     if (floats > ws_floats_) {
       LILY_CHECK(!capturing_, "cuda backend: workspace must grow before graph capture");
+      flush_comb();   // P59: its slot rows are in the old workspace
       if (ws_) free(ws_);
       ws_ = alloc(floats);
       ws_floats_ = floats;
@@ -1022,6 +1054,7 @@ class CudaBackend final : public Backend {
 
   void flush_add() {
     if (!pend_add_.h) return;
+    if (pend_add_.r == pend_comb_.out) flush_comb();
     PendingAdd p = pend_add_;
     pend_add_ = {};
     timed("add", 0, [&] { cuda::add(p.h, p.r, p.n, s_); });
@@ -1170,6 +1203,18 @@ class CudaBackend final : public Backend {
   }
 
   void flush() {
+    flush_rest();   // takes the combine where a batch's norm reads it, launches it where anything else does
+    flush_comb();
+  }
+  // P59: the held-back MoE combine, on its own.
+  void flush_comb() {
+    if (!pend_comb_.out) return;
+    const PendingComb p = pend_comb_;
+    pend_comb_ = {};
+    timed("moe_prefill.combine", 0, [&] { cuda::moe_prefill_combine(p.sl, p.H, p.out, s_); });
+  }
+  // Every held-back op but the combine.
+  void flush_rest() {
     flush_gn();
     flush_moe();
     flush_add();
@@ -1179,6 +1224,7 @@ class CudaBackend final : public Backend {
   }
   // P25: launch a held-back prefill rmsnorm on its own (its reader is not a GEMM conversion).
   void launch_pn(const PendingPNorm& p) {
+    if (p.r && p.r == pend_comb_.out) flush_comb();
     timed(p.r ? "add+rmsnorm" : "rmsnorm", 0,
           [&] { cuda::rmsnorm(p.h, p.r, p.w, p.n, p.T, p.eps, p.out, s_); });
   }
@@ -1227,6 +1273,8 @@ class CudaBackend final : public Backend {
         bytes += h + al(int64_t(T) * 4) + (split[i] ? 2 * h : 0);
       }
     char* ws = reinterpret_cast<char*>(workspace((bytes + wb_bytes) / 4 + 1));
+    // P59: a held-back combine whose slot rows this batch's buffers would overwrite goes first.
+    if (pend_comb_.out && static_cast<const char*>(pend_comb_.sl.p) < ws + bytes + wb_bytes) flush_comb();
     auto operand = [&](size_t f) {   // input f's conversion buffers
       const int64_t h = al(int64_t(T) * jobs[f].w.cols * 2), o = xoff[f];
       GemmA x;
@@ -1246,7 +1294,16 @@ class CudaBackend final : public Backend {
       mm_pn_ = {};
       for (size_t i = 0; i < jobs.size() && fused < 0; ++i)
         if (first[i] == int(i) && jobs[i].x == p.out && jobs[i].w.cols == p.n && p.T == T) fused = int(i);
-      if (fused >= 0) {
+      // P59: r is the held-back MoE combine's output: read from its slot rows instead (past this batch's buffers).
+      const bool comb = fused >= 0 && p.r && p.r == pend_comb_.out && pend_comb_.sl.T == T && pend_comb_.H == p.n;
+      if (comb) {
+        const GemmA x = operand(size_t(fused));
+        const cuda::MoeSlots sl = pend_comb_.sl;
+        pend_comb_ = {};
+        timed("gemm.combine+norm+convert", 0,
+              [&] { gemm_rmsnorm_convert(p.h, nullptr, p.w, p.n, T, p.eps, p.out, x, s_, nullptr, nullptr, &sl); });
+      } else if (fused >= 0) {
+        if (p.r && p.r == pend_comb_.out) flush_comb();
         const GemmA x = operand(size_t(fused));
         timed("gemm.norm+convert", 0,
               [&] { gemm_rmsnorm_convert(p.h, p.r, p.w, p.n, T, p.eps, p.out, x, s_); });
@@ -1283,7 +1340,7 @@ class CudaBackend final : public Backend {
       size_t e = i;
       int rows = 0;
       if (p30_ && f16 && !p1_off_)
-        while (e < jobs.size() && e - i < size_t(kGemmMaxSegs) && first[e] == f && dequant_first(jobs[e].w) &&
+        while (e < jobs.size() && e - i < size_t(kGemmMaxSegs) && first[e] == f && dequant_first(jobs[e].w) && !jobs[e].acc &&
                jobs[e].w.cols == j.w.cols && jobs[e].w.rows % 2 == 0)
           rows += jobs[e++].w.rows;
       if (e - i >= 2 && gemm_segmented_ok(T, rows, j.w.cols, f16)) {
@@ -1303,7 +1360,7 @@ class CudaBackend final : public Backend {
           continue;
         }
       }
-      const std::string shape = std::to_string(j.w.rows) + "x" + std::to_string(j.w.cols);
+      const std::string shape = std::to_string(j.w.rows) + "x" + std::to_string(j.w.cols) + (j.acc ? " +=" : "");
       uint16_t* wb = nullptr;
       if (dequant_first(j.w)) {
         wb = p1_off_ ? nullptr : kept_dequant(j.w, f16);   // P21
@@ -1313,7 +1370,7 @@ class CudaBackend final : public Backend {
         }
       }
       const double wbytes = double(j.w.rows) * j.w.cols * (j.w.type == kQ4 ? 0.5 : 1) + j.w.rows * (j.w.cols / 16.0);
-      timed("gemm " + shape, wbytes, [&] { gemm(j.w, x, T, j.y, j.w.rows, false, wb, 0, s_); });
+      timed("gemm " + shape, wbytes, [&] { gemm(j.w, x, T, j.y, j.w.rows, j.acc, wb, 0, s_); });
       ++i;
     }
   }
@@ -1330,18 +1387,26 @@ class CudaBackend final : public Backend {
     o.router_split = p37_;                // P37: the router GEMM with K in 4 slices
     o.tiles_full_first = p56_;            // P56: full tiles first, partial ones largest first (512-3K prompts)
     if (pn.h) o.pre_norm = {pn.h, pn.r, pn.w, pn.eps};   // P25 (x = pn.out)
+    // P59: the combine held back for the next norm (flush_comb launches it when anything else comes first).
+    const bool comb_later = p59_ && !skip_.size();
+    if (comb_later) o.stages &= ~16;
+    auto hold = [&] {
+      if (comb_later) pend_comb_ = {cuda::moe_prefill_slots(m, T, ws), out, m.H};
+    };
     if (!profiling_ || capturing_) {
       timed("moe_prefill", 0, [&] { cuda::moe_prefill(m, x, T, out, ws, o, s_); });   // (skip= applies)
+      hold();
       return true;
     }
     // The router stage timed in its three parts (same kernels, same order as stage bit 1).
     const char* names[7] = {"moe_prefill.router.convert", "moe_prefill.router.gemm", "moe_prefill.router.shared_gate",
                             "moe_prefill.route", "moe_prefill.gate_up", "moe_prefill.down", "moe_prefill.combine"};
     const int bits[7] = {32, 64, 128, 2, 4, 8, 16};
-    for (int i = 0; i < 7; ++i) {
+    for (int i = 0; i < (comb_later ? 6 : 7); ++i) {
       o.stages = bits[i];
       timed(names[i], 0, [&] { cuda::moe_prefill(m, x, T, out, ws, o, s_); });
     }
+    hold();
     return true;
   }
 
@@ -1368,6 +1433,9 @@ class CudaBackend final : public Backend {
   bool p42_ = true;   // P42
   bool p37_ = true;   // P37: the router GEMM with K in slices
   bool p56_ = true;   // P56: the MoE tile lists' full tiles first, partial ones largest first
+  bool p59_ = true;   // P59: the prefill MoE's combine read by the next norm from its slot rows
+  bool p60_ = true;   // P60: the prefill residual add as the producing GEMM's accumulate epilogue
+  PendingComb pend_comb_;
   struct {
     MoeDev m;
     int T;

@@ -644,4 +644,27 @@ inline int mma_k_split(int64_t tiles, int ng_gcd4, int want) {
   return ks;
 }
 
+// The prefill MoE's (token, slot) rows [T·K routed rows, then T shared-expert rows] of H values, f32 or (P16)
+// fp16, and their sum for token t at float4 index h4 (H4 = H / 4): the shared row, then the routed rows
+// k = 0..K-1 in order. One definition for moe_combine_kernel and P59's fused norm, so both add in the same order.
+__device__ __forceinline__ float4 slot4(const float4* s, int64_t i) { return s[i]; }
+__device__ __forceinline__ float4 slot4(const uint2* s, int64_t i) {
+  const uint2 u = s[i];
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+template <typename S>
+__device__ __forceinline__ float4 slot_sum4(const S* __restrict__ slot, int T, int K, int H4, int64_t t, int64_t h4) {
+  float4 v = slot4(slot, (int64_t(T) * K + t) * H4 + h4);
+  for (int k = 0; k < K; ++k) {
+    const float4 r = slot4(slot, (t * K + k) * H4 + h4);
+    v.x += r.x;
+    v.y += r.y;
+    v.z += r.z;
+    v.w += r.w;
+  }
+  return v;
+}
+
 }  // namespace lily::cuda

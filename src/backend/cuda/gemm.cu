@@ -24,6 +24,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <cstdlib>
 #include <cmath>
 #include <cstring>
@@ -865,13 +866,13 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
           float2* p = reinterpret_cast<float2*>(yrow + n);
           if (a.mode == kAccum) {
             const float2 o = *p;
-            *p = make_float2(o.x + v0, o.y + v1);
+            *p = make_float2(__fadd_rn(o.x, v0), __fadd_rn(o.y, v1));   // P60: no fma with the scaling
           } else {
             *p = make_float2(v0, v1);
           }
         } else {
-          if (n < a.N) yrow[n] = a.mode == kAccum ? yrow[n] + v0 : v0;
-          if (n + 1 < a.N) yrow[n + 1] = a.mode == kAccum ? yrow[n + 1] + v1 : v1;
+          if (n < a.N) yrow[n] = a.mode == kAccum ? __fadd_rn(yrow[n], v0) : v0;
+          if (n + 1 < a.N) yrow[n + 1] = a.mode == kAccum ? __fadd_rn(yrow[n + 1], v1) : v1;
         }
       }
     }
@@ -946,7 +947,12 @@ __global__ void __launch_bounds__(256) convert_a_kernel(const float* __restrict_
 // the two kernels (the P19 dot on threads 0-255 with convert_a_kernel's stride; the extra warps'
 // zero partials leave block_sum's result unchanged), so the outputs are bit-identical. `out` (the
 // f32 normalised rows) is still written for any other reader.
-__global__ void __launch_bounds__(1024) rmsnorm_convert_kernel(float* h, const float* r, const float* w, int n,
+// P59 (S = uint2 / float4, the fp16 / f32 slot rows): r is not read; the residual is the prefill MoE's
+// combine of `slot` (slot_sum4, moe_combine_kernel's order) for this row, so the MoE's [T, H] output is never
+// written. S = void: r (optional) as before.
+template <typename S>
+__global__ void __launch_bounds__(1024) rmsnorm_convert_kernel(float* h, const float* r, const S* slot, int sl_T,
+                                                               int sl_K, const float* w, int n,
                                                                float eps, float* out, int f16,
                                                                uint16_t* __restrict__ xa, float* __restrict__ rs,
                                                                uint16_t* __restrict__ xh, uint16_t* __restrict__ xl,
@@ -958,8 +964,10 @@ __global__ void __launch_bounds__(1024) rmsnorm_convert_kernel(float* h, const f
   const int tid = threadIdx.x;
   const int64_t row = blockIdx.x, base = row * n;
   float4 v = reinterpret_cast<const float4*>(h + base)[tid];
-  if (r) {
-    const float4 a = reinterpret_cast<const float4*>(r + base)[tid];
+  if (std::is_void_v<S> ? r != nullptr : true) {
+    float4 a;
+    if constexpr (std::is_void_v<S>) a = reinterpret_cast<const float4*>(r + base)[tid];
+    else a = slot_sum4(slot, sl_T, sl_K, n / 4, row, tid);
     v.x += a.x;
     v.y += a.y;
     v.z += a.z;
@@ -1244,9 +1252,6 @@ void gemm_set_moe_p55(bool on, int nb) {
   g_moe_p55_nb = nb;
 }
 bool gemm_moe_p55() { return g_moe_p55; }
-// P58 (opt-in): P55's fp16 slot rows converted by cvt.rn.satfinite.f16x2.f32, one instruction per pair (same values).
-bool g_moe_p58 = false;
-void gemm_set_moe_p58(bool on) { g_moe_p58 = on; }
 static int p55_nb() {
   const int v = env_int("LILY_P55_NB", g_moe_p55_nb);
   return v == 2 || v == 8 ? v : 4;
@@ -1343,14 +1348,21 @@ void gemm_convert_a(const float* x, int T, int K, const GemmA& o, cudaStream_t s
 bool gemm_rmsnorm_convert_ok(int n) { return n % 128 == 0 && n >= 1024 && n <= 4096; }
 
 void gemm_rmsnorm_convert(float* h, const float* r, const float* w, int n, int T, float eps, float* out,
-                          const GemmA& o, cudaStream_t s, const QMat* dot_w, float* dot_y) {
+                          const GemmA& o, cudaStream_t s, const QMat* dot_w, float* dot_y, const MoeSlots* slots) {
   LILY_CHECK(gemm_rmsnorm_convert_ok(n), "gemm_rmsnorm_convert: n must be a multiple of 128 in 1024..4096");
   LILY_CHECK(!o.f16 || (o.a && o.rs), "gemm_rmsnorm_convert: fp16 needs the row scales");
   LILY_CHECK(!dot_y || (dot_w && dot_w->rows == 1 && dot_w->cols == n), "gemm_rmsnorm_convert: the dot needs one row of n");
+  LILY_CHECK(!slots || (!r && slots->p && slots->T == T && slots->K > 0),
+             "gemm_rmsnorm_convert: the MoE slot rows replace r, for the same T rows");
   uint16_t* hi = o.f16 || !o.a ? const_cast<uint16_t*>(o.hi) : nullptr;   // as gemm_convert_a
-  launch(rmsnorm_convert_kernel, dim3(unsigned(T)), dim3(unsigned(n / 4)), 0, s, h, r, w, n, eps, out, int(o.f16),
-         const_cast<uint16_t*>(o.a), const_cast<float*>(o.rs), hi, const_cast<uint16_t*>(o.lo),
-         dot_y ? *dot_w : QMat{}, dot_y);
+  auto go = [&](auto kernel, const auto* sl) {
+    launch(kernel, dim3(unsigned(T)), dim3(unsigned(n / 4)), 0, s, h, r, sl, T, slots ? slots->K : 0, w, n, eps, out,
+           int(o.f16), const_cast<uint16_t*>(o.a), const_cast<float*>(o.rs), hi, const_cast<uint16_t*>(o.lo),
+           dot_y ? *dot_w : QMat{}, dot_y);
+  };
+  if (!slots) go(rmsnorm_convert_kernel<void>, static_cast<const void*>(nullptr));
+  else if (slots->f16) go(rmsnorm_convert_kernel<uint2>, static_cast<const uint2*>(slots->p));
+  else go(rmsnorm_convert_kernel<float4>, static_cast<const float4*>(slots->p));
   CUDA_LAUNCH_CHECK();
 }
 
@@ -1419,11 +1431,31 @@ int64_t conv_differ(const ConvOut& a, const ConvOut& b, int64_t tn, int T) {
 }
 }  // namespace
 
-int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split, bool dot, unsigned seed) {
+int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split, bool dot, unsigned seed, int slots) {
   ProbeBufs b(seed);
   const int64_t tn = int64_t(T) * n;
   const std::vector<float> h0 = b.randn(tn, 3.f);
   float* r = b.copy(b.randn(tn, 1.f));
+  // P59: the residual as the MoE combine of 8 + 1 slot rows per token (fp16 or f32); the reference runs the
+  // combine stage into r first, the fused kernel reads the slots.
+  MoeSlots sl;
+  if (slots) {
+    sl.f16 = slots == 1;
+    sl.T = T;
+    sl.K = 8;
+    const std::vector<float> v = b.randn(int64_t(T) * (sl.K + 1) * n, 0.4f);
+    if (sl.f16) {
+      std::vector<__half> hv(v.size());
+      for (size_t i = 0; i < v.size(); ++i) hv[i] = __float2half_rn(v[i]);
+      void* d = b.zeros(int64_t(hv.size()) * 2);
+      CUDA_CHECK(cudaMemcpy(d, hv.data(), hv.size() * 2, cudaMemcpyHostToDevice));
+      sl.p = d;
+    } else {
+      sl.p = b.copy(v);
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    add = true;
+  }
   float* w = b.copy(b.randn(n, 0.5f));
   QMat q;
   q.type = kF32;
@@ -1436,10 +1468,11 @@ int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split,
   const ConvOut c0(b, tn, T), c1(b, tn, T);
   cudaStream_t s;
   CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  if (slots) moe_prefill_combine(sl, n, r, s);
   rmsnorm(h[0], add ? r : nullptr, w, n, T, 1e-6f, out[0], s);
   gemm_convert_a(out[0], T, n, c0.operand(f16, split), s, dot ? &q : nullptr, dot ? dy[0] : nullptr);
-  gemm_rmsnorm_convert(h[1], add ? r : nullptr, w, n, T, 1e-6f, out[1], c1.operand(f16, split), s,
-                       dot ? &q : nullptr, dot ? dy[1] : nullptr);
+  gemm_rmsnorm_convert(h[1], add && !slots ? r : nullptr, w, n, T, 1e-6f, out[1], c1.operand(f16, split), s,
+                       dot ? &q : nullptr, dot ? dy[1] : nullptr, slots ? &sl : nullptr);
   CUDA_CHECK(cudaStreamSynchronize(s));
   CUDA_CHECK(cudaStreamDestroy(s));
   return bytes_differ(h[0], h[1], tn * 4) + bytes_differ(out[0], out[1], tn * 4) +
@@ -1500,6 +1533,62 @@ double gemm_splitk_probe(int T, int N, int K, int ksplit, int bm, unsigned seed)
     my = std::max(my, double(std::fabs(h1[size_t(i)])));
   }
   return my > 0 ? md / my : 1e30;
+}
+
+int64_t gemm_accum_probe(int T, int N, int K, bool dequant, unsigned seed) {
+  ProbeBufs b(seed);
+  std::vector<uint8_t> codes(size_t(N) * K / 2);
+  std::vector<uint16_t> sc(size_t(N) * (K / 64)), bi(sc.size());
+  std::uniform_int_distribution<int> ud(0, 255);
+  for (uint8_t& c : codes) c = uint8_t(ud(b.g));
+  auto bf = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  };
+  for (size_t i = 0; i < sc.size(); ++i) {
+    sc[i] = bf(0.01f * (1.f + 0.1f * b.nd(b.g)));
+    bi[i] = bf(-0.08f + 0.01f * b.nd(b.g));
+  }
+  QMat w;
+  w.type = kQ4;
+  w.rows = N;
+  w.cols = K;
+  w.gs = 64;
+  void* d = b.zeros(int64_t(codes.size()));
+  void* ds = b.zeros(int64_t(sc.size()) * 2);
+  void* db = b.zeros(int64_t(bi.size()) * 2);
+  CUDA_CHECK(cudaMemcpy(d, codes.data(), codes.size(), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(ds, sc.data(), sc.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(db, bi.data(), bi.size() * 2, cudaMemcpyHostToDevice));
+  w.data = d;
+  w.scales = ds;
+  w.biases = db;
+  const int64_t tk = int64_t(T) * K, tn = int64_t(T) * N;
+  float* x = b.copy(b.randn(tk, 1.f));
+  const std::vector<float> h0 = b.randn(tn, 2.f);
+  float* r = b.zeros_f(tn);
+  float* h = b.copy(h0);
+  const ConvOut c(b, tk, T);
+  uint16_t* wb = dequant ? static_cast<uint16_t*>(b.zeros(gemm_dequant_bytes(w))) : nullptr;
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const GemmA xa = c.operand(true, false);
+  gemm_convert_a(x, T, K, xa, s);
+  if (wb) gemm_dequant(w, true, wb, s);
+  gemm(w, xa, T, r, N, false, wb, 0, s);
+  gemm(w, xa, T, h, N, true, wb, 0, s);
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  CUDA_CHECK(cudaStreamDestroy(s));
+  std::vector<float> hr(static_cast<size_t>(tn)), ha(hr.size());
+  CUDA_CHECK(cudaMemcpy(hr.data(), r, hr.size() * 4, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(ha.data(), h, ha.size() * 4, cudaMemcpyDeviceToHost));
+  int64_t diff = 0;
+  for (size_t i = 0; i < hr.size(); ++i) {
+    const float want = h0[i] + hr[i];   // the add kernel's one f32 addition
+    diff += std::memcmp(&want, &ha[i], 4) != 0 || !std::isfinite(want);
+  }
+  return diff;
 }
 
 bool gemm_gdn_norm_convert_ok(int nv, int dv) {
@@ -1773,7 +1862,7 @@ bool gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* 
   const int wg = gemm_moe_wg();   // 1: P14, 3: P15 (2: P15 for gate/up only, the down GEMM on gemm_kernel)
   if (am == kAmF16Grp && wg == 2 && bm == 128 && g_moe_p55) {   // P55: fp16 slot rows as P16 (f32 without it)
     const bool y16s = y16 && ldy % 2 == 0;
-    if (launch_moe_down_res(a, max_tiles, p55_nb(), y16s, g_moe_p58, s)) return y16s;
+    if (launch_moe_down_res(a, max_tiles, p55_nb(), y16s, s)) return y16s;
   }
   if (am == kAmF16Grp && (wg == 1 || wg == 3) &&
       launch_moe_wg(wg == 1 ? 1 : 2, am, bm, a, max_tiles, (a.N + kMwBN - 1) / kMwBN, s))

@@ -117,10 +117,6 @@ bool gemm_moe_p53();
 // bits as the P15 "both" form at M-tile 128 (LILY_MOE_WG=3). Session 25: +7.0 % prefill at 4K, +3.0 % at 512.
 void gemm_set_moe_p55(bool on, int nb);
 bool gemm_moe_p55();
-// P58 (opt-in, LILY_TRY=P58; written after session 25's device time, not run): P55's epilogue converts each pair of
-// fp16 slot values with one cvt.rn.satfinite.f16x2.f32 instead of sat_half per value (~5 instructions per store
-// fewer; the same values, NaN stays NaN). 4 and 8 weight blocks per CTA.
-void gemm_set_moe_p58(bool on);
 int gemm_small_n(int T);
 // gemm_ok(w) and w.rows >= gemm_small_n(T): the prefill matmul path for W at T tokens.
 bool gemm_takes(const QMat& w, int T);
@@ -143,11 +139,21 @@ void gemm_convert_a(const float* x, int T, int K, const GemmA& o, cudaStream_t s
 // P25: h += r (r optional), out = rmsnorm(h) · w (out optional) and gemm_convert_a(out) in one kernel
 // per row, bit-identical to rmsnorm followed by gemm_convert_a; n % 128 == 0, 1024 <= n <= 4096 (_ok).
 bool gemm_rmsnorm_convert_ok(int n);
+// P59: `slots` (optional, r null) gives the residual as the prefill MoE's combine of its slot rows
+// (moe_prefill_slots; the same sums in the same order as its combine stage), which then need not run.
+struct MoeSlots {
+  const void* p = nullptr;   // [T·K routed rows, then T shared rows] × n, fp16 (f16) or f32
+  bool f16 = false;
+  int T = 0, K = 0;
+};
 void gemm_rmsnorm_convert(float* h, const float* r, const float* w, int n, int T, float eps, float* out,
-                          const GemmA& o, cudaStream_t s, const QMat* dot_w = nullptr, float* dot_y = nullptr);
+                          const GemmA& o, cudaStream_t s, const QMat* dot_w = nullptr, float* dot_y = nullptr,
+                          const MoeSlots* slots = nullptr);
 // P25 test entry (synchronous): the fused kernel against rmsnorm + gemm_convert_a on the same random
 // inputs; returns the number of differing bytes over h, out, rs, the dot, xa, xh, xl (0 = identical).
-int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split, bool dot, unsigned seed);
+// slots (P59): 1 / 2 = the residual from fp16 / f32 MoE slot rows (fused) against the combine stage + the two.
+int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split, bool dot, unsigned seed,
+                                   int slots = 0);
 // P28: the GDN output's gated RMSNorm (gdn_prefill_norm on the raw y [T, nv·128], z, w) and
 // gemm_convert_a of its result in one kernel per row, bit-identical to the two; y is only read, out
 // (optional) receives the f32 normalised rows. dv == 128, nv <= 8 or a multiple of 8 up to 32 (_ok).
@@ -181,6 +187,10 @@ void gemm(const QMat& w, const GemmA& x, int T, float* y, int64_t ldy, bool accu
           cudaStream_t s, int ksplit = 1);
 // P37 check: an 8-bit (router-shaped, N × K) GEMM of T rows in split precision with K cut into ksplit slices
 // (partials summed on the host) against the same GEMM unsplit: the largest |difference| over the largest |y|.
+// P60 test entry (synchronous): a 4-bit GEMM in accumulate mode onto random h against the store-mode GEMM
+// followed by h + y on the host; dequant: through the 16-bit weight copy (P8 / P13 kernels). Returns the
+// number of differing (or non-finite) values (0 = the same bits).
+int64_t gemm_accum_probe(int T, int N, int K, bool dequant, unsigned seed);
 double gemm_splitk_probe(int T, int N, int K, int ksplit, int bm, unsigned seed);
 // Test aid (P13): y[T, N] (row stride ldy) = rs[row]·2^-8 · a·bᵀ (or += when `accumulate`) on raw
 // fp16 device buffers a [T, K], b [N, K] (row-major, K % 64 == 0; any common column order), with
@@ -271,6 +281,11 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
                  cudaStream_t s);
 // Whether the last moe_prefill call's slot rows were fp16 (P16 taken; tests).
 bool moe_prefill_last_slot16();
+// P59: the slot rows of the last moe_prefill call that used `work` (its down stage has run; the combine stage,
+// bit 16, may be left out and done by gemm_rmsnorm_convert). Valid until `work` is reused.
+MoeSlots moe_prefill_slots(const MoeDev& m, int T, const void* work);
+// The combine stage alone on given slot rows: out [T, H] (tests).
+void moe_prefill_combine(const MoeSlots& sl, int H, float* out, cudaStream_t s);
 // Device pointer to the [T, K] expert ids of the last call that used `work` (tests).
 const int32_t* moe_prefill_ids(const MoeDev& m, int T, const void* work);
 

@@ -180,7 +180,7 @@ __device__ __forceinline__ void mw_epilogue(const GemmArgs& a, const float* acc0
           const int n = by * (64 * NH * NC) + 64 * NH * wgc + 64 * h + 16 * warp + 8 * hh + g;
           if (n >= a.N) continue;
           const float v = sc * (h ? acc1 : acc0)[4 * j + 2 * hh + e];
-          yrow[n] = a.mode == kAccum ? yrow[n] + v : v;
+          yrow[n] = a.mode == kAccum ? __fadd_rn(yrow[n], v) : v;
         }
     }
 }
@@ -1016,8 +1016,7 @@ struct RdCfg {
   static_assert(SMEM <= 227 * 1024, "shared memory");
 };
 
-// YM: 0 = f32 slot rows, 1 = fp16 (P16, sat_half per value), 2 = fp16 converted by one cvt.rn.satfinite.f16x2.f32
-// per pair (P58: the same values: round to nearest, anything beyond ±65504 clamped to it; a NaN stays a NaN).
+// YM: 0 = f32 slot rows, 1 = fp16 (P16, sat_half per value).
 template <int NB, int YM>
 __global__ void __launch_bounds__(512, 1) gemm_moe_down_res_kernel(const __grid_constant__ GemmArgs a) {
   using C = RdCfg;
@@ -1198,13 +1197,7 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_down_res_kernel(const __grid_
               const float sc = sfac[m];
               const float lo = (g & 1) ? recv : v0, hi = (g & 1) ? v1 : recv;
               __half* hrow = reinterpret_cast<__half*>(a.y) + int64_t(sdst[m]) * a.ldy;
-              if constexpr (YM == 2) {
-                uint32_t pr;
-                asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(pr) : "f"(sc * hi), "f"(sc * lo));
-                *reinterpret_cast<uint32_t*>(hrow + (n & ~1)) = pr;
-              } else {
-                *reinterpret_cast<__half2*>(hrow + (n & ~1)) = __halves2half2(sat_half(sc * lo), sat_half(sc * hi));
-              }
+              *reinterpret_cast<__half2*>(hrow + (n & ~1)) = __halves2half2(sat_half(sc * lo), sat_half(sc * hi));
             }
           } else {
             if (m0 < rows) a.y[int64_t(sdst[m0]) * a.ldy + n] = sfac[m0] * v0;
@@ -1274,22 +1267,18 @@ void launch_moe_down_res_t(const GemmArgs& a, int max_tiles, cudaStream_t s) {
   CUDA_LAUNCH_CHECK();
 }
 // P55: the down GEMM at M-tile 128 with the activation tile resident, nb (2, 4 or 8) weight blocks of 256 rows per
-// CTA, fp16 slot rows when y16 (P58, satfinite: their pairs converted by one instruction; 4 and 8 blocks only).
-// False where the shape is not the kernel's (K = 512, N a multiple of 256·nb).
-bool launch_moe_down_res(const GemmArgs& a, int max_tiles, int nb, bool y16, bool satfinite, cudaStream_t s) {
+// CTA, fp16 slot rows when y16. False where the shape is not the kernel's (K = 512, N a multiple of 256·nb).
+bool launch_moe_down_res(const GemmArgs& a, int max_tiles, int nb, bool y16, cudaStream_t s) {
   if (a.K != RdCfg::KB * kBK || a.mode != kScatter || (nb != 2 && nb != 4 && nb != 8) || a.N % (RdCfg::RW * nb) != 0)
     return false;
-  const int ym = !y16 ? 0 : satfinite && nb != 2 ? 2 : 1;
   if (nb == 8) {
-    if (ym == 2) launch_moe_down_res_t<8, 2>(a, max_tiles, s);
-    else if (ym == 1) launch_moe_down_res_t<8, 1>(a, max_tiles, s);
+    if (y16) launch_moe_down_res_t<8, 1>(a, max_tiles, s);
     else launch_moe_down_res_t<8, 0>(a, max_tiles, s);
   } else if (nb == 4) {
-    if (ym == 2) launch_moe_down_res_t<4, 2>(a, max_tiles, s);
-    else if (ym == 1) launch_moe_down_res_t<4, 1>(a, max_tiles, s);
+    if (y16) launch_moe_down_res_t<4, 1>(a, max_tiles, s);
     else launch_moe_down_res_t<4, 0>(a, max_tiles, s);
   } else {
-    if (ym == 1) launch_moe_down_res_t<2, 1>(a, max_tiles, s);
+    if (y16) launch_moe_down_res_t<2, 1>(a, max_tiles, s);
     else launch_moe_down_res_t<2, 0>(a, max_tiles, s);
   }
   return true;

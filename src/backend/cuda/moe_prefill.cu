@@ -204,30 +204,14 @@ __global__ void moe_scatter_kernel(const int32_t* __restrict__ ids, const float*
   }
 }
 
-// out[t] = shared row + Σ_k routed rows, in this fixed order. The slot rows are f32 or (P16) fp16.
-__device__ __forceinline__ float4 slot4(const float4* s, int64_t i) { return s[i]; }
-__device__ __forceinline__ float4 slot4(const uint2* s, int64_t i) {
-  const uint2 u = s[i];
-  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
-  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
-  return make_float4(a.x, a.y, b.x, b.y);
-}
+// out[t] = shared row + Σ_k routed rows, in this fixed order (slot_sum4). The slot rows are f32 or (P16) fp16.
 template <typename S>
 __global__ void moe_combine_kernel(const S* __restrict__ slot, int T, int K, int H4, float4* __restrict__ out) {
   pdl_trigger();
   pdl_wait();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(T) * H4) return;
-  const int64_t t = i / H4, h = i % H4;
-  float4 v = slot4(slot, (int64_t(T) * K + t) * H4 + h);
-  for (int k = 0; k < K; ++k) {
-    const float4 r = slot4(slot, (t * K + k) * H4 + h);
-    v.x += r.x;
-    v.y += r.y;
-    v.z += r.z;
-    v.w += r.w;
-  }
-  out[i] = v;
+  out[i] = slot_sum4(slot, T, K, H4, i / H4, i % H4);
 }
 bool g_last_slot16 = false;
 
@@ -357,6 +341,27 @@ const int32_t* moe_prefill_ids(const MoeDev& m, int T, const void* work) {
 
 bool moe_prefill_last_slot16() { return g_last_slot16; }
 
+MoeSlots moe_prefill_slots(const MoeDev& m, int T, const void* work) {
+  MoeSlots sl;
+  sl.p = static_cast<const char*>(work) + layout(m, T).slot;
+  sl.f16 = g_last_slot16;
+  sl.T = T;
+  sl.K = m.K;
+  return sl;
+}
+
+void moe_prefill_combine(const MoeSlots& sl, int H, float* out, cudaStream_t s) {
+  const int64_t n = int64_t(sl.T) * (H / 4);
+  const dim3 g(unsigned((n + 255) / 256)), b(256);
+  if (sl.f16)
+    launch(moe_combine_kernel<uint2>, g, b, 0, s, static_cast<const uint2*>(sl.p), sl.T, sl.K, H / 4,
+           reinterpret_cast<float4*>(out));
+  else
+    launch(moe_combine_kernel<float4>, g, b, 0, s, static_cast<const float4*>(sl.p), sl.T, sl.K, H / 4,
+           reinterpret_cast<float4*>(out));
+  CUDA_LAUNCH_CHECK();
+}
+
 void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work, const MoePrefillOpts& o,
                  cudaStream_t s) {
   LILY_CHECK(moe_prefill_ok(m), "moe_prefill: unsupported weights");
@@ -477,16 +482,7 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
                                          split ? max_tiles(m, T, bm_dn) : mt, bm_dn, row_dst, row_w, slot, m.H, s,
                                          o.slot16);
   }
-  if (o.stages & 16) {
-    const int64_t n = int64_t(T) * (m.H / 4);
-    if (g_last_slot16)
-      launch(moe_combine_kernel<uint2>, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s,
-             reinterpret_cast<const uint2*>(slot), T, m.K, m.H / 4, reinterpret_cast<float4*>(out));
-    else
-      launch(moe_combine_kernel<float4>, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s,
-             reinterpret_cast<const float4*>(slot), T, m.K, m.H / 4, reinterpret_cast<float4*>(out));
-    CUDA_LAUNCH_CHECK();
-  }
+  if (o.stages & 16) moe_prefill_combine(moe_prefill_slots(m, T, w), m.H, out, s);
 }
 
 }  // namespace lily::cuda
