@@ -353,20 +353,6 @@ class CudaBackend final : public Backend {
         return;
       }
     }
-    // P60 (prefill): the add becomes the accumulate epilogue of the GEMM that produces r (h += x·Wᵀ, r unwritten),
-    // when nothing else in its batch touches h.
-    if (p60_ && pend_T_ >= gemm_min_t_ && !pend_.empty() && !pend_add_.h && h != r) {
-      GemvJob& j = pend_.back();
-      bool touches = j.y != r || j.acc || j.res || !gemm_takes(j.w, pend_T_) || n != int64_t(pend_T_) * j.w.rows ||
-                     mm_pn_.h == h || mm_pn_.out == h || mm_pn_.r == h || mm_gn_.y == h || mm_gn_.z == h ||
-                     mm_norm_.x == h || mm_norm_.out == h || pend_comb_.out == h;
-      for (const GemvJob& k : pend_) touches = touches || k.x == h || k.y == h || k.res == h;
-      if (!touches) {
-        j.y = h;
-        j.acc = true;
-        return;
-      }
-    }
     // P59: an add of the held-back combine's output stays held back with it (the next norm may take both).
     if (!(fuse_add_ && pend_comb_.out && r == pend_comb_.out && h != r)) flush_comb();
     flush_rest();
@@ -712,7 +698,6 @@ class CudaBackend final : public Backend {
     moe_lean_act_enabled() = !abl_.has("D63");   // D63: the MoE's down activations staged in fewer instructions
     d53_ = !abl_.has("D53");   // D53: the out-projection's router-row add loaded with x
     p37_ = !abl_.has("P37");   // P37: the prefill router GEMM with K in slices
-    p60_ = !abl_.has("P60");   // P60: the prefill residual add in the out-projection GEMM's epilogue
     p59_ = !abl_.has("P59");   // P59: the prefill MoE combine folded into the next layer's norm + conversion
     p56_ = !abl_.has("P56");   // P56: the MoE tile lists' full tiles first (16 to 96 expected rows per expert)
     moe_w0_pick_enabled() = !abl_.has("D50");   // D50: the MoE picks on warp 0 while x is staged
@@ -1340,7 +1325,7 @@ class CudaBackend final : public Backend {
       size_t e = i;
       int rows = 0;
       if (p30_ && f16 && !p1_off_)
-        while (e < jobs.size() && e - i < size_t(kGemmMaxSegs) && first[e] == f && dequant_first(jobs[e].w) && !jobs[e].acc &&
+        while (e < jobs.size() && e - i < size_t(kGemmMaxSegs) && first[e] == f && dequant_first(jobs[e].w) &&
                jobs[e].w.cols == j.w.cols && jobs[e].w.rows % 2 == 0)
           rows += jobs[e++].w.rows;
       if (e - i >= 2 && gemm_segmented_ok(T, rows, j.w.cols, f16)) {
@@ -1360,7 +1345,7 @@ class CudaBackend final : public Backend {
           continue;
         }
       }
-      const std::string shape = std::to_string(j.w.rows) + "x" + std::to_string(j.w.cols) + (j.acc ? " +=" : "");
+      const std::string shape = std::to_string(j.w.rows) + "x" + std::to_string(j.w.cols);
       uint16_t* wb = nullptr;
       if (dequant_first(j.w)) {
         wb = p1_off_ ? nullptr : kept_dequant(j.w, f16);   // P21
@@ -1370,7 +1355,7 @@ class CudaBackend final : public Backend {
         }
       }
       const double wbytes = double(j.w.rows) * j.w.cols * (j.w.type == kQ4 ? 0.5 : 1) + j.w.rows * (j.w.cols / 16.0);
-      timed("gemm " + shape, wbytes, [&] { gemm(j.w, x, T, j.y, j.w.rows, j.acc, wb, 0, s_); });
+      timed("gemm " + shape, wbytes, [&] { gemm(j.w, x, T, j.y, j.w.rows, false, wb, 0, s_); });
       ++i;
     }
   }
@@ -1434,7 +1419,6 @@ class CudaBackend final : public Backend {
   bool p37_ = true;   // P37: the router GEMM with K in slices
   bool p56_ = true;   // P56: the MoE tile lists' full tiles first, partial ones largest first
   bool p59_ = true;   // P59: the prefill MoE's combine read by the next norm from its slot rows
-  bool p60_ = true;   // P60: the prefill residual add as the producing GEMM's accumulate epilogue
   PendingComb pend_comb_;
   struct {
     MoeDev m;

@@ -18,7 +18,6 @@ struct GemvJob {
   const float* x = nullptr;   // [T, w.cols]
   float* y = nullptr;         // [T, w.rows]
   float* res = nullptr;       // D9: also res += y (residual add folded into the epilogue); rows == H
-  bool acc = false;           // P60 (prefill GEMM only): y += x·Wᵀ (y is the residual; no separate output)
 };
 // D9, decode: the RMSNorm that produces the jobs' common x, folded into their staging. Every CTA
 // stages g ⊙ h and Σh² itself and scales its dot products by rsqrt(mean h² + eps) (the norm is a

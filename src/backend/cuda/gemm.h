@@ -187,10 +187,6 @@ void gemm(const QMat& w, const GemmA& x, int T, float* y, int64_t ldy, bool accu
           cudaStream_t s, int ksplit = 1);
 // P37 check: an 8-bit (router-shaped, N × K) GEMM of T rows in split precision with K cut into ksplit slices
 // (partials summed on the host) against the same GEMM unsplit: the largest |difference| over the largest |y|.
-// P60 test entry (synchronous): a 4-bit GEMM in accumulate mode onto random h against the store-mode GEMM
-// followed by h + y on the host; dequant: through the 16-bit weight copy (P8 / P13 kernels). Returns the
-// number of differing (or non-finite) values (0 = the same bits).
-int64_t gemm_accum_probe(int T, int N, int K, bool dequant, unsigned seed);
 double gemm_splitk_probe(int T, int N, int K, int ksplit, int bm, unsigned seed);
 // Test aid (P13): y[T, N] (row stride ldy) = rs[row]·2^-8 · a·bᵀ (or += when `accumulate`) on raw
 // fp16 device buffers a [T, K], b [N, K] (row-major, K % 64 == 0; any common column order), with

@@ -180,7 +180,7 @@ __device__ __forceinline__ void mw_epilogue(const GemmArgs& a, const float* acc0
           const int n = by * (64 * NH * NC) + 64 * NH * wgc + 64 * h + 16 * warp + 8 * hh + g;
           if (n >= a.N) continue;
           const float v = sc * (h ? acc1 : acc0)[4 * j + 2 * hh + e];
-          yrow[n] = a.mode == kAccum ? __fadd_rn(yrow[n], v) : v;
+          yrow[n] = a.mode == kAccum ? yrow[n] + v : v;
         }
     }
 }

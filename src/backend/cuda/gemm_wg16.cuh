@@ -237,13 +237,13 @@ __global__ void __launch_bounds__(kW16Threads, 1)
           float2* p = reinterpret_cast<float2*>(yrow + col);
           if (a.mode == kAccum) {
             const float2 o = *p;
-            *p = make_float2(__fadd_rn(o.x, v0), __fadd_rn(o.y, v1));   // P60: no fma with the scaling
+            *p = make_float2(o.x + v0, o.y + v1);
           } else {
             *p = make_float2(v0, v1);
           }
         } else {
-          if (n < N) yrow[col] = a.mode == kAccum ? __fadd_rn(yrow[col], v0) : v0;
-          if (n + 1 < N) yrow[col + 1] = a.mode == kAccum ? __fadd_rn(yrow[col + 1], v1) : v1;
+          if (n < N) yrow[col] = a.mode == kAccum ? yrow[col] + v0 : v0;
+          if (n + 1 < N) yrow[col + 1] = a.mode == kAccum ? yrow[col + 1] + v1 : v1;
         }
       }
     }

@@ -338,7 +338,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_wgmma_kernel(const __grid_
         const int n = blockIdx.y * kBN + wgc * 64 + warp * 16 + 8 * h + g;
         if (n >= a.N) continue;
         const float v = sc * acc[4 * j + 2 * h + e];
-        yrow[n] = a.mode == kAccum ? __fadd_rn(yrow[n], v) : v;
+        yrow[n] = a.mode == kAccum ? yrow[n] + v : v;
       }
     }
 }
