@@ -342,8 +342,6 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                    {"kv16 flash WG2 (S,PV)", {}, "0", "16", 1, "", "1", "0", "0", "0", "2"},
                                    {"kv16 all T, WG2", {}, "0", "1", 1, "", "1", "0", "0", "0", "2"},
                                    {"kv16 flash WG2, P33 off", {"P33"}, "0", "16", 1, "", "1", "0", "0", "0", "2"},
-                                   {"kv16 flash WG2, P61 off", {"P61"}, "0", "16", 1, "", "1", "0", "0", "0", "2"},
-                                   {"kv16 all T, WG2 P61 off", {"P61"}, "0", "1", 1, "", "1", "0", "0", "0", "2"},
                                    // Expected to FAIL when WG2 passes: V's N-major descriptor with LBO and
                                    // SBO exchanged, so that one run tells which reading holds.
                                    {"diag WG3 (LBO<->SBO)", {}, "0", "16", 1, "", "1", "0", "0", "0", "3", true},
@@ -613,14 +611,13 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed, const std::stri
                                      {"kv16 mma64", {}, "0", "16", 1, "", "1", "0", "0", "0", "0"},
                                      {"kv16 WG1", {}, "0", "16", 1, "", "1", "0", "0", "0", "1"},
                                      {"kv16 WG2", {}, "0", "16", 1, "", "1", "0", "0", "0", "2"},
-                                     {"kv16 WG2 P61off", {"P61"}, "0", "16", 1, "", "1", "0", "0", "0", "2"},
                                      {"kv32", {"D18"}, "0", "16", 1},
                                      {"kv32 P12off", {"D18", "P12"}, "0", "16", 1},
                                      {"flash32", {"D18"}, "0", "16", 1, "", "0"},
                                      {"bf16", {"D18"}, "0", "16", 2, "", "1", "1"},
                                      {"P6 off", {"P6"}}};
     for (int pos0 : {0, 28672, 126976}) {
-      double ms_new = 0, ms_old = 0, ms_m64 = 0, ms_qreg = 0, ms_wg1 = 0, ms_wg2 = 0, ms_wg2np = 0;
+      double ms_new = 0, ms_old = 0, ms_m64 = 0, ms_qreg = 0, ms_wg1 = 0, ms_wg2 = 0;
       for (const Variant& var : av) {
         const bool kv16_pair = var.name.rfind("kv16", 0) == 0;
         if (!kv16_pair && pos0 > 0) continue;
@@ -637,11 +634,10 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed, const std::stri
         if (var.name == "kv16 mma64") ms_m64 = ms;
         if (var.name == "kv16 WG1") ms_wg1 = ms;
         if (var.name == "kv16 WG2") ms_wg2 = ms;
-        if (var.name == "kv16 WG2 P61off") ms_wg2np = ms;
       }
       std::printf("attn T=%5d pos0=%6d  speedup over P12 off: P12 (default) %.3fx, mma.sync 64 %.3fx, QREG %.3fx, "
-                  "WG1 %.3fx, WG2 %.3fx; P61 (pipelined) over WG2 without it %.3fx\n", T, pos0, ms_old / ms_new,
-                  ms_old / ms_m64, ms_old / ms_qreg, ms_old / ms_wg1, ms_old / ms_wg2, ms_wg2np / ms_wg2);
+                  "WG1 %.3fx, WG2 %.3fx\n", T, pos0, ms_old / ms_new, ms_old / ms_m64, ms_old / ms_qreg,
+                  ms_old / ms_wg1, ms_old / ms_wg2);
     }
   }
   apply(gpu, Variant{"default", {}});

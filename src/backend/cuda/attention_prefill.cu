@@ -387,18 +387,11 @@ __device__ __forceinline__ uint64_t wgf_desc(uint32_t saddr, uint32_t lbo, uint3
 __device__ __forceinline__ void wgf_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgf_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgf_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void wgf_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 // Keeps the compiler from moving accumulator reads/writes across the asynchronous wgmma.
 template <int R>
 __device__ __forceinline__ void wgf_regs(float* d) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-// The same for A fragments in registers: live and unchanged until here (a wgmma reading them may be in flight).
-template <int R>
-__device__ __forceinline__ void wgf_regs_u(uint32_t* d) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 // cp.async / st.shared writes made visible to the async proxy (wgmma operand reads).
 __device__ __forceinline__ void wgf_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
@@ -426,14 +419,8 @@ __device__ __forceinline__ void wgf_rs_n256_t(float* d, uint32_t a0, uint32_t a1
 // mma.sync with V fragments by ldmatrix.trans from the swizzled tile); PVW_SWAP (diagnostic,
 // LILY_ATTN_WG=3): V's descriptor with LBO and SBO exchanged, to tell in one device run which reading
 // of the N-major stride fields holds if WG=2 fails.
-// PIPE (P61, with PVW): each warpgroup issues S(j+1) = Q·K(j+1)ᵀ and O += P(j)·V(j) back to back and runs the
-// softmax of S(j+1) while P(j)·V(j) is still on the tensor cores (the form without it waits for each product
-// and so leaves the tensor cores idle during every softmax: both warpgroups meet at the same barrier per tile).
-// K and V of a tile then load one tile apart (K(j+2) and V(j+1) during tile j), in the same two slots; the
-// operations on O, l and m and their order are the same, so the outputs are the same bits.
-template <bool PVW, bool PVW_SWAP = false, bool P33 = true, bool PIPE = false>
+template <bool PVW, bool PVW_SWAP = false, bool P33 = true>
 __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_wg_kernel(const __grid_constant__ FlashArgs a) {
-  static_assert(!PIPE || (PVW && !PVW_SWAP), "P61 pipelines the P·V wgmma form");
   constexpr int BK = kBK2;
   extern __shared__ __align__(1024) unsigned char smwg[];
   const uint32_t raw0 = static_cast<uint32_t>(__cvta_generic_to_shared(smwg));
@@ -468,8 +455,7 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_wg_kernel(const __grid
   }
 
   // Tile it → slot it & 1: key row r, 16-byte unit U (dims 8U..8U+7) → chunk U / 8, unit U % 8.
-  // kv: bit 0 the K rows, bit 1 the V rows.
-  auto issue = [&](int it, int kv = 3) {
+  auto issue = [&](int it) {
     unsigned char* kd = sm + kWgQ + (it & 1) * kWgSlot;
     unsigned char* vd = kd + kWgKV;
     for (int idx = tid; idx < BK * (kHD / 8); idx += blockDim.x) {
@@ -477,12 +463,11 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_wg_kernel(const __grid
       const bool ok = key < kv_len;
       const int64_t go = ok ? int64_t(key) * rs + kvh * kHD + 8 * U : 0;
       const uint32_t off = (U >> 3) * (BK * 128) + wgf_swz(r, U & 7);
-      if (kv & 1) cp_async16_zfill(kd + off, a.kb + go, ok);
-      if (kv & 2) cp_async16_zfill(vd + off, a.vb + go, ok);
+      cp_async16_zfill(kd + off, a.kb + go, ok);
+      cp_async16_zfill(vd + off, a.vb + go, ok);
     }
   };
   issue(tile_lo);
-  if (PIPE && tile_lo + 1 < tile_hi) issue(tile_lo + 1, 1);   // P61: K one tile ahead
   cp_async_commit();
 
   // Q tile to fp16 × log2 e in the swizzled layout (row = warp*16 + token); rows past T are zero.
@@ -520,37 +505,45 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_wg_kernel(const __grid
   const int lr = lane & 7, lh = (lane >> 3) & 1, lq = lane >> 4;
   const int vrow = (lr + 8 * lh) * 128;
 
-  // S = Q Kᵀ for the warpgroup's 64 rows × the 64 keys of the tile at kaddr: 16 k-steps, 32 bytes apart inside a
-  // chunk; issued and committed, not waited for.
-  auto s_issue = [&](float (&st)[BK / 8][4], uint32_t kaddr) {
+  for (int it = tile_lo; it < tile_hi; ++it) {
+    cp_async_wait<0>();   // tile it (this thread's copies; Q's stores are older)
+    wgf_proxy_fence();    // ... visible to wgmma's reads
+    __syncthreads();      // everyone's; every warpgroup is done with tile it-1's slot
+    if (it + 1 < tile_hi) issue(it + 1);
+    cp_async_commit();
+    const uint32_t kaddr = sQ + kWgQ + (it & 1) * kWgSlot, vaddr = kaddr + kWgKV;
+
+    // S = Q Kᵀ for the warpgroup's 64 rows × 64 keys: 16 k-steps, 32 bytes apart inside a chunk.
+    float s[BK / 8][4];
 #pragma unroll
-    for (int n = 0; n < BK / 8; ++n) st[n][0] = st[n][1] = st[n][2] = st[n][3] = 0.f;
-    wgf_regs<BK / 2>(&st[0][0]);
+    for (int n = 0; n < BK / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    wgf_regs<BK / 2>(&s[0][0]);
     wgf_fence();
 #pragma unroll
     for (int c = 0; c < kHD / 64; ++c)
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        wgf_ss_n64(&st[0][0], wgf_desc(sQ + c * (kGQ * kBQ * 128) + wg * (64 * 128) + 32 * j, 16, 1024),
+        wgf_ss_n64(&s[0][0], wgf_desc(sQ + c * (kGQ * kBQ * 128) + wg * (64 * 128) + 32 * j, 16, 1024),
                    wgf_desc(kaddr + c * (BK * 128) + 32 * j, 16, 1024));
     wgf_commit();
-  };
-  // Online softmax of one S tile (keys from kbase): causal mask, running max and sum; st becomes the
-  // unnormalised probabilities, corr the factor for what O holds so far.
-  auto softmax = [&](float (&st)[BK / 8][4], int kbase, float (&corr)[2]) {
+    wgf_wait0();
+    wgf_regs<BK / 2>(&s[0][0]);
+
+    const int kbase = it * BK;
     if (kbase + BK - 1 > a.pos0 + t0) {
 #pragma unroll
       for (int n = 0; n < BK / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          if (kbase + 8 * n + 2 * tq + (e & 1) > lim[e >> 1]) st[n][e] = -INFINITY;
+          if (kbase + 8 * n + 2 * tq + (e & 1) > lim[e >> 1]) s[n][e] = -INFINITY;
     }
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < BK / 8; ++n) {
-      mx[0] = fmaxf(mx[0], fmaxf(st[n][0], st[n][1]));
-      mx[1] = fmaxf(mx[1], fmaxf(st[n][2], st[n][3]));
+      mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
     }
+    float corr[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
@@ -564,17 +557,15 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_wg_kernel(const __grid
     float ls[2] = {0.f, 0.f};
 #pragma unroll
     for (int n = 0; n < BK / 8; ++n) {
-      st[n][0] = exp2f(st[n][0] - mx[0]);
-      st[n][1] = exp2f(st[n][1] - mx[0]);
-      st[n][2] = exp2f(st[n][2] - mx[1]);
-      st[n][3] = exp2f(st[n][3] - mx[1]);
-      ls[0] += st[n][0] + st[n][1];
-      ls[1] += st[n][2] + st[n][3];
+      s[n][0] = exp2f(s[n][0] - mx[0]);
+      s[n][1] = exp2f(s[n][1] - mx[0]);
+      s[n][2] = exp2f(s[n][2] - mx[1]);
+      s[n][3] = exp2f(s[n][3] - mx[1]);
+      ls[0] += s[n][0] + s[n][1];
+      ls[1] += s[n][2] + s[n][3];
     }
     lrow[0] = lrow[0] * corr[0] + ls[0];
     lrow[1] = lrow[1] * corr[1] + ls[1];
-  };
-  auto rescale = [&](const float (&corr)[2]) {
     if (!__all_sync(0xffffffffu, corr[0] == 1.f && corr[1] == 1.f)) {
 #pragma unroll
       for (int n = 0; n < kHD / 8; ++n) {
@@ -584,113 +575,25 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_wg_kernel(const __grid
         oacc[n][3] *= corr[1];
       }
     }
-  };
-  // P packed as wgmma's register-A fragments, one m64n256k16 per 16 keys.
-  auto pack_p = [&](uint32_t (&pa)[BK / 16][4], const float (&st)[BK / 8][4]) {
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
-      pa[kk][0] = pack16<true, false>(st[2 * kk][0], st[2 * kk][1]);
-      pa[kk][1] = pack16<true, false>(st[2 * kk][2], st[2 * kk][3]);
-      pa[kk][2] = pack16<true, false>(st[2 * kk + 1][0], st[2 * kk + 1][1]);
-      pa[kk][3] = pack16<true, false>(st[2 * kk + 1][2], st[2 * kk + 1][3]);
-    }
-  };
-  // O += P V with V N-major from the slot at vaddr; issued and committed, not waited for.
-  auto pv_issue = [&](const uint32_t (&pa)[BK / 16][4], uint32_t vaddr) {
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk)
-      wgf_rs_n256_t(&oacc[0][0], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3],
-                    PVW_SWAP ? wgf_desc(vaddr + kk * (16 * 128), 1024, BK * 128)
-                             : wgf_desc(vaddr + kk * (16 * 128), BK * 128, 1024));
-    wgf_commit();
-  };
-
-  if constexpr (PIPE) {
-    // P61. Before tile j: S(j) done, its softmax done (P(j) in pa or pb), O rescaled for it; K(j+1) and V(j) issued.
-    // Shaped for ptxas, which otherwise serialises the wgmmas: no S issued under a condition (the last tile is its
-    // own step: C7514, the softmax read S's accumulators "in the pipeline stage"), and P alternating between two
-    // register sets instead of copied from the new one into the old (C7513: "defining input registers").
-    cp_async_wait<0>();   // K, V of tile_lo and K of tile_lo + 1 (Q's stores are older)
-    wgf_proxy_fence();
-    __syncthreads();
-    float st[BK / 8][4], corr[2];
-    uint32_t pa[BK / 16][4];
-    s_issue(st, sQ + kWgQ + (tile_lo & 1) * kWgSlot);
-    wgf_wait0();
-    wgf_regs<BK / 2>(&st[0][0]);
-    softmax(st, tile_lo * BK, corr);   // O is zero: nothing to rescale
-    pack_p(pa, st);
-    // Tile it with a next tile: S(it + 1) and P(it)·V(it) in flight together, the softmax of S(it + 1) into pnx.
-    auto step = [&](int it, uint32_t (&pc)[BK / 16][4], uint32_t (&pnx)[BK / 16][4]) {
-      if (it > tile_lo) {
-        cp_async_wait<0>();   // K(it + 1) and V(it), issued during tile it - 1
-        wgf_proxy_fence();
-      }
-      __syncthreads();   // everyone's copies landed; every warpgroup done with S(it) and P(it - 1)·V(it - 1)
-      if (it + 2 < tile_hi) issue(it + 2, 1);   // into K(it)'s place
-      issue(it + 1, 2);                         // into V(it - 1)'s place
-      cp_async_commit();
-      wgf_regs<kHD / 2>(&oacc[0][0]);
-      s_issue(st, sQ + kWgQ + ((it + 1) & 1) * kWgSlot);   // its fence also orders O and pc
-      pv_issue(pc, sQ + kWgQ + (it & 1) * kWgSlot + kWgKV);
-      float cn[2];
-      wgf_wait1();   // S(it + 1); P(it)·V(it) may still run
-      wgf_regs<BK / 2>(&st[0][0]);
-      softmax(st, (it + 1) * BK, cn);
-      pack_p(pnx, st);
-      wgf_wait0();
-      wgf_regs<kHD / 2>(&oacc[0][0]);
-      wgf_regs_u<BK / 4>(&pc[0][0]);   // pc stayed intact while P(it)·V(it) read it
-      rescale(cn);
-    };
-    // The last tile: P·V only.
-    auto last = [&](int it, uint32_t (&pc)[BK / 16][4]) {
-      if (it > tile_lo) {
-        cp_async_wait<0>();   // V(it)
-        wgf_proxy_fence();
-      }
-      __syncthreads();
-      wgf_regs<kHD / 2>(&oacc[0][0]);
-      wgf_fence();
-      pv_issue(pc, sQ + kWgQ + (it & 1) * kWgSlot + kWgKV);
-      wgf_wait0();
-      wgf_regs<kHD / 2>(&oacc[0][0]);
-    };
-    uint32_t pb[BK / 16][4];   // P alternates between pa and pb (no copy between the products)
-    int it = tile_lo;
-    for (; it + 2 < tile_hi; it += 2) {
-      step(it, pa, pb);
-      step(it + 1, pb, pa);
-    }
-    if (it + 1 < tile_hi) {
-      step(it, pa, pb);
-      last(it + 1, pb);
-    } else {
-      last(it, pa);
-    }
-  } else {
-  for (int it = tile_lo; it < tile_hi; ++it) {
-    cp_async_wait<0>();   // tile it (this thread's copies; Q's stores are older)
-    wgf_proxy_fence();    // ... visible to wgmma's reads
-    __syncthreads();      // everyone's; every warpgroup is done with tile it-1's slot
-    if (it + 1 < tile_hi) issue(it + 1);
-    cp_async_commit();
-    const uint32_t kaddr = sQ + kWgQ + (it & 1) * kWgSlot, vaddr = kaddr + kWgKV;
-
-    float s[BK / 8][4];
-    s_issue(s, kaddr);
-    wgf_wait0();
-    wgf_regs<BK / 2>(&s[0][0]);
-    float corr[2];
-    softmax(s, it * BK, corr);
-    rescale(corr);
     if constexpr (PVW) {
-      // All of P packed before the fence: the A registers must not change while the wgmmas are in flight.
+      // O += P V: one m64n256k16 per 16 keys, P from registers (all packed before the fence: the
+      // A registers must not change while the wgmmas are in flight), V N-major from the slot.
       uint32_t pa[BK / 16][4];
-      pack_p(pa, s);
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        pa[kk][0] = pack16<true, false>(s[2 * kk][0], s[2 * kk][1]);
+        pa[kk][1] = pack16<true, false>(s[2 * kk][2], s[2 * kk][3]);
+        pa[kk][2] = pack16<true, false>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[kk][3] = pack16<true, false>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      }
       wgf_regs<kHD / 2>(&oacc[0][0]);
       wgf_fence();
-      pv_issue(pa, vaddr);
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk)
+        wgf_rs_n256_t(&oacc[0][0], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3],
+                      PVW_SWAP ? wgf_desc(vaddr + kk * (16 * 128), 1024, BK * 128)
+                               : wgf_desc(vaddr + kk * (16 * 128), BK * 128, 1024));
+      wgf_commit();
       wgf_wait0();
       wgf_regs<kHD / 2>(&oacc[0][0]);
     } else {
@@ -712,7 +615,6 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_wg_kernel(const __grid
         }
       }
     }
-  }
   }
 
 #pragma unroll
@@ -826,10 +728,6 @@ bool& attn_prefill_p33_enabled() {
   static bool on = true;
   return on;
 }
-bool& attn_prefill_p61_enabled() {
-  static bool on = true;
-  return on;
-}
 int& attn_prefill_wg_mode() {
   static int mode = 2;
   return mode;
@@ -886,8 +784,6 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemWg)));
     CUDA_CHECK(cudaFuncSetAttribute(attn_flash_wg_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kSmemWg)));
-    CUDA_CHECK(cudaFuncSetAttribute(attn_flash_wg_kernel<true, false, true, true>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemWg)));
     CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<true, false, kBK2, kStagesQ, true>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemQreg)));
     CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<true, true, kBK2, kStagesQ, true>,
@@ -926,8 +822,6 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
   const dim3 grid((T + kBQ - 1) / kBQ, d.kv_heads, splits);
   if (wgm == 1)
     launch(attn_flash_wg_kernel<false>, grid, dim3(kGQ * 32), kSmemWg, s, fa);
-  else if (wgm == 2 && attn_prefill_p33_enabled() && attn_prefill_p61_enabled())
-    launch(attn_flash_wg_kernel<true, false, true, true>, grid, dim3(kGQ * 32), kSmemWg, s, fa);
   else if (wgm == 2 && attn_prefill_p33_enabled())
     launch(attn_flash_wg_kernel<true>, grid, dim3(kGQ * 32), kSmemWg, s, fa);
   else if (wgm == 2)

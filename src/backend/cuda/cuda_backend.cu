@@ -753,7 +753,6 @@ class CudaBackend final : public Backend {
     // P12's products: 2 (default) = S and P·V on wgmma, 1 = S only, 0 = both on mma.sync (64-key tiles).
     attn_prefill_wg_mode() = env_int("LILY_ATTN_WG", 2);
     attn_prefill_p33_enabled() = !abl_.has("P33");   // P33: attention prefill Q / gate loads batched
-    attn_prefill_p61_enabled() = !abl_.has("P61");   // P61: attention prefill S(j+1) / P(j)·V(j) pipelined
     p25_ = !abl_.has("P25");   // P25: prefill rmsnorm fused with the GEMM / MoE operand conversion
     p30_ = !abl_.has("P30");   // P30: dense projections of one input stacked into one GEMM
     p28_ = !abl_.has("P28");   // P28: prefill GDN gated norm fused with the out-projection's conversion

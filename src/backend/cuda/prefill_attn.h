@@ -150,9 +150,6 @@ int& attn_prefill_wg_mode();
 // P33 (default on; only the wgmma kernel, mode 2): Q tile and output-gate loads batched 8 per thread
 // (off: one dependent load at a time).
 bool& attn_prefill_p33_enabled();
-// P61 (default on; only the wgmma kernel, mode 2 with P33): S of the next key tile and P·V of this one issued back to
-// back, the next tile's softmax run while P·V is on the tensor cores (same bits as off).
-bool& attn_prefill_p61_enabled();
 void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_norm, void* kc, void* vc, bool kv16,
                        int pos0, const float* q, const float* k, const float* v, int T, float* o, float* work,
                        bool bf16_kv, bool f16, cudaStream_t s);
