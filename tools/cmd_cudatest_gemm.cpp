@@ -42,7 +42,7 @@ void gemm_moe_raw(int kernel, int bm, bool swiglu, const uint16_t* a, const floa
 int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split, bool dot, unsigned seed,
                                    int slots);
 // backend/cuda/gemm.h: the P30 test entry (segmented GEMM vs one output), synchronous
-int64_t gemm_segmented_probe(int T, int K, int nseg, const int* rows, unsigned seed);
+int64_t gemm_segmented_probe(int T, int K, int nseg, const int* rows, unsigned seed, int h16);
 // backend/cuda/gemm.h: the P28 test entry (fused GDN gated norm + conversion vs the two kernels), synchronous
 int64_t gemm_gdn_norm_convert_probe(int nv, int T, bool f16, bool split, unsigned seed);
 double gemm_splitk_probe(int T, int N, int K, int ksplit, int bm, unsigned seed);
@@ -808,13 +808,17 @@ int run(const Options& o) {
       }
     // P30: stacked projections with per-matrix outputs == the slices of one stacked product.
     if (!p14)
-      for (const auto& rs : std::vector<std::vector<int>>{{8192, 4096, 32, 32}, {8192, 512, 512}, {4096, 32, 32}}) {
-        const int64_t d = lily::cuda::gemm_segmented_probe(4096, 2048, int(rs.size()), rs.data(), 5u + unsigned(rs[1]));
+      for (const auto& [rs, h16] : std::vector<std::pair<std::vector<int>, int>>{
+               {{8192, 4096, 32, 32}, 0}, {{8192, 512, 512}, 0}, {{4096, 32, 32}, 0},
+               {{8192, 4096, 32, 32}, 3}, {{96, 4096, 32, 64}, 5}, {{4096, 32, 32}, 2}}) {
+        // P62 (h16 bits): those segments as fp16, equal to the f32 slices rounded (the mixed tiles included).
+        const int64_t d = lily::cuda::gemm_segmented_probe(4096, 2048, int(rs.size()), rs.data(), 5u + unsigned(rs[1]), h16);
         std::string segs;
         for (int r : rs) segs += (segs.empty() ? "" : "+") + std::to_string(r);
+        const std::string mask = h16 ? " P62 fp16 mask " + std::to_string(h16) : "";
         char line[200];
-        std::snprintf(line, sizeof line, "%-4s P30 segmented GEMM T=4096 K=2048 rows %s: %lld token rows differ",
-                      d == 0 ? "PASS" : "FAIL", segs.c_str(), (long long)d);
+        std::snprintf(line, sizeof line, "%-4s P30 segmented GEMM T=4096 K=2048 rows %s%s: %lld token rows differ",
+                      d == 0 ? "PASS" : "FAIL", segs.c_str(), mask.c_str(), (long long)d);
         std::printf("%s\n", line);
         (d == 0 ? tally.pass : tally.fail) += 1;
         if (d != 0) tally.failed.push_back(line);

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -97,6 +98,7 @@ struct PendingGNorm {
   const float* z = nullptr;
   int T = 0;
   float* y = nullptr;
+  bool z16 = false;   // P62: z's buffer holds fp16
 };
 
 // P59 (prefill): the MoE's combine (its [T, H] output = Σ of its slot rows) not launched yet; the next
@@ -365,24 +367,37 @@ class CudaBackend final : public Backend {
   void gdn(const ModelConfig& c, const GdnWeights& w, GdnState& st, const float* qkv, const float* z,
            const float* a, const float* b, int T, float* y) override {
     d39_last_ = {};   // D39: an out-projection's logits are for the MoE right after it
-    flush();
     GdnDims d{c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
               c.conv_dim(), c.linear_conv_kernel_dim, c.rms_norm_eps};
+    const bool chunked = gdn_chunked_ > 0 || (gdn_chunked_ < 0 && T >= gdn_chunked_min_t_);
+    const bool prefill = prefill_gdn_ && T >= gdn_min_t_ && gdn_prefill_ok(d);
+    // P62: the chunked path's raw inputs qkv and z, still pending in the projection batch, asked for in fp16 (half
+    // the bytes written by the GEMM and read by the prep and the gated norm); what the batch wrote so is in f16_out_.
+    if (p62_ && prefill && chunked && pend_T_ == T && T >= gemm_min_t_ &&
+        gdn_prep_wide_ok(d, w.conv1d.data, st.conv, qkv, ws_floats_ ? ws_ : nullptr)) {
+      for (GemvJob& j : pend_)
+        if ((j.y == qkv && j.w.rows == d.conv_dim) || (j.y == z && j.w.rows == d.nv * d.dv)) j.y16 = true;
+    }
+    flush();
+    const bool qkv16 = f16_out_.erase(qkv) > 0, z16 = f16_out_.erase(z) > 0;
+    f16_out_.clear();   // nothing else reads a P62 output
     const double bytes = 2.0 * d.nv * d.dk * d.dv * 4;
     // Prefill (P4): parallel pre-pass + column-split register scan; T = 1 stays on the decode kernel.
-    if (prefill_gdn_ && T >= gdn_min_t_ && gdn_prefill_ok(d)) {
+    if (prefill) {
       // P4c: chunked form (tensor cores) from gdn_chunked_min_t_ tokens on; LILY_GDN_CHUNKED=0|1 forces it.
-      const bool chunked = gdn_chunked_ > 0 || (gdn_chunked_ < 0 && T >= gdn_chunked_min_t_);
+      LILY_CHECK(chunked || (!qkv16 && !z16), "cuda gdn: fp16 inputs only on the chunked path");
       float* ws = workspace(chunked ? gdn_chunked_workspace_floats(d, T) : gdn_prefill_workspace_floats(d, T));
+      const __half* q16 = qkv16 ? reinterpret_cast<const __half*>(qkv) : nullptr;
       timed("gdn_prefill.prep", double(T) * d.conv_dim * 12, [&] {
-        gdn_prefill_prep(d, w.conv1d.data, w.A_log.data, w.dt_bias.data, st.conv, qkv, a, b, T, ws, s_);
+        gdn_prefill_prep(d, w.conv1d.data, w.A_log.data, w.dt_bias.data, st.conv, qkv, a, b, T, ws, s_, q16);
       });
       if (chunked) {
         timed("gdn_prefill.chunk", double(T) * d.nv * (d.dk * 4 * 4 + 64 * 4 * 2), [&] { gdn_chunked_intra(d, T, ws, s_); });
         timed("gdn_prefill.cscan", bytes + double(T) * d.nv * d.dv * 16, [&] {
-          gdn_chunked_scan(d, w.norm.data, st.conv, st.S, qkv, z, T, ws, y, s_, false);
+          gdn_chunked_scan(d, w.norm.data, st.conv, st.S, q16 ? nullptr : qkv, z, T, ws, y, s_, false);
         });
-        const PendingGNorm gn{d, w.norm.data, z, T, y};
+        if (q16) timed("gdn_prefill.conv_shift16", 0, [&] { gdn_conv_shift16(d, st.conv, q16, T, s_); });
+        const PendingGNorm gn{d, w.norm.data, z, T, y, z16};
         // P28: held back for the out-projection's operand conversion (y stays raw until then).
         if (p28_ && T >= gemm_min_t_ && cuda::gemm_gdn_norm_convert_ok(d.nv, d.dv)) pend_gn_ = gn;
         else launch_gn(gn);
@@ -699,6 +714,7 @@ class CudaBackend final : public Backend {
     d53_ = !abl_.has("D53");   // D53: the out-projection's router-row add loaded with x
     p37_ = !abl_.has("P37");   // P37: the prefill router GEMM with K in slices
     p59_ = !abl_.has("P59");   // P59: the prefill MoE combine folded into the next layer's norm + conversion
+    p62_ = !abl_.has("P62");   // P62: the chunked GDN's qkv and z in fp16 from the projection GEMM
     p56_ = !abl_.has("P56");   // P56: the MoE tile lists' full tiles first (16 to 96 expected rows per expert)
     moe_w0_pick_enabled() = !abl_.has("D50");   // D50: the MoE picks on warp 0 while x is staged
     gdn_push_enabled() = !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier
@@ -1222,7 +1238,7 @@ class CudaBackend final : public Backend {
   // P28: launch a held-back GDN norm on its own.
   void launch_gn(const PendingGNorm& p) {
     timed("gdn_prefill.norm", double(p.T) * p.d.nv * p.d.dv * 12,
-          [&] { cuda::gdn_prefill_norm(p.d, p.w, p.z, p.T, p.y, s_); });
+          [&] { cuda::gdn_prefill_norm(p.d, p.w, p.z, p.T, p.y, s_, p.z16); });
   }
   void flush_gn() {
     if (!pend_gn_.y) return;
@@ -1307,7 +1323,7 @@ class CudaBackend final : public Backend {
       if (g >= 0) {
         const GemmA x = operand(size_t(g));
         timed("gemm.gdnnorm+convert", 0, [&] {
-          gemm_gdn_norm_convert(p.y, p.z, p.w, p.d.nv, p.d.dv, T, p.d.eps, nullptr, x, s_);
+          gemm_gdn_norm_convert(p.y, p.z, p.w, p.d.nv, p.d.dv, T, p.d.eps, nullptr, x, s_, p.z16);
         });
         fused_gn = g;
       } else {
@@ -1340,7 +1356,11 @@ class CudaBackend final : public Backend {
             shape += (k > i ? "+" : "") + std::to_string(jobs[k].w.rows) + "x" + std::to_string(jobs[k].w.cols);
             wbytes += double(jobs[k].w.rows) * jobs[k].w.cols * 0.5 + jobs[k].w.rows * (jobs[k].w.cols / 16.0);
           }
-          timed(shape, wbytes, [&] { gemm_segmented(x, T, j.w.cols, wb, int(e - i), seg_rows, seg_y, s_); });
+          int h16 = 0;   // P62: the outputs asked for in fp16
+          for (size_t k = i; k < e; ++k) h16 |= jobs[k].y16 ? 1 << (k - i) : 0;
+          timed(shape, wbytes, [&] { gemm_segmented(x, T, j.w.cols, wb, int(e - i), seg_rows, seg_y, s_, h16); });
+          for (size_t k = i; k < e; ++k)
+            if (jobs[k].y16) f16_out_.insert(jobs[k].y);
           i = e;
           continue;
         }
@@ -1419,6 +1439,8 @@ class CudaBackend final : public Backend {
   bool p37_ = true;   // P37: the router GEMM with K in slices
   bool p56_ = true;   // P56: the MoE tile lists' full tiles first, partial ones largest first
   bool p59_ = true;   // P59: the prefill MoE's combine read by the next norm from its slot rows
+  bool p62_ = true;   // P62: the chunked GDN's raw inputs (qkv, z) as fp16 from the projection GEMM
+  std::set<const float*> f16_out_;   // P62: outputs the last GEMM batch wrote as fp16
   PendingComb pend_comb_;
   struct {
     MoeDev m;

@@ -18,6 +18,7 @@ struct GemvJob {
   const float* x = nullptr;   // [T, w.cols]
   float* y = nullptr;         // [T, w.rows]
   float* res = nullptr;       // D9: also res += y (residual add folded into the epilogue); rows == H
+  bool y16 = false;           // P62 (prefill): fp16 output wanted (written so only by P30's stacked GEMM; see f16_out_)
 };
 // D9, decode: the RMSNorm that produces the jobs' common x, folded into their staging. Every CTA
 // stages g ⊙ h and Σh² itself and scales its dot products by rsqrt(mean h² + eps) (the norm is a
@@ -95,7 +96,9 @@ struct GdnDims {
 };
 // Prefill (gdn_prefill.cu): the gated RMSNorm of the raw GDN outputs in place: per token and value
 // head, y = y · rsqrt(mean y² + eps) · norm_w · silu(z) (one 128-thread block per head; dv == 128).
-void gdn_prefill_norm(const GdnDims& d, const float* norm_w, const float* z, int T, float* y, cudaStream_t s);
+// z16 (P62): z's buffer holds fp16 values [T, nv·128].
+void gdn_prefill_norm(const GdnDims& d, const float* norm_w, const float* z, int T, float* y, cudaStream_t s,
+                      bool z16 = false);
 // D12: decode (T == 1) over dv/32 CTAs per value head (process-wide switch, ablation D12).
 bool& gdn_split_enabled();
 // D42: the D12 kernel pushes its partial Σo² to the head's CTAs before its cluster barrier and needs no

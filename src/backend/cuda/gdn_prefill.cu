@@ -26,6 +26,7 @@ struct PrepArgs {
   const float *conv_w, *A_log, *dt_bias, *conv_state, *qkv, *a, *b;
   int T;
   float *u, *beta, *g;
+  const __half* qkv16;   // P62: the raw inputs as fp16 (qkv unused), P41's kernel only
 };
 
 // Gates of token t, value head j: g = −exp(A_log)·softplus(a + dt_bias), β = σ(b).
@@ -134,7 +135,9 @@ __global__ void __launch_bounds__(kHD) gdn_prep_batched_kernel(const __grid_cons
 // head's sum of squares per token in one warp butterfly (no shared memory, no block barrier). The conv, SiLU, the
 // norm's expression and the gates are P9's; only the order of the sum of squares differs (each lane's 4 values,
 // then the butterfly, instead of a butterfly per 32 channels and the 4 warps' sums in order).
+// H16 (P62): the raw inputs read as fp16 (p.qkv16), each value widened to f32 on load; the rest unchanged.
 constexpr int kPrepWideWarps = 4;
+template <bool H16>
 __global__ void __launch_bounds__(32 * kPrepWideWarps) gdn_prep_wide_kernel(const __grid_constant__ PrepArgs p) {
   constexpr int K = 4, W = kPrepTok + K - 1;
   pdl_trigger();
@@ -152,9 +155,18 @@ __global__ void __launch_bounds__(32 * kPrepWideWarps) gdn_prep_wide_kernel(cons
   for (int i = 0; i < W; ++i) {
     const int tt = t0 - (K - 1) + i;
     x[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (tt < p.T)
-      x[i] = tt >= 0 ? *reinterpret_cast<const float4*>(p.qkv + int64_t(tt) * CD + ch)
-                     : *reinterpret_cast<const float4*>(p.conv_state + int64_t(tt + K - 1) * CD + ch);
+    if (tt < p.T) {
+      if (tt < 0) {
+        x[i] = *reinterpret_cast<const float4*>(p.conv_state + int64_t(tt + K - 1) * CD + ch);
+      } else if constexpr (H16) {
+        const uint2 v = *reinterpret_cast<const uint2*>(p.qkv16 + int64_t(tt) * CD + ch);
+        const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&v.x));
+        const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&v.y));
+        x[i] = make_float4(lo.x, lo.y, hi.x, hi.y);
+      } else {
+        x[i] = *reinterpret_cast<const float4*>(p.qkv + int64_t(tt) * CD + ch);
+      }
+    }
   }
   const bool qk = head < nqk;   // uniform per warp
   const float qs = head < d.nk ? rsqrtf(float(d.dk)) : 1.f;
@@ -185,7 +197,10 @@ __global__ void __launch_bounds__(32 * kPrepWideWarps) gdn_prep_wide_kernel(cons
 
 // New conv state = the last K-1 raw inputs of the call; run after prep has read the old one. A
 // thread owns whole channels, so reading the old rows (T < K-1) before writing needs no barrier.
-__device__ void conv_shift(const GdnDims& d, float* conv_state, const float* qkv, int T) {
+// qkv null (P62): left to gdn_conv_shift16_kernel. Q: the raw input type (float, or __half with P62).
+template <typename Q>
+__device__ void conv_shift(const GdnDims& d, float* conv_state, const Q* qkv, int T) {
+  if (!qkv) return;
   const int K1 = d.kconv - 1;
   const int64_t CD = d.conv_dim;
   for (int64_t ch = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; ch < CD; ch += int64_t(gridDim.x) * blockDim.x) {
@@ -194,7 +209,7 @@ __device__ void conv_shift(const GdnDims& d, float* conv_state, const float* qkv
     for (int s = 0; s < 8; ++s) {
       if (s >= K1) break;
       const int tt = T - K1 + s;
-      nw[s] = tt >= 0 ? qkv[int64_t(tt) * CD + ch] : conv_state[int64_t(tt + K1) * CD + ch];
+      nw[s] = tt >= 0 ? float(qkv[int64_t(tt) * CD + ch]) : conv_state[int64_t(tt + K1) * CD + ch];
     }
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
@@ -202,6 +217,13 @@ __device__ void conv_shift(const GdnDims& d, float* conv_state, const float* qkv
       conv_state[int64_t(s) * CD + ch] = nw[s];
     }
   }
+}
+
+// P62: the conv-state shift from fp16 raw inputs, on its own (the chunk scan then gets qkv null).
+__global__ void gdn_conv_shift16_kernel(GdnDims d, float* conv_state, const __half* qkv, int T) {
+  pdl_trigger();
+  pdl_wait();
+  conv_shift(d, conv_state, qkv, T);
 }
 
 struct ScanArgs {
@@ -341,7 +363,8 @@ __global__ void __launch_bounds__(kScanWarps * 32) gdn_scan_kernel(const __grid_
 }
 
 // grid (T, nv), block 128: y = o · rsqrt(mean(o²) + eps) · w · silu(z) over each head's outputs.
-__global__ void __launch_bounds__(kHD) gdn_norm_kernel(GdnDims d, const float* norm_w, const float* z, int T,
+template <typename Z>   // float, or __half (P62)
+__global__ void __launch_bounds__(kHD) gdn_norm_kernel(GdnDims d, const float* norm_w, const Z* z, int T,
                                                       float* y) {
   __shared__ float red[32];
   pdl_trigger();
@@ -350,7 +373,7 @@ __global__ void __launch_bounds__(kHD) gdn_norm_kernel(GdnDims d, const float* n
   const int64_t off = int64_t(t) * d.nv * kHD + j * kHD + c;
   const float o = y[off];
   const float ss = block_sum(o * o, red);
-  y[off] = o * rsqrtf(ss / float(kHD) + d.eps) * norm_w[c] * siluf_(z[off]);
+  y[off] = o * rsqrtf(ss / float(kHD) + d.eps) * norm_w[c] * siluf_(float(z[off]));
 }
 
 // ---- chunked form (P4c) ----------------------------------------------------------------------
@@ -1900,20 +1923,29 @@ int64_t gdn_prefill_workspace_floats(const GdnDims& d, int T) {
   return int64_t(T) * d.conv_dim + 2LL * T * d.nv + 64;
 }
 
+bool gdn_prep_wide_ok(const GdnDims& d, const float* conv_w, const float* conv_state, const void* qkv,
+                      const float* work) {
+  auto a16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  const int heads = d.conv_dim / kHD;
+  return gdn_prep_wide_enabled() && gdn_prep_batched_enabled() && d.kconv == 4 && heads % kPrepWideWarps == 0 &&
+         a16(conv_w) && a16(conv_state) && a16(qkv) && a16(work);
+}
+
 void gdn_prefill_prep(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
                       const float* conv_state, const float* qkv, const float* a, const float* b, int T,
-                      float* work, cudaStream_t s) {
+                      float* work, cudaStream_t s, const __half* qkv16) {
   LILY_CHECK(gdn_prefill_ok(d), "gdn prefill: unsupported shapes");
   float* u = work;
   float* beta = u + int64_t(T) * d.conv_dim;
   float* g = beta + int64_t(T) * d.nv;
-  PrepArgs p{d, conv_w, A_log, dt_bias, conv_state, qkv, a, b, T, u, beta, g};
+  PrepArgs p{d, conv_w, A_log, dt_bias, conv_state, qkv, a, b, T, u, beta, g, qkv16};
   const dim3 grid((T + kPrepTok - 1) / kPrepTok, d.conv_dim / kHD);
-  auto a16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   const int heads = d.conv_dim / kHD;
-  if (gdn_prep_wide_enabled() && gdn_prep_batched_enabled() && d.kconv == 4 && heads % kPrepWideWarps == 0 &&
-      a16(conv_w) && a16(conv_state) && a16(qkv) && a16(u))   // P41
-    launch(gdn_prep_wide_kernel, dim3(grid.x, heads / kPrepWideWarps), dim3(32 * kPrepWideWarps), 0, s, p);
+  if (qkv16) {   // P62
+    LILY_CHECK(gdn_prep_wide_ok(d, conv_w, conv_state, qkv16, u), "gdn prefill: fp16 inputs need P41's prep");
+    launch(gdn_prep_wide_kernel<true>, dim3(grid.x, heads / kPrepWideWarps), dim3(32 * kPrepWideWarps), 0, s, p);
+  } else if (gdn_prep_wide_ok(d, conv_w, conv_state, qkv, u))   // P41
+    launch(gdn_prep_wide_kernel<false>, dim3(grid.x, heads / kPrepWideWarps), dim3(32 * kPrepWideWarps), 0, s, p);
   else if (gdn_prep_batched_enabled()) launch(gdn_prep_batched_kernel, grid, dim3(kHD), 0, s, p);   // P9
   else launch(gdn_prep_kernel, grid, dim3(kHD), 0, s, p);
   CUDA_LAUNCH_CHECK();
@@ -1931,7 +1963,7 @@ void gdn_prefill_scan(const GdnDims& d, const float* norm_w, float* conv_state, 
     case 4: launch_scan<4>(a, s); break;
     default: launch_scan<1>(a, s); break;   // measured fastest at T = 512..8192 (256 CTAs)
   }
-  launch(gdn_norm_kernel, dim3(T, d.nv), dim3(kHD), 0, s, d, norm_w, z, T, y);
+  launch(gdn_norm_kernel<float>, dim3(T, d.nv), dim3(kHD), 0, s, d, norm_w, z, T, y);
   CUDA_LAUNCH_CHECK();
 }
 
@@ -1972,8 +2004,12 @@ void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s) {
   CUDA_LAUNCH_CHECK();
 }
 
-void gdn_prefill_norm(const GdnDims& d, const float* norm_w, const float* z, int T, float* y, cudaStream_t s) {
-  launch(gdn_norm_kernel, dim3(T, d.nv), dim3(kHD), 0, s, d, norm_w, z, T, y);
+void gdn_prefill_norm(const GdnDims& d, const float* norm_w, const float* z, int T, float* y, cudaStream_t s,
+                      bool z16) {
+  if (z16)   // P62: z as fp16 [T, nv·128] in z's buffer
+    launch(gdn_norm_kernel<__half>, dim3(T, d.nv), dim3(kHD), 0, s, d, norm_w, reinterpret_cast<const __half*>(z), T, y);
+  else
+    launch(gdn_norm_kernel<float>, dim3(T, d.nv), dim3(kHD), 0, s, d, norm_w, z, T, y);
   CUDA_LAUNCH_CHECK();
 }
 
@@ -2011,6 +2047,11 @@ void gdn_chunked_scan(const GdnDims& d, const float* norm_w, float* conv_state, 
   else launch(gdn_chunk_scan_kernel, dim3(d.nv * (kHD / kNB)), dim3(256), kCScanSmem, s, a);
   CUDA_LAUNCH_CHECK();
   if (norm) gdn_prefill_norm(d, norm_w, z, T, y, s);
+}
+
+void gdn_conv_shift16(const GdnDims& d, float* conv_state, const __half* qkv16, int T, cudaStream_t s) {
+  launch(gdn_conv_shift16_kernel, dim3(unsigned((d.conv_dim + 255) / 256)), dim3(256), 0, s, d, conv_state, qkv16, T);
+  CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace lily::cuda

@@ -100,6 +100,7 @@ struct GemmArgs {
   int seg_n0[kGemmMaxSegs];
   float* seg_y[kGemmMaxSegs];
   int64_t seg_ld[kGemmMaxSegs];
+  int seg_h16;   // P62: bit q set = segment q written as saturated fp16 (seg_y[q] read as __half*)
   // P37 (plain store mode, 8-bit B): ksplit > 1 cuts K into ksplit equal slices (multiples of 512), one
   // per blockIdx.z; slice z writes its partial product to y + z · zstride (the caller sums the slices).
   // Last, so that the other fields keep their offsets (and every other kernel its SASS).
@@ -1011,7 +1012,8 @@ __global__ void __launch_bounds__(1024) rmsnorm_convert_kernel(float* h, const f
 // (r1 + r3): its final butterfly over lanes 0-3): the outputs are bit-identical. The normalised row
 // stays in shared memory for the conversion; out (f32) is written only when given.
 constexpr int kGnMaxHeadsPerWarp = 4;
-__global__ void __launch_bounds__(256) gdn_norm_convert_kernel(const float* __restrict__ y, const float* __restrict__ z,
+template <typename Z>   // z: float, or __half (P62)
+__global__ void __launch_bounds__(256) gdn_norm_convert_kernel(const float* __restrict__ y, const Z* __restrict__ z,
                                                                const float* __restrict__ w, int nv, float eps,
                                                                float* __restrict__ out, int f16,
                                                                uint16_t* __restrict__ xa, float* __restrict__ rs,
@@ -1030,7 +1032,7 @@ __global__ void __launch_bounds__(256) gdn_norm_convert_kernel(const float* __re
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         o[i][u] = y[base + lane + 32 * u];
-        zz[i][u] = z[base + lane + 32 * u];
+        zz[i][u] = float(z[base + lane + 32 * u]);
       }
     }
   float amax = 0.f;
@@ -1540,12 +1542,17 @@ bool gemm_gdn_norm_convert_ok(int nv, int dv) {
 }
 
 void gemm_gdn_norm_convert(const float* y, const float* z, const float* w, int nv, int dv, int T, float eps,
-                           float* out, const GemmA& o, cudaStream_t s) {
+                           float* out, const GemmA& o, cudaStream_t s, bool z16) {
   LILY_CHECK(gemm_gdn_norm_convert_ok(nv, dv), "gemm_gdn_norm_convert: value heads of 128, at most 8 or a multiple of 8 up to 32");
   LILY_CHECK(!o.f16 || (o.a && o.rs), "gemm_gdn_norm_convert: fp16 needs the row scales");
   uint16_t* hi = o.f16 || !o.a ? const_cast<uint16_t*>(o.hi) : nullptr;   // as gemm_convert_a
-  launch(gdn_norm_convert_kernel, dim3(unsigned(T)), dim3(unsigned(32 * std::min(nv, 8))), 0, s, y, z, w, nv, eps, out, int(o.f16),
-         const_cast<uint16_t*>(o.a), const_cast<float*>(o.rs), hi, const_cast<uint16_t*>(o.lo));
+  const dim3 g{unsigned(T)}, b{unsigned(32 * std::min(nv, 8))};
+  if (z16)
+    launch(gdn_norm_convert_kernel<__half>, g, b, 0, s, y, reinterpret_cast<const __half*>(z), w, nv, eps, out,
+           int(o.f16), const_cast<uint16_t*>(o.a), const_cast<float*>(o.rs), hi, const_cast<uint16_t*>(o.lo));
+  else
+    launch(gdn_norm_convert_kernel<float>, g, b, 0, s, y, z, w, nv, eps, out, int(o.f16), const_cast<uint16_t*>(o.a),
+           const_cast<float*>(o.rs), hi, const_cast<uint16_t*>(o.lo));
   CUDA_LAUNCH_CHECK();
 }
 
@@ -1649,7 +1656,7 @@ void gemm(const QMat& w, const GemmA& x, int T, float* y, int64_t ldy, bool accu
 bool gemm_segmented_ok(int T, int N, int K, bool f16) { return f16 && wg16_takes(T, N, K); }
 
 void gemm_segmented(const GemmA& x, int T, int K, const uint16_t* wb, int nseg, const int* rows, float* const* ys,
-                    cudaStream_t s) {
+                    cudaStream_t s, int h16) {
   LILY_CHECK(nseg >= 1 && nseg <= kGemmMaxSegs, "gemm_segmented: 1..4 segments");
   LILY_CHECK(x.f16 && x.a && x.rs && wb, "gemm_segmented: fp16 activations and a 16-bit weight copy");
   GemmArgs a{};
@@ -1663,6 +1670,7 @@ void gemm_segmented(const GemmA& x, int T, int K, const uint16_t* wb, int nseg, 
   a.b.w[0].cols = K;
   a.mode = kStore;
   a.nseg = nseg;
+  a.seg_h16 = h16;
   int n = 0;
   for (int q = 0; q < nseg; ++q) {
     LILY_CHECK(rows[q] > 0 && rows[q] % 2 == 0, "gemm_segmented: segments of an even number of rows");
@@ -1679,7 +1687,7 @@ void gemm_segmented(const GemmA& x, int T, int K, const uint16_t* wb, int nseg, 
   launch_wg16(a, wg16_tma(), s);
 }
 
-int64_t gemm_segmented_probe(int T, int K, int nseg, const int* rows, unsigned seed) {
+int64_t gemm_segmented_probe(int T, int K, int nseg, const int* rows, unsigned seed, int h16) {
   ProbeBufs b(seed);
   std::uniform_real_distribution<float> ud(-1.f, 1.f);
   int N = 0;
@@ -1706,7 +1714,7 @@ int64_t gemm_segmented_probe(int T, int K, int nseg, const int* rows, unsigned s
   float* whole = b.zeros_f(int64_t(T) * N);
   cudaStream_t s;
   CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  gemm_segmented(x, T, K, w, nseg, rows, ys.data(), s);
+  gemm_segmented(x, T, K, w, nseg, rows, ys.data(), s, h16);
   gemm_segmented(x, T, K, w, 1, &N, &whole, s);   // the same GEMM, one output
   CUDA_CHECK(cudaStreamSynchronize(s));
   CUDA_CHECK(cudaStreamDestroy(s));
@@ -1716,9 +1724,25 @@ int64_t gemm_segmented_probe(int T, int K, int nseg, const int* rows, unsigned s
   int n0 = 0;
   for (int q = 0; q < nseg; ++q) {
     std::vector<float> hy(static_cast<size_t>(T) * rows[q]);
-    CUDA_CHECK(cudaMemcpy(hy.data(), ys[size_t(q)], hy.size() * 4, cudaMemcpyDeviceToHost));
-    for (int t = 0; t < T; ++t)
-      diff += std::memcmp(&hy[size_t(t) * rows[q]], &hw[size_t(t) * N + n0], size_t(rows[q]) * 4) != 0;
+    if ((h16 >> q) & 1) {   // P62: the f32 product rounded to fp16 (saturated), bit for bit; the rest untouched (NaN)
+      std::vector<__half> hh(hy.size());
+      CUDA_CHECK(cudaMemcpy(hh.data(), ys[size_t(q)], hh.size() * 2, cudaMemcpyDeviceToHost));
+      std::vector<float> tail(hy.size() / 2);
+      CUDA_CHECK(cudaMemcpy(tail.data(), ys[size_t(q)] + hy.size() / 2, tail.size() * 4, cudaMemcpyDeviceToHost));
+      for (int t = 0; t < T; ++t) {
+        bool bad = false;
+        for (int c = 0; c < rows[q]; ++c) {
+          const float v = std::fmin(std::fmax(hw[size_t(t) * N + n0 + c], -65504.f), 65504.f);
+          bad = bad || __half_as_ushort(__float2half_rn(v)) != __half_as_ushort(hh[size_t(t) * rows[q] + c]);
+        }
+        diff += bad;
+      }
+      for (float v : tail) diff += !std::isnan(v);   // nothing written past the fp16 rows
+    } else {
+      CUDA_CHECK(cudaMemcpy(hy.data(), ys[size_t(q)], hy.size() * 4, cudaMemcpyDeviceToHost));
+      for (int t = 0; t < T; ++t)
+        diff += std::memcmp(&hy[size_t(t) * rows[q]], &hw[size_t(t) * N + n0], size_t(rows[q]) * 4) != 0;
+    }
     n0 += rows[q];
   }
   return diff;

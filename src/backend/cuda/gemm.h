@@ -158,8 +158,9 @@ int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split,
 // gemm_convert_a of its result in one kernel per row, bit-identical to the two; y is only read, out
 // (optional) receives the f32 normalised rows. dv == 128, nv <= 8 or a multiple of 8 up to 32 (_ok).
 bool gemm_gdn_norm_convert_ok(int nv, int dv);
+// z16 (P62): z's buffer holds fp16 values.
 void gemm_gdn_norm_convert(const float* y, const float* z, const float* w, int nv, int dv, int T, float eps,
-                           float* out, const GemmA& o, cudaStream_t s);
+                           float* out, const GemmA& o, cudaStream_t s, bool z16 = false);
 // P28 test entry (synchronous): the fused kernel against gdn_prefill_norm + gemm_convert_a on the same
 // random inputs; returns the number of differing bytes over the f32 rows, rs, xa, xh, xl, plus any
 // byte of the fused kernel's input y that it changed.
@@ -173,12 +174,13 @@ void gemm_dequant(const QMat& w, bool f16, uint16_t* wb, cudaStream_t s);
 // product written to ys[q] (row stride rows[q]). fp16 activations, the P13 kernel only (_ok).
 constexpr int kGemmMaxSegs = 4;
 bool gemm_segmented_ok(int T, int N, int K, bool f16);
+// h16 (P62): bit q set = product q written as saturated fp16 [T, rows[q]] into ys[q]'s buffer instead of f32.
 void gemm_segmented(const GemmA& x, int T, int K, const uint16_t* wb, int nseg, const int* rows, float* const* ys,
-                    cudaStream_t s);
+                    cudaStream_t s, int h16 = 0);
 // P30 test entry (synchronous): random fp16 x and stacked weights through gemm_segmented with the
 // given segments and with one segment of all rows; returns the number of token rows whose segment
 // output differs in any byte from the slice of the one-output product (0 = identical).
-int64_t gemm_segmented_probe(int T, int K, int nseg, const int* rows, unsigned seed);
+int64_t gemm_segmented_probe(int T, int K, int nseg, const int* rows, unsigned seed, int h16 = 0);
 // y[T, w.rows] (row stride ldy) = x · Wᵀ, or += when `accumulate`. wb: the P1-off copy of a 4-bit W
 // (same precision as x; nullptr: fused dequantisation). bm: M-tile 32/64/128, 0 = chosen from T
 // and the grid size (LILY_GEMM_BM overrides). ksplit > 1 (P37; store mode, 8-bit weights, K a multiple of

@@ -211,6 +211,7 @@ __global__ void __launch_bounds__(kW16Threads, 1)
     float* const ybase = SEG ? a.seg_y[sg] : a.y;
     const int64_t ld = SEG ? a.seg_ld[sg] : a.ldy;
     const int nb = SEG ? a.seg_n0[sg] : 0;
+    const bool h16 = SEG && ((a.seg_h16 >> sg) & 1);   // P62: this segment as saturated fp16
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int m = wgc * 64 + warp * 16 + g + 8 * h;
@@ -226,13 +227,26 @@ __global__ void __launch_bounds__(kW16Threads, 1)
           if (n < N) {
             int q = sg;
             while (q + 1 < a.nseg && n >= a.seg_n0[q + 1]) ++q;
-            float* yq = a.seg_y[q] + pos * a.seg_ld[q] + (n - a.seg_n0[q]);
-            yq[0] = v0;
-            if (n + 1 < N) yq[1] = v1;
+            const int64_t off = pos * a.seg_ld[q] + (n - a.seg_n0[q]);
+            if ((a.seg_h16 >> q) & 1) {
+              __half* hq = reinterpret_cast<__half*>(a.seg_y[q]) + off;
+              hq[0] = sat_half(v0);
+              if (n + 1 < N) hq[1] = sat_half(v1);
+            } else {
+              float* yq = a.seg_y[q] + off;
+              yq[0] = v0;
+              if (n + 1 < N) yq[1] = v1;
+            }
           }
           continue;
         }
         const int col = n - nb;
+        if (SEG && h16) {   // ld and the segment starts are even: 4-byte pair stores
+          __half* hrow = reinterpret_cast<__half*>(ybase) + pos * ld;
+          if (n + 1 < N) *reinterpret_cast<__half2*>(hrow + col) = __halves2half2(sat_half(v0), sat_half(v1));
+          else if (n < N) hrow[col] = sat_half(v0);
+          continue;
+        }
         if (n + 1 < N && (ld & 1) == 0) {
           float2* p = reinterpret_cast<float2*>(yrow + col);
           if (a.mode == kAccum) {

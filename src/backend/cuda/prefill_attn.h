@@ -81,9 +81,13 @@ bool gdn_prefill_ok(const GdnDims& d);
 int64_t gdn_prefill_workspace_floats(const GdnDims& d, int T);
 // Pre-pass: causal conv with the carried conv state + SiLU, l2norm of q and k (q also × dk^-1/2),
 // β = σ(b), g = −exp(A_log)·softplus(a + dt_bias). Reads conv_state, does not change it.
+// qkv16 (P62, optional): the raw inputs as fp16 [T, conv_dim] instead of qkv (P41's kernel; gdn_prep_wide_ok).
 void gdn_prefill_prep(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
                       const float* conv_state, const float* qkv, const float* a, const float* b, int T,
-                      float* work, cudaStream_t s);
+                      float* work, cudaStream_t s, const __half* qkv16 = nullptr);
+// Whether the prep runs P41's kernel for these buffers (the one that also reads fp16 inputs, P62).
+bool gdn_prep_wide_ok(const GdnDims& d, const float* conv_w, const float* conv_state, const void* qkv,
+                      const float* work);
 // P9: the prep with a CTA's loads in flight at once and one barrier per 8 tokens (off: a loop that
 // loads and reduces token by token).
 bool& gdn_prep_batched_enabled();
@@ -121,8 +125,11 @@ bool& gdn_scan_nb16();
 // tiles. Default on; --ablate P36.
 bool& gdn_scan_halves();
 // norm = false: y is left raw (o = Sᵀq̂ per head) for gdn_prefill_norm or P28's fused conversion.
+// qkv null: the conv state is not shifted here (P62: gdn_conv_shift16 does it from the fp16 inputs).
 void gdn_chunked_scan(const GdnDims& d, const float* norm_w, float* conv_state, float* S, const float* qkv,
                       const float* z, int T, float* work, float* y, cudaStream_t s, bool norm = true);
+// P62: the carried conv state ← the last K-1 raw inputs, read as fp16 [T, conv_dim]; after the prep has read it.
+void gdn_conv_shift16(const GdnDims& d, float* conv_state, const __half* qkv16, int T, cudaStream_t s);
 // (gdn_prefill_norm: cuda_ops.h)
 
 // ---- attention_prefill.cu --------------------------------------------------------------------
