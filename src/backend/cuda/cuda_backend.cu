@@ -374,7 +374,7 @@ class CudaBackend final : public Backend {
     // P62: the chunked path's raw inputs qkv and z, still pending in the projection batch, asked for in fp16 (half
     // the bytes written by the GEMM and read by the prep and the gated norm); what the batch wrote so is in f16_out_.
     if (p62_ && prefill && chunked && pend_T_ == T && T >= gemm_min_t_ &&
-        gdn_prep_wide_ok(d, w.conv1d.data, st.conv, qkv, ws_floats_ ? ws_ : nullptr)) {
+        gdn_prep_wide_ok(d, w.conv1d.data, st.conv, qkv, nullptr)) {   // (the workspace is 256-byte aligned)
       for (GemvJob& j : pend_)
         if ((j.y == qkv && j.w.rows == d.conv_dim) || (j.y == z && j.w.rows == d.nv * d.dv)) j.y16 = true;
     }
