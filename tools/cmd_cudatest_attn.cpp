@@ -116,6 +116,7 @@ struct Variant {
   std::string wg = "";           // LILY_ATTN_WG ("" = the engine's default, 2: S and P·V on wgmma; 1 = S only; 0 = mma.sync)
   bool diag = false;             // diagnostic: reported, never counted as a failure
   std::string p11 = "3";         // LILY_GDN_P11 (parts of P11: 1 per-chunk pass, 2 chunk scan, 16 scan3, 8 + 16 scan3 with M in FMAs)
+  bool f16in = false;            // P62: qkv and z handed to the GDN as fp16 (the cpu reference gets the same rounded values)
 };
 void apply(Backend& gpu, const Variant& v) {
   setenv("LILY_GDN_SCAN_NC", v.scan_nc.c_str(), 1);
@@ -214,7 +215,8 @@ std::string gdn_bad_heads(const ModelConfig& c, const GdnOut& ref, const GdnOut&
   return out;
 }
 
-GdnOut run_gdn(Backend& be, const ModelConfig& c, const GdnIO& io, int T) {
+// f16in (P62, cuda backend only): qkv and z go in as fp16, marked as the projection GEMM marks them.
+GdnOut run_gdn(Backend& be, const ModelConfig& c, const GdnIO& io, int T, bool f16in = false) {
   Pool pool(be);
   GdnWeights w;
   w.conv1d = {pool.up(io.conv_w), int64_t(io.conv_w.size())};
@@ -228,7 +230,15 @@ GdnOut run_gdn(Backend& be, const ModelConfig& c, const GdnIO& io, int T) {
   GdnOut out;
   for (int ch = 0; ch < 2; ++ch) {
     float* y = pool.up(nan_vec(int64_t(T) * VD));
-    be.gdn(c, w, st, pool.up(io.qkv[ch]), pool.up(io.z[ch]), pool.up(io.a[ch]), pool.up(io.b[ch]), T, y);
+    float* qkv = pool.up(io.qkv[ch]);
+    float* z = pool.up(io.z[ch]);
+    if (f16in) {
+      cuda_tools::f16_pack(be, qkv, int64_t(io.qkv[ch].size()));
+      cuda_tools::f16_pack(be, z, int64_t(io.z[ch].size()));
+      cuda_tools::mark_f16(be, qkv);
+      cuda_tools::mark_f16(be, z);
+    }
+    be.gdn(c, w, st, qkv, z, pool.up(io.a[ch]), pool.up(io.b[ch]), T, y);
     out.y[ch] = pool.down(y, int64_t(T) * VD);
   }
   out.S = pool.down(st.S, int64_t(io.S0.size()));
@@ -326,7 +336,9 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                    {"P4c P11 scan only", {}, "0", "16", 3, "1", "1", "0", "0", "0", "", false, "2"},
                                    {"P4c P11 shared q/k", {}, "0", "16", 3, "1", "1", "0", "0", "0", "", false, "7"},
                                    {"P4c P11 scan3", {}, "0", "16", 3, "1", "1", "0", "0", "0", "", false, "19"},
-                                   {"P4c scan3 FMA M", {}, "0", "16", 3, "1", "1", "0", "0", "0", "", false, "27"}};
+                                   {"P4c scan3 FMA M", {}, "0", "16", 3, "1", "1", "0", "0", "0", "", false, "27"},
+                                   {"P4c P24, P62 fp16 qkv/z", {}, "0", "16", 5, "1", "1", "0", "0", "0", "", false, "3",
+                                    true}};
   // fp16 cache (default) first; with it the flash knobs bf16kv / bf16 ops do not apply. Then D18
   // off (f32 cache) with every flash form of before.
   const std::vector<Variant> av = {{"kv16 P6 off (per-tok)", {"P6"}, "0", "16", 1},
@@ -371,12 +383,30 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
   for (int T : {1, 16, 63, 64, 65, 300, 1024, 2500})   // 2500: 40 chunks of state carried, partial last
     for (int carried = 0; carried < 2 && only != "attn"; ++carried) {
       const GdnIO io = make_gdn_io(c, T, carried, g);
-      const GdnOut ref = run_gdn(cpu, c, io, T);
+      const GdnOut ref_f32 = run_gdn(cpu, c, io, T);
+      // P62: the same inputs with qkv and z rounded to fp16 on the gpu, and their cpu reference.
+      GdnIO io16 = io;
+      GdnOut ref16;
+      bool any16 = false;
+      for (const Variant& v : gv) any16 = any16 || (v.f16in && (variant.empty() || v.name.find(variant) != std::string::npos));
+      if (any16 && T >= 2) {
+        Pool pool(gpu);
+        for (int ch = 0; ch < 2; ++ch)
+          for (Vec* v : {&io16.qkv[ch], &io16.z[ch]}) {
+            float* d = pool.up(*v);
+            cuda_tools::f16_round(gpu, d, int64_t(v->size()));
+            *v = pool.down(d, int64_t(v->size()));
+          }
+        ref16 = run_gdn(cpu, c, io16, T);
+      }
       for (size_t vi = 0; vi < gv.size(); ++vi)
         for (int rep = 0; rep < repeat; ++rep) {
           if (!variant.empty() && gv[vi].name.find(variant) == std::string::npos) break;
+          if (gv[vi].f16in && T < 2) break;   // T = 1 runs the decode kernel, which takes f32 inputs only
           apply(gpu, gv[vi]);
-          const GdnOut got = run_gdn(gpu, c, io, T);
+          const GdnOut& ref = gv[vi].f16in ? ref16 : ref_f32;
+          const GdnIO& in = gv[vi].f16in ? io16 : io;
+          const GdnOut got = run_gdn(gpu, c, in, T, gv[vi].f16in);
           Err ey = compare(ref.y[0], got.y[0], dv);
           ey.merge(compare(ref.y[1], got.y[1], dv));
           const Err es = compare(ref.S, got.S, dv);
@@ -400,7 +430,7 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
             // An intermittent failure points at a race, a repeatable one at the code (session 21: T = 63, P4 off).
             std::printf("  value heads over the bound:%s\n", gdn_bad_heads(c, ref, got, T, kRms[gv[vi].tol]).c_str());
             for (int rep = 1; rep <= 3; ++rep) {
-              const GdnOut again = run_gdn(gpu, c, io, T);
+              const GdnOut again = run_gdn(gpu, c, in, T, gv[vi].f16in);
               Err ay = compare(ref.y[0], again.y[0], dv);
               ay.merge(compare(ref.y[1], again.y[1], dv));
               const Err as = compare(ref.S, again.S, dv);

@@ -381,6 +381,7 @@ class CudaBackend final : public Backend {
     flush();
     const bool qkv16 = f16_out_.erase(qkv) > 0, z16 = f16_out_.erase(z) > 0;
     f16_out_.clear();   // nothing else reads a P62 output
+    LILY_CHECK(prefill || (!qkv16 && !z16), "cuda gdn: fp16 inputs only on the prefill path");
     const double bytes = 2.0 * d.nv * d.dk * d.dv * 4;
     // Prefill (P4): parallel pre-pass + column-split register scan; T = 1 stays on the decode kernel.
     if (prefill) {
@@ -637,6 +638,19 @@ class CudaBackend final : public Backend {
   // ---- tool hooks -------------------------------------------------------------------------
   // Turning profiling on (again) arms a 30 ms spin before the next op: the step queues up behind
   // it and runs back to back, as it would from a graph.
+  // P62 test aids (cuda_tools::f16_round / f16_pack / mark_f16).
+  void f16_convert(float* p, int64_t n, bool pack) {
+    flush();
+    float* tmp = pack ? static_cast<float*>(alloc_bytes(n * 2 + 16)) : nullptr;
+    cuda::f16_convert(p, n, pack ? reinterpret_cast<__half*>(tmp) : nullptr, s_);
+    if (pack) {
+      CUDA_CHECK(cudaMemcpyAsync(p, tmp, size_t(n) * 2, cudaMemcpyDeviceToDevice, s_));
+      wait_stream();
+      free(tmp);
+    }
+    wait_stream();
+  }
+  void mark_f16(const float* p) { f16_out_.insert(p); }
   void set_profiling(bool on) {
     synchronize();
     profiling_ = on;
@@ -1551,6 +1565,9 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& opt) {
 
 namespace cuda_tools {
 
+void f16_round(Backend& be, float* p, int64_t n) { as_cuda(be).f16_convert(p, n, false); }
+void f16_pack(Backend& be, float* p, int64_t n) { as_cuda(be).f16_convert(p, n, true); }
+void mark_f16(Backend& be, const float* p) { as_cuda(be).mark_f16(p); }
 void set_profiling(Backend& be, bool on) { as_cuda(be).set_profiling(on); }
 void set_ablations(Backend& be, const Ablations& a) { as_cuda(be).set_ablations(a); }
 void set_expert_histogram(Backend& be, bool on) { as_cuda(be).set_expert_histogram(on); }

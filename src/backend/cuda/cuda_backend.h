@@ -70,6 +70,12 @@ void set_kernel_trace(Backend& be, bool on);
 // two-round form) for `rows` rows of E logits; returns the ids [rows, K].
 std::vector<int> moe_topk_ids(const std::vector<float>& logits, int rows, int E, int K, bool lanes);
 std::vector<std::string> kernel_trace_summary(Backend& be);
+// Test aids for P62 (the chunked GDN's qkv and z as fp16): f16_round rounds n device floats to fp16 precision
+// in place (still f32); f16_pack stores them as n fp16 values at the start of the same buffer; mark_f16 tells
+// the backend that p holds such fp16 values for the next gdn() call, as P62's projection GEMM does.
+void f16_round(Backend& be, float* p, int64_t n);
+void f16_pack(Backend& be, float* p, int64_t n);
+void mark_f16(Backend& be, const float* p);
 
 }  // namespace cuda_tools
 }  // namespace lily

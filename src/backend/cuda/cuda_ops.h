@@ -68,6 +68,9 @@ void embed(const QMat& E, const int32_t* tokens, int T, float* out, cudaStream_t
 void rmsnorm(float* h, const float* r, const float* w, int n, int T, float eps, float* out,
              cudaStream_t s);
 void add(float* h, const float* r, int64_t n, cudaStream_t s);
+// Test aid (P62): n floats rounded to saturated fp16 (as the projection GEMM's fp16 segments), into out16, or back
+// into p as floats when out16 is null.
+void f16_convert(float* p, int64_t n, __half* out16, cudaStream_t s);
 
 // ---- sample.cu -----------------------------------------------------------------------------
 // ids[t] = argmax(logits[t, 0:n)), lowest index on ties. `scratch` from argmax_scratch_bytes.

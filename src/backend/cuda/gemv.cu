@@ -726,6 +726,20 @@ void rmsnorm(float* h, const float* r, const float* w, int n, int T, float eps, 
   CUDA_LAUNCH_CHECK();
 }
 
+__global__ void f16_convert_kernel(float* p, int64_t n, __half* out16) {
+  pdl_trigger();
+  pdl_wait();
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const __half h = __float2half_rn(fminf(fmaxf(p[i], -65504.f), 65504.f));
+    if (out16) out16[i] = h;
+    else p[i] = __half2float(h);
+  }
+}
+void f16_convert(float* p, int64_t n, __half* out16, cudaStream_t s) {
+  launch(f16_convert_kernel, dim3(unsigned(std::min<int64_t>((n + 255) / 256, 4096))), dim3(256), 0, s, p, n, out16);
+  CUDA_LAUNCH_CHECK();
+}
+
 void add(float* h, const float* r, int64_t n, cudaStream_t s) {
   launch(add_kernel, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s, h, r, n);
   CUDA_LAUNCH_CHECK();
