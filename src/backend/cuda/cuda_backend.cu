@@ -643,12 +643,9 @@ class CudaBackend final : public Backend {
     flush();
     float* tmp = pack ? static_cast<float*>(alloc_bytes(n * 2 + 16)) : nullptr;
     cuda::f16_convert(p, n, pack ? reinterpret_cast<__half*>(tmp) : nullptr, s_);
-    if (pack) {
-      CUDA_CHECK(cudaMemcpyAsync(p, tmp, size_t(n) * 2, cudaMemcpyDeviceToDevice, s_));
-      wait_stream();
-      free(tmp);
-    }
+    if (pack) CUDA_CHECK(cudaMemcpyAsync(p, tmp, size_t(n) * 2, cudaMemcpyDeviceToDevice, s_));
     wait_stream();
+    if (pack) free(tmp);
   }
   void mark_f16(const float* p) { f16_out_.insert(p); }
   void set_profiling(bool on) {

@@ -644,6 +644,11 @@ inline int mma_k_split(int64_t tiles, int ng_gcd4, int want) {
   return ks;
 }
 
+// fp16 with saturation at ±65504 (a finite value never becomes inf; NaN stays NaN), as the fp16 KV cache.
+__device__ __forceinline__ __half sat_half(float x) {
+  return __float2half_rn(fabsf(x) > 65504.f ? copysignf(65504.f, x) : x);
+}
+
 // The prefill MoE's (token, slot) rows [T·K routed rows, then T shared-expert rows] of H values, f32 or (P16)
 // fp16, and their sum for token t at float4 index h4 (H4 = H / 4): the shared row, then the routed rows
 // k = 0..K-1 in order. One definition for moe_combine_kernel and P59's fused norm, so both add in the same order.

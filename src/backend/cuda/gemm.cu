@@ -108,11 +108,6 @@ struct GemmArgs {
   int64_t zstride;
 };
 
-// fp16 with saturation at ±65504 (a finite value never becomes inf; NaN stays NaN), as the fp16 KV cache.
-__device__ __forceinline__ __half sat_half(float x) {
-  return __float2half_rn(fabsf(x) > 65504.f ? copysignf(65504.f, x) : x);
-}
-
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }

@@ -730,7 +730,7 @@ __global__ void f16_convert_kernel(float* p, int64_t n, __half* out16) {
   pdl_trigger();
   pdl_wait();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const __half h = __float2half_rn(fminf(fmaxf(p[i], -65504.f), 65504.f));
+    const __half h = sat_half(p[i]);   // as the projection GEMM's fp16 segments
     if (out16) out16[i] = h;
     else p[i] = __half2float(h);
   }
