@@ -24,6 +24,7 @@
 #include <cuda_fp16.h>
 
 #include <cfloat>
+#include <cstring>
 
 #include "backend/cuda/prefill_attn.h"
 
@@ -377,6 +378,16 @@ constexpr int kWgKV = kBK2 * kHD * 2;           // one K or V tile of 64 keys, 3
 constexpr int kWgSlot = 2 * kWgKV;              // ring slot: K then V
 constexpr size_t kSmemWg = size_t(kWgQ) + 2 * kWgSlot + 1024;   // + slack to align the base to 1024
 static_assert(kSmemWg <= 227 * 1024, "wgmma flash tiles exceed the shared memory of an SM");
+// P63: + the ring's mbarriers (full[2], empty[2]) behind the two slots.
+constexpr size_t kSmemWgTma = kSmemWg + 4 * 8;
+static_assert(kSmemWgTma <= 227 * 1024, "wgmma flash tiles exceed the shared memory of an SM");
+// P63: the K and V tensor maps ([kv rows][kv_heads * 256] fp16, rows past pos0 + T read as zeros).
+struct FlashMaps {
+  CUtensorMap k, v;
+};
+__device__ __forceinline__ void fl_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
 
 __device__ __forceinline__ uint32_t wgf_swz(int r, int u) { return uint32_t(r * 128 + ((u ^ (r & 7)) << 4)); }
 // Matrix descriptor, 128-byte swizzle (PTX ISA "matrix descriptor"): start, LBO, SBO (bytes).
@@ -419,14 +430,27 @@ __device__ __forceinline__ void wgf_rs_n256_t(float* d, uint32_t a0, uint32_t a1
 // mma.sync with V fragments by ldmatrix.trans from the swizzled tile); PVW_SWAP (diagnostic,
 // LILY_ATTN_WG=3): V's descriptor with LBO and SBO exchanged, to tell in one device run which reading
 // of the N-major stride fields holds if WG=2 fails.
-template <bool PVW, bool PVW_SWAP = false, bool P33 = true>
-__global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_wg_kernel(const __grid_constant__ FlashArgs a) {
+// TMA (P63, with PVW): a third warpgroup is the producer (registers moved to the consumers by setmaxnreg, 40 vs
+// 232, as FA3 does: a ninth warp alone would cap every thread at 168): lane 0 of its first warp loads each 64-key K / V tile with 8 TMA copies
+// (one per 64-dim chunk of K and of V, box 64 x 64, the same swizzled layout; keys past pos0 + T zero-filled by
+// the map's bounds) into the 2-slot ring, completing on the slot's "full" mbarrier by transaction count, and
+// reuses a slot once all 8 consumer warps have arrived on its "empty" mbarrier after the P·V that read it. The
+// consumers no longer copy (16 cp.async and their address arithmetic per thread and tile: ~15 % of the
+// kernel's stall samples at 4K, session 27 call 1) and no longer meet at a CTA barrier per tile, so each
+// warpgroup runs on as soon as its next tile has landed: one warpgroup's softmax can overlap the other's
+// products. Same operations on the same operands in the same order per row: the same bits.
+template <bool PVW, bool PVW_SWAP = false, bool P33 = true, bool TMA = false>
+__global__ void __launch_bounds__(kGQ * 32 + (TMA ? 128 : 0), 1)
+    attn_flash_wg_kernel(const __grid_constant__ FlashArgs a, const __grid_constant__ FlashMaps maps) {
+  static_assert(!TMA || PVW, "P63: the TMA ring serves the kernel with both products on wgmma");
   constexpr int BK = kBK2;
   extern __shared__ __align__(1024) unsigned char smwg[];
   const uint32_t raw0 = static_cast<uint32_t>(__cvta_generic_to_shared(smwg));
   const uint32_t pad = ((raw0 + 1023u) & ~1023u) - raw0;   // swizzle atoms need 1024-byte alignment
   unsigned char* sm = smwg + pad;                          // Q [4 chunks][128 rows][128 B], then 2 slots
   const uint32_t sQ = raw0 + pad;
+  uint64_t* full = reinterpret_cast<uint64_t*>(sm + kWgQ + 2 * kWgSlot);   // P63: full[2], empty[2]
+  uint64_t* empty = full + 2;
   pdl_trigger();
   pdl_wait();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
@@ -467,8 +491,38 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_wg_kernel(const __grid
       cp_async16_zfill(vd + off, a.vb + go, ok);
     }
   };
-  issue(tile_lo);
-  cp_async_commit();
+  if constexpr (TMA) {
+    if (tid == 0) {
+      mbar_init(&full[0], 1);
+      mbar_init(&full[1], 1);
+      mbar_init(&empty[0], kGQ);
+      mbar_init(&empty[1], kGQ);
+    }
+    __syncthreads();   // the last CTA-wide barrier: the producer warpgroup leaves after its loop
+    if (warp >= kGQ) {
+      // The producer warpgroup gives registers back for the consumers (168 each at 384 threads per SM; FA3's split).
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+      if (warp == kGQ && lane == 0) {
+        for (int i = 0; i < tile_hi - tile_lo; ++i) {
+          const int sl = i & 1;
+          if (i >= 2) mbar_wait_parity(&empty[sl], ((i >> 1) + 1) & 1);   // tile i - 2 fully consumed
+          mbar_expect_tx(&full[sl], 2 * kWgKV);
+          const uint32_t kd = sQ + kWgQ + sl * kWgSlot, fb = smem_addr(&full[sl]);
+          const int key0 = (tile_lo + i) * BK;
+#pragma unroll
+          for (int c = 0; c < kHD / 64; ++c) {
+            tma_load_2d(kd + c * (BK * 128), &maps.k, kvh * kHD + 64 * c, key0, fb);
+            tma_load_2d(kd + kWgKV + c * (BK * 128), &maps.v, kvh * kHD + 64 * c, key0, fb);
+          }
+        }
+      }
+      return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  } else {
+    issue(tile_lo);
+    cp_async_commit();
+  }
 
   // Q tile to fp16 × log2 e in the swizzled layout (row = warp*16 + token); rows past T are zero.
   // P33: eight float4 loads in flight per thread (off: one at a time, each waited for — ~8 % of the
@@ -496,6 +550,11 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_wg_kernel(const __grid
     }
   }
 
+  if constexpr (TMA) {   // the Q stores visible to wgmma, then every consumer's (named barrier: 8 warps)
+    wgf_proxy_fence();
+    asm volatile("bar.sync 1, %0;" ::"n"(kGQ * 32) : "memory");
+  }
+
   float oacc[kHD / 8][4];
 #pragma unroll
   for (int n = 0; n < kHD / 8; ++n) oacc[n][0] = oacc[n][1] = oacc[n][2] = oacc[n][3] = 0.f;
@@ -506,12 +565,17 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_wg_kernel(const __grid
   const int vrow = (lr + 8 * lh) * 128;
 
   for (int it = tile_lo; it < tile_hi; ++it) {
-    cp_async_wait<0>();   // tile it (this thread's copies; Q's stores are older)
-    wgf_proxy_fence();    // ... visible to wgmma's reads
-    __syncthreads();      // everyone's; every warpgroup is done with tile it-1's slot
-    if (it + 1 < tile_hi) issue(it + 1);
-    cp_async_commit();
-    const uint32_t kaddr = sQ + kWgQ + (it & 1) * kWgSlot, vaddr = kaddr + kWgKV;
+    const int sl = TMA ? (it - tile_lo) & 1 : it & 1;
+    if constexpr (TMA) {
+      mbar_wait_parity(&full[sl], ((it - tile_lo) >> 1) & 1);   // tile it has landed (async proxy: no fence)
+    } else {
+      cp_async_wait<0>();   // tile it (this thread's copies; Q's stores are older)
+      wgf_proxy_fence();    // ... visible to wgmma's reads
+      __syncthreads();      // everyone's; every warpgroup is done with tile it-1's slot
+      if (it + 1 < tile_hi) issue(it + 1);
+      cp_async_commit();
+    }
+    const uint32_t kaddr = sQ + kWgQ + sl * kWgSlot, vaddr = kaddr + kWgKV;
 
     // S = Q Kᵀ for the warpgroup's 64 rows × 64 keys: 16 k-steps, 32 bytes apart inside a chunk.
     float s[BK / 8][4];
@@ -596,6 +660,9 @@ __global__ void __launch_bounds__(kGQ * 32, 1) attn_flash_wg_kernel(const __grid
       wgf_commit();
       wgf_wait0();
       wgf_regs<kHD / 2>(&oacc[0][0]);
+      if constexpr (TMA) {
+        if (lane == 0) fl_arrive(&empty[sl]);   // this warp is done with the slot (its S and P·V have retired)
+      }
     } else {
       const unsigned char* vs = sm + kWgQ + (it & 1) * kWgSlot + kWgKV + vrow;
 #pragma unroll
@@ -728,6 +795,10 @@ bool& attn_prefill_p33_enabled() {
   static bool on = true;
   return on;
 }
+bool& attn_prefill_p63_enabled() {
+  static bool on = true;
+  return on;
+}
 int& attn_prefill_wg_mode() {
   static int mode = 2;
   return mode;
@@ -784,6 +855,8 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemWg)));
     CUDA_CHECK(cudaFuncSetAttribute(attn_flash_wg_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kSmemWg)));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_flash_wg_kernel<true, false, true, true>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemWgTma)));
     CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<true, false, kBK2, kStagesQ, true>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemQreg)));
     CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<true, true, kBK2, kStagesQ, true>,
@@ -820,14 +893,22 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
   const float* vf = kv16 ? nullptr : static_cast<const float*>(vc);
   FlashArgs fa{kf, vf, qbuf, q, kb, vb, o, part, pos0, T, d.kv_heads, splits};
   const dim3 grid((T + kBQ - 1) / kBQ, d.kv_heads, splits);
-  if (wgm == 1)
-    launch(attn_flash_wg_kernel<false>, grid, dim3(kGQ * 32), kSmemWg, s, fa);
+  FlashMaps maps;
+  std::memset(&maps, 0, sizeof maps);
+  if (wgm == 2 && attn_prefill_p33_enabled() && attn_prefill_p63_enabled()) {
+    // P63: rows = the keys this call reads (pos0 + T), so the last tile's keys past them arrive as zeros.
+    const uint64_t inner = uint64_t(d.kv_heads) * kHD, rows = uint64_t(pos0 + T);
+    tma_map_f16(&maps.k, kb, inner, rows, inner * 2, 64, kBK2, "attention prefill");
+    tma_map_f16(&maps.v, vb, inner, rows, inner * 2, 64, kBK2, "attention prefill");
+    launch(attn_flash_wg_kernel<true, false, true, true>, grid, dim3(kGQ * 32 + 128), kSmemWgTma, s, fa, maps);
+  } else if (wgm == 1)
+    launch(attn_flash_wg_kernel<false>, grid, dim3(kGQ * 32), kSmemWg, s, fa, maps);
   else if (wgm == 2 && attn_prefill_p33_enabled())
-    launch(attn_flash_wg_kernel<true>, grid, dim3(kGQ * 32), kSmemWg, s, fa);
+    launch(attn_flash_wg_kernel<true>, grid, dim3(kGQ * 32), kSmemWg, s, fa, maps);
   else if (wgm == 2)
-    launch(attn_flash_wg_kernel<true, false, false>, grid, dim3(kGQ * 32), kSmemWg, s, fa);
+    launch(attn_flash_wg_kernel<true, false, false>, grid, dim3(kGQ * 32), kSmemWg, s, fa, maps);
   else if (wgm >= 3)
-    launch(attn_flash_wg_kernel<true, true>, grid, dim3(kGQ * 32), kSmemWg, s, fa);
+    launch(attn_flash_wg_kernel<true, true>, grid, dim3(kGQ * 32), kSmemWg, s, fa, maps);
   else if (qreg && f16)
     launch(attn_flash_kernel<true, true, kBK2, kStagesQ, true>, grid, dim3(kGQ * 32), kSmemQreg, s, fa);
   else if (qreg)

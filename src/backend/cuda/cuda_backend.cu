@@ -4,6 +4,8 @@
 // the RMSNorm into its consumers, D9), CUDA-graph capture of a decode step (D2) and per-op timing.
 #include "backend/cuda/cuda_backend.h"
 
+#include <cudaTypedefs.h>   // PFN_cuTensorMapEncodeTiled (tma_map_f16)
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -29,6 +31,25 @@ bool& pdl_enabled() {
 void cuda_fail(cudaError_t e, const char* expr, const char* file, int line) {
   throw Error(std::string("CUDA error ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ") in " +
               expr + " at " + file + ":" + std::to_string(line));
+}
+void tma_map_f16(CUtensorMap* m, const void* p, uint64_t inner, uint64_t rows, uint64_t row_bytes, uint32_t box_inner,
+                 uint32_t box_rows, const char* what) {
+  static PFN_cuTensorMapEncodeTiled_v12000 enc = nullptr;
+  if (!enc) {
+    cudaDriverEntryPointQueryResult q{};
+    void* fn = nullptr;
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+    LILY_CHECK(fn && q == cudaDriverEntryPointSuccess, std::string(what) + ": cuTensorMapEncodeTiled not available");
+    enc = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }
+  const cuuint64_t dims[2] = {cuuint64_t(inner), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(row_bytes)};
+  const cuuint32_t box[2] = {box_inner, box_rows};
+  const cuuint32_t es[2] = {1, 1};
+  const CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<void*>(p), dims, strides, box, es,
+                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  LILY_CHECK(r == CUDA_SUCCESS, std::string(what) + ": cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
 }
 }  // namespace cuda
 
@@ -780,6 +801,7 @@ class CudaBackend final : public Backend {
     // P12's products: 2 (default) = S and P·V on wgmma, 1 = S only, 0 = both on mma.sync (64-key tiles).
     attn_prefill_wg_mode() = env_int("LILY_ATTN_WG", 2);
     attn_prefill_p33_enabled() = !abl_.has("P33");   // P33: attention prefill Q / gate loads batched
+    attn_prefill_p63_enabled() = !abl_.has("P63");   // P63: attention prefill K / V tiles by TMA, producer warp
     p25_ = !abl_.has("P25");   // P25: prefill rmsnorm fused with the GEMM / MoE operand conversion
     p30_ = !abl_.has("P30");   // P30: dense projections of one input stacked into one GEMM
     p28_ = !abl_.has("P28");   // P28: prefill GDN gated norm fused with the out-projection's conversion

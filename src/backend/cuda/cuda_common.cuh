@@ -1,6 +1,7 @@
 // Shared device helpers of the CUDA backend: error checks, plain-old-data weight views, bf16
 // conversion, warp reductions and the 4-bit dequantisation trick used by every decode kernel.
 #pragma once
+#include <cuda.h>   // CUtensorMap (TMA; encoded through the runtime's driver entry point, no libcuda link)
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -234,6 +235,20 @@ __device__ __forceinline__ void mbar_wait_parity(uint64_t* bar, int parity) {
         : "r"(b), "r"(parity)
         : "memory");
 }
+
+// TMA (sm_90): the box at (column c0, row c1) of a tensor map into shared memory at dst (a shared-window
+// address); the copy completes its bytes on the mbarrier at bar (expect_tx first).
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+// Host: the tensor map of a row-major fp16 array [rows][inner] (row stride row_bytes, a multiple of 16) read in
+// boxes of box_inner x box_rows with the 128-byte swizzle (box_inner = 64: one 128-byte row per box row); elements
+// past `rows` or `inner` read as zeros. `what` names the caller in the error message.
+void tma_map_f16(CUtensorMap* m, const void* p, uint64_t inner, uint64_t rows, uint64_t row_bytes, uint32_t box_inner,
+                 uint32_t box_rows, const char* what);
 
 constexpr int kTracePhases = 16;   // trace stamps per CTA
 constexpr int kTraceCtas = 1024;   // CTAs per traced launch slot

@@ -53,13 +53,6 @@ struct W16Maps {
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
-// Box at (column c0, row c1) of the map into shared memory at dst; completes `bytes` on mbarrier bar.
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
 
 // Tile t of the persistent walk: M tiles fastest, so that the CTAs running at once share the
 // weight tiles (each read from DRAM about once; the activations of a 4K chunk fit in L2 anyway).
@@ -264,24 +257,8 @@ __global__ void __launch_bounds__(kW16Threads, 1)
   }
 }
 
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no libcuda link needed).
 void wg16_map(CUtensorMap* m, const void* p, int K, int rows, int box_rows) {
-  static PFN_cuTensorMapEncodeTiled_v12000 enc = nullptr;
-  if (!enc) {
-    cudaDriverEntryPointQueryResult q{};
-    void* fn = nullptr;
-    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
-    LILY_CHECK(fn && q == cudaDriverEntryPointSuccess, "gemm: cuTensorMapEncodeTiled not available");
-    enc = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }
-  const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(K) * 2};
-  const cuuint32_t box[2] = {uint32_t(kBK), uint32_t(box_rows)};
-  const cuuint32_t es[2] = {1, 1};
-  const CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<void*>(p), dims, strides, box, es,
-                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  LILY_CHECK(r == CUDA_SUCCESS, "gemm: cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
+  tma_map_f16(m, p, uint64_t(K), uint64_t(rows), uint64_t(K) * 2, uint32_t(kBK), uint32_t(box_rows), "gemm");
 }
 
 // One CTA per SM (193 KB of shared memory), each walking tiles blockIdx.x + i·gridDim.x.

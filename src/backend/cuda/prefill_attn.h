@@ -157,6 +157,9 @@ int& attn_prefill_wg_mode();
 // P33 (default on; only the wgmma kernel, mode 2): Q tile and output-gate loads batched 8 per thread
 // (off: one dependent load at a time).
 bool& attn_prefill_p33_enabled();
+// P63 (default on; the wgmma kernel of mode 2 with P33): K / V tiles loaded by TMA from a producer warp into an
+// mbarrier ring (off: every thread copies with cp.async and the CTA meets at a barrier per tile).
+bool& attn_prefill_p63_enabled();
 void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_norm, void* kc, void* vc, bool kv16,
                        int pos0, const float* q, const float* k, const float* v, int T, float* o, float* work,
                        bool bf16_kv, bool f16, cudaStream_t s);
