@@ -356,6 +356,9 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                    {"kv16 flash WG2, P33 off", {"P33"}, "0", "16", 1, "", "1", "0", "0", "0", "2"},
                                    {"kv16 flash WG2, P63 off", {"P63"}, "0", "16", 1, "", "1", "0", "0", "0", "2"},
                                    {"kv16 all T, WG2, P63 off", {"P63"}, "0", "1", 1, "", "1", "0", "0", "0", "2"},
+                                   {"kv16 flash, P66 off (prep)", {"P66"}, "0", "16", 1},
+                                   {"kv16 flash WG2, P67 off", {"P67"}, "0", "16", 1, "", "1", "0", "0", "0", "2"},
+                                   {"kv16 all T, WG2, P67 off", {"P67"}, "0", "1", 1, "", "1", "0", "0", "0", "2"},
                                    // Expected to FAIL when WG2 passes: V's N-major descriptor with LBO and
                                    // SBO exchanged, so that one run tells which reading holds.
                                    {"diag WG3 (LBO<->SBO)", {}, "0", "16", 1, "", "1", "0", "0", "0", "3", true},
@@ -375,7 +378,8 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                    {"kv32 bf16 ops P12 off", {"D18", "P12"}, "0", "16", 2, "", "1", "1"},
                                    {"kv32 bf16 ops QREG", {"D18"}, "0", "16", 2, "", "1", "1", "0", "1", "0"},
                                    {"kv32 flash WG2", {"D18"}, "0", "16", 1, "", "1", "0", "0", "0", "2"},
-                                   {"kv32 flash WG2, P63 off", {"D18", "P63"}, "0", "16", 1, "", "1", "0", "0", "0", "2"}};
+                                   {"kv32 flash WG2, P63 off", {"D18", "P63"}, "0", "16", 1, "", "1", "0", "0", "0", "2"},
+                                   {"kv32 flash, P66 off (prep)", {"D18", "P66"}, "0", "16", 1}};
   std::vector<std::string> failed;   // one line per failing case-variant, repeated after the summary
   std::vector<Tally> gt(gv.size()), at(av.size());
   const int64_t dv = c.linear_value_dim() / c.linear_num_value_heads, hd = c.head_dim;
@@ -645,13 +649,16 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed, const std::stri
                                      {"kv16 WG1", {}, "0", "16", 1, "", "1", "0", "0", "0", "1"},
                                      {"kv16 WG2", {}, "0", "16", 1, "", "1", "0", "0", "0", "2"},
                                      {"kv16 WG2 P63off", {"P63"}, "0", "16", 1, "", "1", "0", "0", "0", "2"},
+                                     {"kv16 WG2 P66off", {"P66"}, "0", "16", 1, "", "1", "0", "0", "0", "2"},
+                                     {"kv16 WG2 P67off", {"P67"}, "0", "16", 1, "", "1", "0", "0", "0", "2"},
                                      {"kv32", {"D18"}, "0", "16", 1},
                                      {"kv32 P12off", {"D18", "P12"}, "0", "16", 1},
                                      {"flash32", {"D18"}, "0", "16", 1, "", "0"},
                                      {"bf16", {"D18"}, "0", "16", 2, "", "1", "1"},
                                      {"P6 off", {"P6"}}};
     for (int pos0 : {0, 28672, 126976}) {
-      double ms_new = 0, ms_old = 0, ms_m64 = 0, ms_qreg = 0, ms_wg1 = 0, ms_wg2 = 0, ms_p63off = 0;
+      double ms_new = 0, ms_old = 0, ms_m64 = 0, ms_qreg = 0, ms_wg1 = 0, ms_wg2 = 0, ms_p63off = 0, ms_p66off = 0,
+             ms_p67off = 0;
       for (const Variant& var : av) {
         const bool kv16_pair = var.name.rfind("kv16", 0) == 0;
         if (!kv16_pair && pos0 > 0) continue;
@@ -669,11 +676,15 @@ int run_bench(Backend& gpu, const ModelConfig& c, uint64_t seed, const std::stri
         if (var.name == "kv16 WG1") ms_wg1 = ms;
         if (var.name == "kv16 WG2") ms_wg2 = ms;
         if (var.name == "kv16 WG2 P63off") ms_p63off = ms;
+        if (var.name == "kv16 WG2 P66off") ms_p66off = ms;
+        if (var.name == "kv16 WG2 P67off") ms_p67off = ms;
       }
       std::printf("attn T=%5d pos0=%6d  speedup over P12 off: P12 (default) %.3fx, mma.sync 64 %.3fx, QREG %.3fx, "
                   "WG1 %.3fx, WG2 %.3fx\n", T, pos0, ms_old / ms_new, ms_old / ms_m64, ms_old / ms_qreg,
                   ms_old / ms_wg1, ms_old / ms_wg2);
-      std::printf("attn T=%5d pos0=%6d  P63 (TMA producer, default) over P63 off: %.3fx\n", T, pos0, ms_p63off / ms_wg2);
+      std::printf("attn T=%5d pos0=%6d  defaults (P63 TMA producer, P66 prep, P67 fp16 Q by TMA) over P63 off: %.3fx, "
+                  "over P66 off: %.3fx, over P67 off: %.3fx\n", T, pos0, ms_p63off / ms_wg2, ms_p66off / ms_wg2,
+                  ms_p67off / ms_wg2);
     }
   }
   apply(gpu, Variant{"default", {}});

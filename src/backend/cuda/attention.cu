@@ -440,6 +440,65 @@ __device__ __forceinline__ void prep_head_lanes(const float* src, const float* n
   prep_head_done(x, prep_head_ss(x), nw, eps, cs, sn, y);
 }
 
+// P66 (prefill, head_dim 256 and rot_dim 64): attn_prep_kernel's work with D28's warp-per-head layout. A CTA of 8
+// warps takes one token; warp w prepares the rows w, w + 8, w + 16 of its heads + kv_heads rows (query heads, then
+// key heads with their value rows copied), all its rows' loads issued first; lane l computes the RoPE angle of
+// pair l once per token (attn_prep_kernel: one powf and one sincosf per element, one CTA of 256 threads per row and
+// a block-wide reduction). Same formulas; Σx² summed in a different order (the last bits of the norm may differ).
+// Q16 (P67): the queries go out as the fp16 operand of P63's flash kernel, × log2 e and saturated as that kernel's
+// conversion did ([T, heads, hd] fp16 in qbuf's space: the same values, half the bytes, loaded there by TMA).
+constexpr int kPrepRowsPerWarp = 3;   // 18 rows (16 query + 2 key heads) over 8 warps
+template <typename KV, bool Q16>
+__global__ void __launch_bounds__(256) attn_prep_rows_kernel(AttnDims d, const float* qn, const float* kn, KV* kc,
+                                                             KV* vc, int pos0, const int32_t* pos_dev, const float* q,
+                                                             const float* k, const float* v, float* qbuf,
+                                                             const __grid_constant__ L2Prefetch pf) {
+  constexpr int hd = 256;
+  pdl_trigger();
+  l2_prefetch(pf);
+  pdl_wait();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.x;
+  const int rows = d.heads + d.kv_heads;
+  float x[kPrepRowsPerWarp][8];
+#pragma unroll
+  for (int u = 0; u < kPrepRowsPerWarp; ++u) {
+    const int r = warp + 8 * u;
+    if (r < d.heads) prep_head_load(q + (int64_t(t) * d.heads + r) * 2 * hd, x[u]);
+    else if (r < rows) prep_head_load(k + (int64_t(t) * d.kv_heads + (r - d.heads)) * hd, x[u]);
+  }
+  const int pos = cur_pos(pos0, pos_dev) + t;
+  const float inv = powf(d.theta, -float(2 * lane) / float(d.rot_dim));
+  float sn, cs;
+  sincosf(float(pos) * inv, &sn, &cs);
+#pragma unroll
+  for (int u = 0; u < kPrepRowsPerWarp; ++u) {
+    const int r = warp + 8 * u;
+    if (r >= rows) continue;
+    const bool is_q = r < d.heads;
+    float y[8];
+    prep_head_done(x[u], prep_head_ss(x[u]), is_q ? qn : kn, d.eps, cs, sn, y);
+    if (is_q && Q16) {
+      __half* out = reinterpret_cast<__half*>(qbuf) + (int64_t(t) * d.heads + r) * hd;
+      const float kLog2e = 1.4426950408889634f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) out[lane + 32 * j] = sat_half(y[j] * rsqrtf(float(hd)) * kLog2e);
+    } else if (is_q) {
+      float* out = qbuf + (int64_t(t) * d.heads + r) * hd;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) out[lane + 32 * j] = y[j] * rsqrtf(float(hd));
+    } else if (pos < d.capacity) {
+      const int kvh = r - d.heads;
+      const int64_t row = (int64_t(pos) * d.kv_heads + kvh) * hd;
+      const float* vs = v + (int64_t(t) * d.kv_heads + kvh) * hd;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        kv_store(kc + row + lane + 32 * j, y[j]);
+        kv_store(vc + row + lane + 32 * j, vs[lane + 32 * j]);
+      }
+    }
+  }
+}
+
 constexpr int kKvPrefetchRows = 16 * kMmaDecWarps;   // D43: positions of a slice prefetched before the wait
 template <int PM, bool FP>
 __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(AttnDims d, const __half* kc,
@@ -825,9 +884,24 @@ void launch_split_all(const AttnDims& d, int hpb, const KV* kc, const KV* vc, in
   else launch_split_h<2>(d, hpb, kc, vc, pos0, pos_dev, qbuf, part, splits, T, s);
 }
 
+bool prep_rows_ok(const AttnDims& d, int T) {
+  return T > 1 && d.head_dim == 256 && d.rot_dim == 64 && d.heads + d.kv_heads <= 8 * kPrepRowsPerWarp;
+}
 void launch_prep(const AttnDims& d, const float* q_norm, const float* k_norm, void* kc, void* vc, bool kv16,
                  int pos0, const int32_t* pos_dev, const float* q, const float* k, const float* v, int T,
-                 float* qbuf, const L2Prefetch& pf, cudaStream_t s) {
+                 float* qbuf, const L2Prefetch& pf, cudaStream_t s, bool q16 = false) {
+  LILY_CHECK(!q16 || (prep_rows_ok(d, T) && kv16), "attention prep: fp16 queries need P66's kernel and the fp16 cache");
+  if (q16 || (attn_prep_rows_enabled() && prep_rows_ok(d, T))) {   // P66
+    auto kern = q16 ? attn_prep_rows_kernel<__half, true> : attn_prep_rows_kernel<__half, false>;
+    if (kv16)
+      launch(kern, dim3(T), dim3(256), 0, s, d, q_norm, k_norm, static_cast<__half*>(kc), static_cast<__half*>(vc),
+             pos0, pos_dev, q, k, v, qbuf, pf);
+    else
+      launch(attn_prep_rows_kernel<float, false>, dim3(T), dim3(256), 0, s, d, q_norm, k_norm, static_cast<float*>(kc),
+             static_cast<float*>(vc), pos0, pos_dev, q, k, v, qbuf, pf);
+    CUDA_LAUNCH_CHECK();
+    return;
+  }
   const dim3 grid(d.heads + d.kv_heads, T), block(d.head_dim);
   const size_t smem = (d.head_dim + 32) * sizeof(float);
   if (kv16)
@@ -876,6 +950,10 @@ std::array<unsigned long long*, 2>& attn_trace_next() {
   return p;
 }
 
+bool& attn_prep_rows_enabled() {
+  static bool on = true;
+  return on;
+}
 bool& merge_warps_enabled() {
   static bool on = true;
   return on;
@@ -978,9 +1056,10 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void
 
 void attention_prep(const AttnDims& d, const float* q_norm, const float* k_norm, void* kc, void* vc, bool kv16,
                     int pos0, const int32_t* pos_dev, const float* q, const float* k, const float* v, int T,
-                    float* qbuf, cudaStream_t s) {
-  launch_prep(d, q_norm, k_norm, kc, vc, kv16, pos0, pos_dev, q, k, v, T, qbuf, L2Prefetch{}, s);
+                    float* qbuf, cudaStream_t s, bool q16) {
+  launch_prep(d, q_norm, k_norm, kc, vc, kv16, pos0, pos_dev, q, k, v, T, qbuf, L2Prefetch{}, s, q16);
 }
+bool attention_prep_q16_ok(const AttnDims& d, int T, bool kv16) { return kv16 && prep_rows_ok(d, T); }
 
 void kv_convert(void* dst, bool dst16, const void* src, bool src16, int64_t n, cudaStream_t s) {
   if (n <= 0) return;

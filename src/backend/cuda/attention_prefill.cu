@@ -378,12 +378,13 @@ constexpr int kWgKV = kBK2 * kHD * 2;           // one K or V tile of 64 keys, 3
 constexpr int kWgSlot = 2 * kWgKV;              // ring slot: K then V
 constexpr size_t kSmemWg = size_t(kWgQ) + 2 * kWgSlot + 1024;   // + slack to align the base to 1024
 static_assert(kSmemWg <= 227 * 1024, "wgmma flash tiles exceed the shared memory of an SM");
-// P63: + the ring's mbarriers (full[2], empty[2]) behind the two slots.
-constexpr size_t kSmemWgTma = kSmemWg + 4 * 8;
+// P63: + the ring's mbarriers (full[2], empty[2]) and P67's Q barrier behind the two slots.
+constexpr size_t kSmemWgTma = kSmemWg + 5 * 8;
 static_assert(kSmemWgTma <= 227 * 1024, "wgmma flash tiles exceed the shared memory of an SM");
 // P63: the K and V tensor maps ([kv rows][kv_heads * 256] fp16, rows past pos0 + T read as zeros).
 struct FlashMaps {
   CUtensorMap k, v;
+  CUtensorMap q;   // P67: the fp16 queries [T][heads][256] as dims (256, T, heads), box (64, 16 tokens, 8 heads)
 };
 __device__ __forceinline__ void fl_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
@@ -439,10 +440,15 @@ __device__ __forceinline__ void wgf_rs_n256_t(float* d, uint32_t a0, uint32_t a1
 // kernel's stall samples at 4K, session 27 call 1) and no longer meet at a CTA barrier per tile, so each
 // warpgroup runs on as soon as its next tile has landed: one warpgroup's softmax can overlap the other's
 // products. Same operations on the same operands in the same order per row: the same bits.
-template <bool PVW, bool PVW_SWAP = false, bool P33 = true, bool TMA = false>
+// QT (P67, with TMA): a.qbuf holds the queries already as this kernel's fp16 operand (× log2 e, saturated:
+// attention_prep's q16), loaded by the producer's first TMA copies (4 boxes of 64 dims x 16 tokens x 8 heads, rows
+// past T zero) straight into the swizzled Q tile (row = head · 16 + token), completing on its own mbarrier; the
+// consumers skip the conversion.
+template <bool PVW, bool PVW_SWAP = false, bool P33 = true, bool TMA = false, bool QT = false>
 __global__ void __launch_bounds__(kGQ * 32 + (TMA ? 128 : 0), 1)
     attn_flash_wg_kernel(const __grid_constant__ FlashArgs a, const __grid_constant__ FlashMaps maps) {
   static_assert(!TMA || PVW, "P63: the TMA ring serves the kernel with both products on wgmma");
+  static_assert(TMA || !QT, "P67 needs P63's producer warpgroup");
   constexpr int BK = kBK2;
   extern __shared__ __align__(1024) unsigned char smwg[];
   const uint32_t raw0 = static_cast<uint32_t>(__cvta_generic_to_shared(smwg));
@@ -451,6 +457,7 @@ __global__ void __launch_bounds__(kGQ * 32 + (TMA ? 128 : 0), 1)
   const uint32_t sQ = raw0 + pad;
   uint64_t* full = reinterpret_cast<uint64_t*>(sm + kWgQ + 2 * kWgSlot);   // P63: full[2], empty[2]
   uint64_t* empty = full + 2;
+  uint64_t* qbar = full + 4;   // P67
   pdl_trigger();
   pdl_wait();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
@@ -497,12 +504,19 @@ __global__ void __launch_bounds__(kGQ * 32 + (TMA ? 128 : 0), 1)
       mbar_init(&full[1], 1);
       mbar_init(&empty[0], kGQ);
       mbar_init(&empty[1], kGQ);
+      if (QT) mbar_init(qbar, 1);
     }
     __syncthreads();   // the last CTA-wide barrier: the producer warpgroup leaves after its loop
     if (warp >= kGQ) {
       // The producer warpgroup gives registers back for the consumers (168 each at 384 threads per SM; FA3's split).
       asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
       if (warp == kGQ && lane == 0) {
+        if constexpr (QT) {
+          mbar_expect_tx(qbar, kWgQ);
+#pragma unroll
+          for (int c = 0; c < kHD / 64; ++c)
+            tma_load_3d(sQ + c * (kGQ * kBQ * 128), &maps.q, 64 * c, t0, kvh * kGQ, smem_addr(qbar));
+        }
         for (int i = 0; i < tile_hi - tile_lo; ++i) {
           const int sl = i & 1;
           if (i >= 2) mbar_wait_parity(&empty[sl], ((i >> 1) + 1) & 1);   // tile i - 2 fully consumed
@@ -530,7 +544,7 @@ __global__ void __launch_bounds__(kGQ * 32 + (TMA ? 128 : 0), 1)
   const float kLog2e = 1.4426950408889634f;
   constexpr int kQUnits = kGQ * kBQ * (kHD / 4), kQBatch = P33 ? 8 : 1;
   static_assert(kQUnits % (kQBatch * kGQ * 32) == 0, "Q tile: whole batches per thread");
-  for (int i0 = tid; i0 < kQUnits; i0 += kQBatch * kGQ * 32) {
+  for (int i0 = tid; i0 < kQUnits && !QT; i0 += kQBatch * kGQ * 32) {
     float4 v[kQBatch];
 #pragma unroll
     for (int u = 0; u < kQBatch; ++u) {
@@ -550,7 +564,9 @@ __global__ void __launch_bounds__(kGQ * 32 + (TMA ? 128 : 0), 1)
     }
   }
 
-  if constexpr (TMA) {   // the Q stores visible to wgmma, then every consumer's (named barrier: 8 warps)
+  if constexpr (QT) {   // P67: the Q tile has landed (async proxy: no fence)
+    mbar_wait_parity(qbar, 0);
+  } else if constexpr (TMA) {   // the Q stores visible to wgmma, then every consumer's (named barrier: 8 warps)
     wgf_proxy_fence();
     asm volatile("bar.sync 1, %0;" ::"n"(kGQ * 32) : "memory");
   }
@@ -799,6 +815,10 @@ bool& attn_prefill_p63_enabled() {
   static bool on = true;
   return on;
 }
+bool& attn_prefill_p67_enabled() {
+  static bool on = true;
+  return on;
+}
 int& attn_prefill_wg_mode() {
   static int mode = 2;
   return mode;
@@ -832,11 +852,21 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
   }
   float* qbuf = work;
   float* part = work + int64_t(T) * d.heads * kHD;
-  attention_prep(d, q_norm, k_norm, kc, vc, kv16, pos0, nullptr, q, k, v, T, qbuf, s);
   // P12: 64-key tiles in a 2-slot ring for the 16-bit-KV path (the f32-staging path keeps 32).
   const bool bk64 = bf16_kv && attn_prefill_bk64_enabled();
   const int wgm = bk64 && f16 ? attn_prefill_wg_mode() : 0;   // wgmma experiment: fp16 operands only
   const bool qreg = bk64 && !wgm && attn_prefill_qreg_enabled();
+  const bool p63 = wgm == 2 && attn_prefill_p33_enabled() && attn_prefill_p63_enabled();
+  FlashMaps maps;
+  std::memset(&maps, 0, sizeof maps);
+  bool q16 = false;   // P67: the prep writes the fp16 Q operand, the producer loads it by TMA
+  if (p63 && attn_prefill_p67_enabled() && attention_prep_q16_ok(d, T, kv16)) {
+    const uint64_t dims[3] = {uint64_t(kHD), uint64_t(T), uint64_t(d.heads)};
+    const uint64_t strides[2] = {uint64_t(d.heads) * kHD * 2, uint64_t(kHD) * 2};   // token, head (bytes)
+    const uint32_t box[3] = {64, uint32_t(kBQ), uint32_t(kGQ)};
+    q16 = tma_map_f16_nd(&maps.q, qbuf, 3, dims, strides, box) == CUDA_SUCCESS;   // else the f32 queries
+  }
+  attention_prep(d, q_norm, k_norm, kc, vc, kv16, pos0, nullptr, q, k, v, T, qbuf, s, q16);
   const int bk = bk64 ? kBK2 : kBK;
   // Fewer splits when the longest block has few tiles (each slice keeps >= 4 tiles).
   const int max_tiles = (pos0 + T + bk - 1) / bk;
@@ -856,6 +886,8 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
     CUDA_CHECK(cudaFuncSetAttribute(attn_flash_wg_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kSmemWg)));
     CUDA_CHECK(cudaFuncSetAttribute(attn_flash_wg_kernel<true, false, true, true>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemWgTma)));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_flash_wg_kernel<true, false, true, true, true>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemWgTma)));
     CUDA_CHECK(cudaFuncSetAttribute(attn_flash_kernel<true, false, kBK2, kStagesQ, true>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemQreg)));
@@ -893,14 +925,14 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
   const float* vf = kv16 ? nullptr : static_cast<const float*>(vc);
   FlashArgs fa{kf, vf, qbuf, q, kb, vb, o, part, pos0, T, d.kv_heads, splits};
   const dim3 grid((T + kBQ - 1) / kBQ, d.kv_heads, splits);
-  FlashMaps maps;
-  std::memset(&maps, 0, sizeof maps);
-  if (wgm == 2 && attn_prefill_p33_enabled() && attn_prefill_p63_enabled()) {
+  if (p63) {
     // P63: rows = the keys this call reads (pos0 + T), so the last tile's keys past them arrive as zeros.
     const uint64_t inner = uint64_t(d.kv_heads) * kHD, rows = uint64_t(pos0 + T);
     tma_map_f16(&maps.k, kb, inner, rows, inner * 2, 64, kBK2, "attention prefill");
     tma_map_f16(&maps.v, vb, inner, rows, inner * 2, 64, kBK2, "attention prefill");
-    launch(attn_flash_wg_kernel<true, false, true, true>, grid, dim3(kGQ * 32 + 128), kSmemWgTma, s, fa, maps);
+    const dim3 blk(kGQ * 32 + 128);
+    if (q16) launch(attn_flash_wg_kernel<true, false, true, true, true>, grid, blk, kSmemWgTma, s, fa, maps);
+    else launch(attn_flash_wg_kernel<true, false, true, true>, grid, blk, kSmemWgTma, s, fa, maps);
   } else if (wgm == 1)
     launch(attn_flash_wg_kernel<false>, grid, dim3(kGQ * 32), kSmemWg, s, fa, maps);
   else if (wgm == 2 && attn_prefill_p33_enabled())

@@ -32,23 +32,34 @@ void cuda_fail(cudaError_t e, const char* expr, const char* file, int line) {
   throw Error(std::string("CUDA error ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ") in " +
               expr + " at " + file + ":" + std::to_string(line));
 }
-void tma_map_f16(CUtensorMap* m, const void* p, uint64_t inner, uint64_t rows, uint64_t row_bytes, uint32_t box_inner,
-                 uint32_t box_rows, const char* what) {
+CUresult tma_map_f16_nd(CUtensorMap* m, const void* p, int rank, const uint64_t* dims, const uint64_t* strides,
+                        const uint32_t* box) {
   static PFN_cuTensorMapEncodeTiled_v12000 enc = nullptr;
   if (!enc) {
     cudaDriverEntryPointQueryResult q{};
     void* fn = nullptr;
     CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
-    LILY_CHECK(fn && q == cudaDriverEntryPointSuccess, std::string(what) + ": cuTensorMapEncodeTiled not available");
+    LILY_CHECK(fn && q == cudaDriverEntryPointSuccess, "cuTensorMapEncodeTiled not available");
     enc = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }
-  const cuuint64_t dims[2] = {cuuint64_t(inner), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(row_bytes)};
-  const cuuint32_t box[2] = {box_inner, box_rows};
-  const cuuint32_t es[2] = {1, 1};
-  const CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<void*>(p), dims, strides, box, es,
-                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  LILY_CHECK(rank >= 1 && rank <= 5, "tma_map_f16_nd: rank 1..5");
+  cuuint64_t d[5], st[4];
+  cuuint32_t b[5], es[5];
+  for (int i = 0; i < rank; ++i) {
+    d[i] = dims[i];
+    b[i] = box[i];
+    es[i] = 1;
+    if (i + 1 < rank) st[i] = strides[i];
+  }
+  return enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, cuuint32_t(rank), const_cast<void*>(p), d, st, b, es,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+void tma_map_f16(CUtensorMap* m, const void* p, uint64_t inner, uint64_t rows, uint64_t row_bytes, uint32_t box_inner,
+                 uint32_t box_rows, const char* what) {
+  const uint64_t dims[2] = {inner, rows};
+  const uint32_t box[2] = {box_inner, box_rows};
+  const CUresult r = tma_map_f16_nd(m, p, 2, dims, &row_bytes, box);
   LILY_CHECK(r == CUDA_SUCCESS, std::string(what) + ": cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
 }
 }  // namespace cuda
@@ -802,6 +813,8 @@ class CudaBackend final : public Backend {
     attn_prefill_wg_mode() = env_int("LILY_ATTN_WG", 2);
     attn_prefill_p33_enabled() = !abl_.has("P33");   // P33: attention prefill Q / gate loads batched
     attn_prefill_p63_enabled() = !abl_.has("P63");   // P63: attention prefill K / V tiles by TMA, producer warp
+    attn_prep_rows_enabled() = !abl_.has("P66");   // P66: the prefill attention prep with a warp per head row
+    attn_prefill_p67_enabled() = !abl_.has("P67");   // P67: P63's Q tile as fp16 from the prep, loaded by TMA
     p25_ = !abl_.has("P25");   // P25: prefill rmsnorm fused with the GEMM / MoE operand conversion
     p30_ = !abl_.has("P30");   // P30: dense projections of one input stacked into one GEMM
     p28_ = !abl_.has("P28");   // P28: prefill GDN gated norm fused with the out-projection's conversion

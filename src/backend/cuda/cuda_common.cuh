@@ -244,9 +244,19 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }
-// Host: the tensor map of a row-major fp16 array [rows][inner] (row stride row_bytes, a multiple of 16) read in
-// boxes of box_inner x box_rows with the 128-byte swizzle (box_inner = 64: one 128-byte row per box row); elements
-// past `rows` or `inner` read as zeros. `what` names the caller in the error message.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+// Host: the tensor map of an fp16 array of `rank` dimensions (dims[0] contiguous; strides[i] = bytes between
+// consecutive indices of dimension i + 1, multiples of 16, in any order) read in boxes `box` with the 128-byte
+// swizzle (box[0] = 64: 128 bytes); elements out of range read as zeros. Returns the driver's result.
+CUresult tma_map_f16_nd(CUtensorMap* m, const void* p, int rank, const uint64_t* dims, const uint64_t* strides,
+                        const uint32_t* box);
+// The 2-D case, a row-major [rows][inner] array (row stride row_bytes) in boxes of box_inner x box_rows; throws with
+// `what` in the message when the driver refuses.
 void tma_map_f16(CUtensorMap* m, const void* p, uint64_t inner, uint64_t rows, uint64_t row_bytes, uint32_t box_inner,
                  uint32_t box_rows, const char* what);
 

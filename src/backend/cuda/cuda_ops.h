@@ -127,6 +127,8 @@ struct AttnDims {
 };
 // D11: decode merge with warps across splits (process-wide switch, ablation D11).
 bool& merge_warps_enabled();
+// P66: the attention prep of T > 1 tokens (prefill) with a warp per head row, a CTA per token (ablation P66).
+bool& attn_prep_rows_enabled();
 // D21: decode kernels stage x / activations from registers (every load in flight at once).
 bool& stage_regs_enabled();
 // D24: the 4-bit decode GEMV and the D19 kernel's 4-bit rows against x (and the down activations)

@@ -160,6 +160,9 @@ bool& attn_prefill_p33_enabled();
 // P63 (default on; the wgmma kernel of mode 2 with P33): K / V tiles loaded by TMA from a producer warp into an
 // mbarrier ring (off: every thread copies with cp.async and the CTA meets at a barrier per tile).
 bool& attn_prefill_p63_enabled();
+// P67 (default on, with P63 and P66 on the fp16 cache): the prep writes the queries as P63's fp16 operand and the
+// producer loads the Q tile by TMA (off: f32 queries converted by the consumers).
+bool& attn_prefill_p67_enabled();
 void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_norm, void* kc, void* vc, bool kv16,
                        int pos0, const float* q, const float* k, const float* v, int T, float* o, float* work,
                        bool bf16_kv, bool f16, cudaStream_t s);
@@ -167,8 +170,10 @@ void attention_prefill(const AttnDims& d, const float* q_norm, const float* k_no
 // ---- attention.cu (shared with the decode path) ----------------------------------------------
 // The decode path's prep kernel alone: queries (normalised, rotated, × hd^-1/2) to qbuf [T, heads, hd],
 // keys and values appended to the cache rows pos0..pos0+T-1 (fp16 when kv16, else f32).
+// q16 (P67; requires attention_prep_q16_ok): the queries as fp16 × log2 e [T, heads, hd] in qbuf's space instead.
 void attention_prep(const AttnDims& d, const float* q_norm, const float* k_norm, void* kc, void* vc, bool kv16,
                     int pos0, const int32_t* pos_dev, const float* q, const float* k, const float* v, int T,
-                    float* qbuf, cudaStream_t s);
+                    float* qbuf, cudaStream_t s, bool q16 = false);
+bool attention_prep_q16_ok(const AttnDims& d, int T, bool kv16);
 
 }  // namespace lily::cuda
