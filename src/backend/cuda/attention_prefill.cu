@@ -432,9 +432,9 @@ __device__ __forceinline__ void wgf_rs_n256_t(float* d, uint32_t a0, uint32_t a1
 // LILY_ATTN_WG=3): V's descriptor with LBO and SBO exchanged, to tell in one device run which reading
 // of the N-major stride fields holds if WG=2 fails.
 // TMA (P63, with PVW): a third warpgroup is the producer (registers moved to the consumers by setmaxnreg, 40 vs
-// 232, as FA3 does: a ninth warp alone would cap every thread at 168): lane 0 of its first warp loads each 64-key K / V tile with 8 TMA copies
-// (one per 64-dim chunk of K and of V, box 64 x 64, the same swizzled layout; keys past pos0 + T zero-filled by
-// the map's bounds) into the 2-slot ring, completing on the slot's "full" mbarrier by transaction count, and
+// 232, as FA3 does: a ninth warp alone would cap every thread at 168): lane 0 of its first warp loads each 64-key
+// K / V tile with 8 TMA copies (one per 64-dim chunk of K and of V, box 64 x 64, the same swizzled layout; keys past
+// pos0 + T zero-filled by the map's bounds) into the 2-slot ring, completing on the slot's "full" mbarrier by transaction count, and
 // reuses a slot once all 8 consumer warps have arrived on its "empty" mbarrier after the P·V that read it. The
 // consumers no longer copy (16 cp.async and their address arithmetic per thread and tile: ~15 % of the
 // kernel's stall samples at 4K, session 27 call 1) and no longer meet at a CTA barrier per tile, so each
