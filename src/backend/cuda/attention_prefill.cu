@@ -386,9 +386,6 @@ struct FlashMaps {
   CUtensorMap k, v;
   CUtensorMap q;   // P67: the fp16 queries [T][heads][256] as dims (256, T, heads), box (64, 16 tokens, 8 heads)
 };
-__device__ __forceinline__ void fl_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
 
 __device__ __forceinline__ uint32_t wgf_swz(int r, int u) { return uint32_t(r * 128 + ((u ^ (r & 7)) << 4)); }
 // Matrix descriptor, 128-byte swizzle (PTX ISA "matrix descriptor"): start, LBO, SBO (bytes).
@@ -677,7 +674,7 @@ __global__ void __launch_bounds__(kGQ * 32 + (TMA ? 128 : 0), 1)
       wgf_wait0();
       wgf_regs<kHD / 2>(&oacc[0][0]);
       if constexpr (TMA) {
-        if (lane == 0) fl_arrive(&empty[sl]);   // this warp is done with the slot (its S and P·V have retired)
+        if (lane == 0) mbar_arrive(&empty[sl]);   // this warp is done with the slot (its S and P·V have retired)
       }
     } else {
       const unsigned char* vs = sm + kWgQ + (it & 1) * kWgSlot + kWgKV + vrow;

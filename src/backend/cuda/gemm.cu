@@ -18,8 +18,7 @@
 // 8-bit matrices (the router and the shared-expert gate) run in split precision: x = x_hi + x_lo
 // and w = w_hi + w_lo as bf16 pairs, three MMAs per fragment (hi·hi + lo·hi + hi·lo), ~16-bit
 // mantissas, so that top-k routing agrees with the f32 reference except at exact near-ties.
-#include <cuda.h>   // CUtensorMap (P13's TMA variant; encoded through the runtime's driver entry point)
-#include <cudaTypedefs.h>
+#include <cuda.h>   // CUtensorMap (P13's TMA variant; encoded by tma_map_f16, cuda_backend.cu)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
