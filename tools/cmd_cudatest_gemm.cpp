@@ -46,6 +46,7 @@ int64_t gemm_segmented_probe(int T, int K, int nseg, const int* rows, unsigned s
 // backend/cuda/gemm.h: the P28 test entry (fused GDN gated norm + conversion vs the two kernels), synchronous
 int64_t gemm_gdn_norm_convert_probe(int nv, int T, bool f16, bool split, unsigned seed);
 double gemm_splitk_probe(int T, int N, int K, int ksplit, int bm, unsigned seed);
+double gemm_router16_probe(int T, int N, int K, int ksplit, unsigned seed);
 }  // namespace lily::cuda
 #endif
 
@@ -802,6 +803,21 @@ int run(const Options& o) {
         char line[200];
         std::snprintf(line, sizeof line, "%-4s P37 router split K T=%d slices=%d bm=%d: max |diff| / max |y| = %.2e",
                       ok ? "PASS" : "FAIL", cs[0], cs[1], cs[2], d);
+        std::printf("%s\n", line);
+        (ok ? tally.pass : tally.fail) += 1;
+        if (!ok) tally.failed.push_back(line);
+      }
+    // P68: the router GEMM on fp16 operands (x with its row scale, the weights' fp16 copy; K in slices on the P13
+    // kernel) against the split-precision GEMM (~16-bit operands): both operands rounded to 11 bits give ~1e-4 of
+    // max |y| on these data; a wrong k-order, slice or scale gives O(1), an unwritten slice NaN.
+    if (!p14)
+      for (const auto& cs : std::vector<std::array<int, 2>>{{4096, 4}, {4096, 1}, {2048, 8}, {1000, 8}, {300, 2},
+                                                            {128, 8}, {77, 4}, {16, 8}}) {
+        const double d = lily::cuda::gemm_router16_probe(cs[0], 256, 2048, cs[1], 17u + cs[0]);
+        const bool ok = d < 1e-3;
+        char line[200];
+        std::snprintf(line, sizeof line, "%-4s P68 router fp16 T=%d slices=%d: max |diff| / max |y| vs split precision = %.2e",
+                      ok ? "PASS" : "FAIL", cs[0], cs[1], d);
         std::printf("%s\n", line);
         (ok ? tally.pass : tally.fail) += 1;
         if (!ok) tally.failed.push_back(line);

@@ -815,6 +815,7 @@ class CudaBackend final : public Backend {
     attn_prefill_p63_enabled() = !abl_.has("P63");   // P63: attention prefill K / V tiles by TMA, producer warp
     attn_prep_rows_enabled() = !abl_.has("P66");   // P66: the prefill attention prep with a warp per head row
     attn_prefill_p67_enabled() = !abl_.has("P67");   // P67: P63's Q tile as fp16 from the prep, loaded by TMA
+    p68_ = !abl_.has("P68");   // P68: the prefill router GEMM on the experts' fp16 operand and a kept fp16 copy
     p25_ = !abl_.has("P25");   // P25: prefill rmsnorm fused with the GEMM / MoE operand conversion
     p30_ = !abl_.has("P30");   // P30: dense projections of one input stacked into one GEMM
     p28_ = !abl_.has("P28");   // P28: prefill GDN gated norm fused with the out-projection's conversion
@@ -1052,6 +1053,18 @@ class CudaBackend final : public Backend {
       off += gemm_dequant_bytes(w) / 2;
     }
     cache[key] = p;
+    return p;
+  }
+  // P68: the router's fp16 copy (gemm_dequant8: 1 MB per layer on this model), made once per matrix and kept;
+  // null during a capture before it exists (the prefill is not captured).
+  uint16_t* router16(const QMat& w) {
+    if (w.type != kQ8) return nullptr;
+    auto it = router16_.find(w.data);
+    if (it != router16_.end()) return it->second;
+    if (capturing_) return nullptr;
+    uint16_t* p = static_cast<uint16_t*>(alloc_bytes(gemm_dequant_bytes(w)));
+    timed("gemm.dequant8.router", 3.0 * w.rows * w.cols, [&] { gemm_dequant8(w, p, s_); });
+    router16_[w.data] = p;
     return p;
   }
   float* workspace(int64_t floats) {
@@ -1426,8 +1439,10 @@ class CudaBackend final : public Backend {
     }
   }
   // Prefill MoE (P2, P3) when the weights suit it; false: use the decode kernels.
-  bool moe_prefill(const MoeDev& m, const float* x, int T, float* out, const PendingPNorm& pn = {}) {
-    if (!moe_prefill_ok(m)) return false;
+  bool moe_prefill(const MoeDev& m0, const float* x, int T, float* out, const PendingPNorm& pn = {}) {
+    if (!moe_prefill_ok(m0)) return false;
+    MoeDev m = m0;
+    if (p68_ && gemm_f16()) m.router16 = router16(m.router);   // P68 (null: the split-precision GEMM)
     void* ws = workspace(moe_prefill_workspace_bytes(m, T) / 4 + 1);
     last_moe_ = {m, T, ws};
     MoePrefillOpts o;
@@ -1480,6 +1495,8 @@ class CudaBackend final : public Backend {
   std::map<KeptKey, uint16_t*> kept_[2];         // P21: [bf16, fp16] copies by (codes, rows, cols)
   std::map<KeptKey, uint16_t*> kept_stack_[2];   // P30: by (first codes, rows, count)
   bool p30_ = true;   // P30: the dense projections of one input as one GEMM
+  bool p68_ = true;   // P68: the prefill router GEMM on fp16 operands (router16)
+  std::map<const void*, uint16_t*> router16_;   // P68: the routers' fp16 copies by codes
   bool d53_ = true;   // D53
   bool p42_ = true;   // P42
   bool p37_ = true;   // P37: the router GEMM with K in slices

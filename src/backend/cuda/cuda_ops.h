@@ -201,6 +201,7 @@ struct MoeDev {
   int64_t gate_stride, gate_sb_stride, up_stride, up_sb_stride, down_stride, down_sb_stride;
   QMat sh_gate, sh_up, sh_down;
   int* hist = nullptr;                // optional [E] counts of routed tokens per expert
+  const uint16_t* router16 = nullptr;   // P68 (prefill): the router's fp16 copy (gemm_dequant8), or null
 };
 // Decode-step (T == 1) fusions of the MoE block; all optional.
 struct MoeDecode {

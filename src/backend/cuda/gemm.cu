@@ -1092,6 +1092,25 @@ __global__ void dequant_kernel(const QMat w, int f16, uint16_t* __restrict__ wb)
   reinterpret_cast<uint4*>(wb)[i] = make_uint4(o[0], o[1], o[2], o[3]);
 }
 
+// P68: an 8-bit matrix as the P13 kernel's fp16 operand (x 2^8, mma k-order, as dequant_kernel's f16 copies):
+// each weight s·q + b in f32, rounded once. One thread per 8 outputs (16 bytes).
+__global__ void dequant8_f16_kernel(const QMat w, uint16_t* __restrict__ wb) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(w.rows) * (w.cols / 8)) return;
+  const int64_t row = i / (w.cols / 8);
+  const int c8 = int(i % (w.cols / 8)), G = c8 >> 3, L0 = (c8 & 7) * 8;
+  uint32_t o[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const float v0 = qm_at(w, row, G * 64 + gemm_kperm(L0 + 2 * u)) * float(1 << kGemmF16WExp);
+    const float v1 = qm_at(w, row, G * 64 + gemm_kperm(L0 + 2 * u + 1)) * float(1 << kGemmF16WExp);
+    o[u] = h2_bits(__floats2half2_rn(v0, v1));
+  }
+  reinterpret_cast<uint4*>(wb)[i] = make_uint4(o[0], o[1], o[2], o[3]);
+}
+
 int sm_count() {
   static int sms = 0;
   if (!sms) CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -1475,8 +1494,8 @@ int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split,
          bytes_differ(dy[0], dy[1], int64_t(T) * 4) + conv_differ(c0, c1, tn, T);
 }
 
-double gemm_splitk_probe(int T, int N, int K, int ksplit, int bm, unsigned seed) {
-  ProbeBufs b(seed);
+// A random router-like 8-bit matrix N x K on the device (probe aid).
+QMat probe_q8(ProbeBufs& b, int N, int K) {
   std::vector<uint8_t> codes(size_t(N) * K);
   std::vector<uint16_t> sc(size_t(N) * (K / 64)), bi(sc.size());
   std::uniform_int_distribution<int> ud(0, 255);
@@ -1504,6 +1523,12 @@ double gemm_splitk_probe(int T, int N, int K, int ksplit, int bm, unsigned seed)
   w.data = d;
   w.scales = ds;
   w.biases = db;
+  return w;
+}
+
+double gemm_splitk_probe(int T, int N, int K, int ksplit, int bm, unsigned seed) {
+  ProbeBufs b(seed);
+  const QMat w = probe_q8(b, N, K);
   const int64_t tk = int64_t(T) * K, tn = int64_t(T) * N;
   float* x = b.copy(b.randn(tk, 1.f));
   const ConvOut c(b, tk, T);
@@ -1525,6 +1550,37 @@ double gemm_splitk_probe(int T, int N, int K, int ksplit, int bm, unsigned seed)
     double v = 0;
     for (int z = 0; z < ksplit; ++z) v += hz[size_t(z * tn + i)];
     if (!std::isfinite(v) || !std::isfinite(h1[size_t(i)])) return 1e30;
+    md = std::max(md, std::fabs(v - h1[size_t(i)]));
+    my = std::max(my, double(std::fabs(h1[size_t(i)])));
+  }
+  return my > 0 ? md / my : 1e30;
+}
+
+double gemm_router16_probe(int T, int N, int K, int ksplit, unsigned seed) {
+  ProbeBufs b(seed);
+  const QMat w = probe_q8(b, N, K);
+  const int64_t tk = int64_t(T) * K, tn = int64_t(T) * N;
+  float* x = b.copy(b.randn(tk, 1.f));
+  const ConvOut c(b, tk, T);
+  float* y1 = b.zeros_f(tn);
+  float* yz = b.copy(std::vector<float>(size_t(tn * ksplit), std::numeric_limits<float>::quiet_NaN()));
+  uint16_t* wb = static_cast<uint16_t*>(b.zeros(gemm_dequant_bytes(w)));
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  gemm_convert_a(x, T, K, c.operand(true, true), s);
+  gemm(w, c.operand(true, true), T, y1, N, false, nullptr, 0, s);   // split precision: the reference
+  gemm_dequant8(w, wb, s);
+  gemm_f16_ksplit(c.operand(true, false), T, wb, N, K, yz, ksplit, s);
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  CUDA_CHECK(cudaStreamDestroy(s));
+  std::vector<float> h1(static_cast<size_t>(tn)), hz(static_cast<size_t>(tn * ksplit));
+  CUDA_CHECK(cudaMemcpy(h1.data(), y1, h1.size() * 4, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(hz.data(), yz, hz.size() * 4, cudaMemcpyDeviceToHost));
+  double md = 0, my = 0;
+  for (int64_t i = 0; i < tn; ++i) {
+    double v = 0;
+    for (int z = 0; z < ksplit; ++z) v += hz[size_t(z * tn + i)];
+    if (!std::isfinite(v) || !std::isfinite(h1[size_t(i)])) return 1e30;   // NaN: a slice left unwritten
     md = std::max(md, std::fabs(v - h1[size_t(i)]));
     my = std::max(my, double(std::fabs(h1[size_t(i)])));
   }
@@ -1648,6 +1704,36 @@ void gemm(const QMat& w, const GemmA& x, int T, float* y, int64_t ldy, bool accu
 }
 
 bool gemm_segmented_ok(int T, int N, int K, bool f16) { return f16 && wg16_takes(T, N, K); }
+
+void gemm_dequant8(const QMat& w, uint16_t* wb, cudaStream_t s) {
+  LILY_CHECK(w.type == kQ8 && w.cols % 64 == 0, "gemm_dequant8: 8-bit matrices, K a multiple of 64");
+  const int64_t n = int64_t(w.rows) * (w.cols / 8);
+  launch(dequant8_f16_kernel, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s, w, wb);
+  CUDA_LAUNCH_CHECK();
+}
+
+void gemm_f16_ksplit(const GemmA& x, int T, const uint16_t* wb, int N, int K, float* y, int ksplit, cudaStream_t s) {
+  LILY_CHECK(x.f16 && x.a && x.rs && wb, "gemm_f16_ksplit: fp16 activations and a 16-bit weight copy");
+  LILY_CHECK(T > 0 && N > 0 && K % kBK == 0 && ksplit >= 1 && (K / kBK) % ksplit == 0,
+             "gemm_f16_ksplit: whole 64-column steps per K slice");
+  GemmArgs a{};
+  a.a = x.a;
+  a.a_scale = x.rs;
+  a.K = K;
+  a.M = T;
+  a.N = N;
+  a.b.n_groups = 1;
+  a.b.w[0].type = kBF;
+  a.b.w[0].rows = N;
+  a.b.w[0].cols = K;
+  a.b.w[0].data = wb;
+  a.mode = kStore;
+  a.y = y;
+  a.ldy = N;
+  a.ksplit = ksplit;
+  a.zstride = int64_t(T) * N;
+  launch_wg16(a, true, s);
+}
 
 void gemm_segmented(const GemmA& x, int T, int K, const uint16_t* wb, int nseg, const int* rows, float* const* ys,
                     cudaStream_t s, int h16) {

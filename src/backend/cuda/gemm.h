@@ -187,6 +187,15 @@ int64_t gemm_segmented_probe(int T, int K, int nseg, const int* rows, unsigned s
 // 512·ksplit): K in ksplit slices, slice z's partial product at y + z·T·ldy; the caller sums them.
 void gemm(const QMat& w, const GemmA& x, int T, float* y, int64_t ldy, bool accumulate, const uint16_t* wb, int bm,
           cudaStream_t s, int ksplit = 1);
+// P68: the fp16 copy (x 2^8, mma k-order; gemm_dequant_bytes) of an 8-bit matrix, each weight rounded once from f32.
+void gemm_dequant8(const QMat& w, uint16_t* wb, cudaStream_t s);
+// P68: y[T, N] = x · Wᵀ from the fp16 operand (x.a, x.rs) and a 16-bit copy wb [N, K] on the P13 kernel (TMA form)
+// with K in ksplit slices of whole 64-column steps: slice z's partial product at y + z·T·N (the caller sums them).
+void gemm_f16_ksplit(const GemmA& x, int T, const uint16_t* wb, int N, int K, float* y, int ksplit, cudaStream_t s);
+// P68 check: the router-shaped 8-bit GEMM through gemm_dequant8 + gemm_f16_ksplit (slices summed on the host)
+// against the split-precision GEMM on the same x: the largest |difference| over the largest |y| (1e30 if any
+// output is not finite, e.g. a slice left unwritten).
+double gemm_router16_probe(int T, int N, int K, int ksplit, unsigned seed);
 // P37 check: an 8-bit (router-shaped, N × K) GEMM of T rows in split precision with K cut into ksplit slices
 // (partials summed on the host) against the same GEMM unsplit: the largest |difference| over the largest |y|.
 double gemm_splitk_probe(int T, int N, int K, int ksplit, int bm, unsigned seed);
@@ -259,11 +268,13 @@ struct MoePrefillOpts {
   } pre_norm;
 };
 // P37: the router GEMM's K slices (k) and M-tile (bm; 0 = gemm's choice) for T tokens; k = 1: unsplit.
-constexpr int kRouterMaxSplit = 4;
+constexpr int kRouterMaxSplit = 8;
 struct RouterSplit {
   int k = 1, bm = 0;
 };
 RouterSplit router_split(const MoeDev& m, int T, bool on);
+// P68: the K slices of the router GEMM on its fp16 copy for T tokens (LILY_ROUTER16_SPLIT overrides, read per call).
+int router16_split(const MoeDev& m, int T);
 // True when moe_prefill handles these weights (4-bit experts, H and I multiples of 512, I == Is).
 bool moe_prefill_ok(const MoeDev& m);
 // P3: the expert M-tile for T tokens (expected rows per expert T·K/E); LILY_MOE_TILE overrides.

@@ -60,8 +60,23 @@ __device__ __forceinline__ void wg16_tile(int t, int gm, int& bx, int& by) {
   by = t / gm;
   bx = t - by * gm;
 }
+// Work unit u of the persistent walk: with SPLIT (P68: K in a.ksplit slices) unit u is tile u % tiles
+// of K slice kz = u / tiles (the slices of a tile far apart, so that the CTAs running at once read
+// every tile's activations once per slice); without, kz = 0 and u is the tile.
+template <bool SPLIT>
+__device__ __forceinline__ void wg16_unit(int u, int tiles, int gm, int& bx, int& by, int& kz) {
+  if constexpr (SPLIT) {
+    kz = u / tiles;
+    wg16_tile(u - kz * tiles, gm, bx, by);
+  } else {
+    kz = 0;
+    wg16_tile(u, gm, bx, by);
+  }
+}
 
-template <bool TMA, bool SEG = false>
+// SPLIT (P68, TMA and plain store mode only): K in a.ksplit slices, slice z's partial product written at
+// a.y + z · a.zstride.
+template <bool TMA, bool SEG = false, bool SPLIT = false>
 __global__ void __launch_bounds__(kW16Threads, 1)
     gemm_wg16_kernel(const __grid_constant__ GemmArgs a, const __grid_constant__ W16Maps maps) {
   using C = W16Cfg;
@@ -73,9 +88,10 @@ __global__ void __launch_bounds__(kW16Threads, 1)
   const uint32_t bar_full = sm0 + C::OFF_BAR, bar_empty = bar_full + 8 * S;
 
   const int tid = threadIdx.x;
-  const int K = a.K, nk = K / kBK, M = a.M, N = a.N;
+  const int K = a.K, nk = K / kBK / (SPLIT ? a.ksplit : 1), M = a.M, N = a.N;   // nk: k-steps per unit
   const int gm = (M + kW16BM - 1) / kW16BM, tiles = gm * ((N + kW16BN - 1) / kW16BN);
-  const int my_tiles = int(blockIdx.x) < tiles ? (tiles - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+  const int units = SPLIT ? tiles * a.ksplit : tiles;
+  const int my_tiles = int(blockIdx.x) < units ? (units - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
@@ -94,25 +110,27 @@ __global__ void __launch_bounds__(kW16Threads, 1)
     // ---- producer, TMA: thread 0 alone; per step wait for the slot, announce 48 KB, two copies ----
     if (tid == 0) {
       const int total = my_tiles * nk;
-      int pos0 = 0, n0 = 0;
+      int pos0 = 0, n0 = 0, k0 = 0;
       for (int q = 0; q < total; ++q) {
         if (q >= S) mbar_wait(bar_empty + 8 * (q % S), ((q / S) + 1) & 1);
         const int i = q / nk, kg = q - i * nk;
         if (kg == 0) {
-          int bx, by;
-          wg16_tile(int(blockIdx.x) + i * int(gridDim.x), gm, bx, by);
+          int bx, by, kz;
+          wg16_unit<SPLIT>(int(blockIdx.x) + i * int(gridDim.x), tiles, gm, bx, by, kz);
           pos0 = bx * kW16BM;
           n0 = by * kW16BN;
+          k0 = kz * nk * kBK;
         }
         const uint32_t st = sm0 + (q % S) * C::STAGE, fb = bar_full + 8 * (q % S);
         mbar_expect_tx(fb, C::STAGE);
-        tma_load_2d(st, &maps.a, kg * kBK, pos0, fb);
-        tma_load_2d(st + C::A_BYTES, &maps.b, kg * kBK, n0, fb);
+        tma_load_2d(st, &maps.a, k0 + kg * kBK, pos0, fb);
+        tma_load_2d(st + C::A_BYTES, &maps.b, k0 + kg * kBK, n0, fb);
       }
     }
     return;
   }
   if (!TMA && tid < 128) {
+    static_assert(TMA || !SPLIT, "P68's K slices are on the TMA producer only");
     // ---- producer warpgroup. Thread (r0 = tid / 8, c = tid % 8) copies 16-byte chunk c of rows
     // r0 + 16j: activation rows j < 8, weight rows j < 16. Its swizzled destination is swz(r0, c)
     // + 2048j (r & 7 is the same for all j). Steps run continuously over the CTA's tiles: global
@@ -191,8 +209,8 @@ __global__ void __launch_bounds__(kW16Threads, 1)
 
     // ---- epilogue. Accumulator 4j + 2h + e of a thread (warp w of its warpgroup, lane 4g + t):
     // token 16w + g + 8h of the warpgroup's 64, weight row 8j + 2t + e of the tile's 256. ----
-    int bx, by;
-    wg16_tile(int(blockIdx.x) + i * int(gridDim.x), gm, bx, by);
+    int bx, by, kz;
+    wg16_unit<SPLIT>(int(blockIdx.x) + i * int(gridDim.x), tiles, gm, bx, by, kz);
     const int pos0 = bx * kW16BM, rows = min(kW16BM, M - pos0), n0 = by * kW16BN;
     // P30 (SEG): with output segments, column n of segment q (seg_n0[q] <= n < seg_n0[q + 1]) goes
     // to seg_y[q] at column n - seg_n0[q]. A tile inside one segment keeps the plain path.
@@ -201,7 +219,7 @@ __global__ void __launch_bounds__(kW16Threads, 1)
       for (int q = 1; q < a.nseg; ++q)
         if (n0 >= a.seg_n0[q]) sg = q;
     const bool mixed = SEG && sg + 1 < a.nseg && n0 + kW16BN > a.seg_n0[sg + 1];
-    float* const ybase = SEG ? a.seg_y[sg] : a.y;
+    float* const ybase = SEG ? a.seg_y[sg] : SPLIT ? a.y + kz * a.zstride : a.y;
     const int64_t ld = SEG ? a.seg_ld[sg] : a.ldy;
     const int nb = SEG ? a.seg_n0[sg] : 0;
     const bool h16 = SEG && ((a.seg_h16 >> sg) & 1);   // P62: this segment as saturated fp16
@@ -262,11 +280,12 @@ void wg16_map(CUtensorMap* m, const void* p, int K, int rows, int box_rows) {
 }
 
 // One CTA per SM (193 KB of shared memory), each walking tiles blockIdx.x + i·gridDim.x.
-template <bool TMA, bool SEG>
+template <bool TMA, bool SEG, bool SPLIT = false>
 void launch_wg16_t(const GemmArgs& a, cudaStream_t s) {
   static bool attr = false;
   if (!attr) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg16_kernel<TMA, SEG>, cudaFuncAttributeMaxDynamicSharedMemorySize, W16Cfg::SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(gemm_wg16_kernel<TMA, SEG, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    W16Cfg::SMEM));
     attr = true;
   }
   W16Maps maps;
@@ -275,15 +294,19 @@ void launch_wg16_t(const GemmArgs& a, cudaStream_t s) {
     wg16_map(&maps.a, a.a, a.K, a.M, kW16BM);
     wg16_map(&maps.b, a.b.w[0].data, a.K, a.N, kW16BN);
   }
-  const int tiles = ((a.M + kW16BM - 1) / kW16BM) * ((a.N + kW16BN - 1) / kW16BN);
+  const int tiles = ((a.M + kW16BM - 1) / kW16BM) * ((a.N + kW16BN - 1) / kW16BN) * (SPLIT ? a.ksplit : 1);
   // LILY_GEMM_WG16_GRID (tests): fewer CTAs, i.e. more tiles per CTA.
   const int cap = env_int("LILY_GEMM_WG16_GRID", 0);
   const int grid = std::min(tiles, cap > 0 ? cap : sm_count());
-  launch(gemm_wg16_kernel<TMA, SEG>, dim3(grid), dim3(kW16Threads), size_t(W16Cfg::SMEM), s, a, maps);
+  launch(gemm_wg16_kernel<TMA, SEG, SPLIT>, dim3(grid), dim3(kW16Threads), size_t(W16Cfg::SMEM), s, a, maps);
   CUDA_LAUNCH_CHECK();
 }
 void launch_wg16(const GemmArgs& a, bool tma, cudaStream_t s) {
-  if (a.nseg > 0) {   // P30
+  if (a.ksplit > 1) {   // P68
+    LILY_CHECK(tma && a.nseg == 0 && a.mode == kStore && (a.K / kBK) % a.ksplit == 0,
+               "gemm_wg16: K slices need the TMA form, one output, store mode, whole k-steps per slice");
+    launch_wg16_t<true, false, true>(a, s);
+  } else if (a.nseg > 0) {   // P30
     if (tma) launch_wg16_t<true, true>(a, s);
     else launch_wg16_t<false, true>(a, s);
   } else if (tma) {

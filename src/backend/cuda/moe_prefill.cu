@@ -335,6 +335,27 @@ RouterSplit router_split(const MoeDev& m, int T, bool on) {
   return r;
 }
 
+// P68: the fewest K slices (1, 2, 4, 8) that give the P13 kernel's 128-token tiles at least 3/4 of the SMs as work
+// units (T = 4,096: 32 tiles x 4), else 8; each slice whole 64-column steps.
+int router16_split(const MoeDev& m, int T) {
+  const int nk = m.H / 64, tiles = ((T + 127) / 128) * ((m.E + 255) / 256);
+  static const int sms = [] {
+    int n = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0));
+    return n;
+  }();
+  const int f = int(env_rows("LILY_ROUTER16_SPLIT", 0));
+  int k = 1;
+  if (f > 0) {
+    k = f;
+  } else {
+    while (k < kRouterMaxSplit && tiles * k < sms * 3 / 4) k *= 2;
+  }
+  k = std::min(k, kRouterMaxSplit);
+  while (k > 1 && nk % k != 0) --k;
+  return k;
+}
+
 const int32_t* moe_prefill_ids(const MoeDev& m, int T, const void* work) {
   return reinterpret_cast<const int32_t*>(static_cast<const char*>(work) + layout(m, T).ids);
 }
@@ -368,12 +389,17 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
   const Layout l = layout(m, T);
   char* w = static_cast<char*>(work);
   const bool f16 = gemm_f16();
+  // P19: the one-row shared-expert gate rides on the conversion's read of x (same f32 dot as the GEMV).
+  const bool sg_fused = o.sg_in_convert && m.shared_gate.rows == 1 && m.shared_gate.cols == m.H;
+  // P68: the router GEMM on the experts' fp16 operand and the router's fp16 copy; then no 8-bit GEMM here reads the
+  // split operands (the shared gate is in the conversion, or a GEMV on x), and they are not written.
+  const bool r16 = m.router16 && f16;
   GemmA xa;   // experts: xa.a (+ rs); router and shared gate (8-bit): bf16 hi/lo
   xa.f16 = f16;
   xa.a = reinterpret_cast<uint16_t*>(w + l.xb);
   xa.rs = f16 ? reinterpret_cast<float*>(w + l.rs) : nullptr;
-  xa.hi = f16 ? reinterpret_cast<uint16_t*>(w + l.xh) : nullptr;
-  xa.lo = reinterpret_cast<uint16_t*>(w + l.xl);
+  xa.hi = f16 && !r16 ? reinterpret_cast<uint16_t*>(w + l.xh) : nullptr;
+  xa.lo = r16 ? nullptr : reinterpret_cast<uint16_t*>(w + l.xl);
   int8_t* aexp = reinterpret_cast<int8_t*>(w + l.aexp);
   float* logits = reinterpret_cast<float*>(w + l.logits);
   float* sg = reinterpret_cast<float*>(w + l.sg);
@@ -415,20 +441,20 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
   int4* tiles2 = reinterpret_cast<int4*>(w + l.tiles2);
   const int64_t routed = int64_t(T) * m.K;
 
-  // P19: the one-row shared-expert gate rides on the conversion's read of x (same f32 dot as the GEMV).
-  const bool sg_fused = o.sg_in_convert && m.shared_gate.rows == 1 && m.shared_gate.cols == m.H;
   // P42: with the shared gate fused, every reader of x here takes the converted operands (the router xh / xl, the
   // experts xa), and the model reads x (its normalised rows) again only after writing it anew.
   float* x_out = o.skip_x && sg_fused ? nullptr : const_cast<float*>(x);
-  const RouterSplit rsplit = router_split(m, T, o.router_split);
+  RouterSplit rsplit = router_split(m, T, o.router_split);
+  if (r16) rsplit = {router16_split(m, T), 0};
   if ((o.stages & (1 | 32)) && o.pre_norm.h)   // P25: x = rmsnorm(h) written and converted in one pass
     gemm_rmsnorm_convert(o.pre_norm.h, o.pre_norm.r, o.pre_norm.w, m.H, T, o.pre_norm.eps, x_out, xa, s,
                          sg_fused ? &m.shared_gate : nullptr, sg_fused ? sg : nullptr);
   else if (o.stages & (1 | 32))
     gemm_convert_a(x, T, m.H, xa, s, sg_fused ? &m.shared_gate : nullptr, sg_fused ? sg : nullptr);
-  if (o.stages & (1 | 64)) gemm(m.router, xa, T, logits, m.E, false, nullptr, rsplit.bm, s, rsplit.k);
+  if ((o.stages & (1 | 64)) && r16) gemm_f16_ksplit(xa, T, m.router16, m.E, m.H, logits, rsplit.k, s);
+  else if (o.stages & (1 | 64)) gemm(m.router, xa, T, logits, m.E, false, nullptr, rsplit.bm, s, rsplit.k);
   if ((o.stages & (1 | 128)) && !sg_fused) {
-    if (gemm_takes(m.shared_gate, T)) {
+    if (gemm_takes(m.shared_gate, T) && xa.lo) {
       gemm(m.shared_gate, xa, T, sg, 1, false, nullptr, 0, s);
     } else {   // one row: the f32 GEMV kernel (gemm_small_n)
       const GemvJob j{m.shared_gate, x, sg};
