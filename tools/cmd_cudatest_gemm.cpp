@@ -23,6 +23,8 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/gemm_emulate.h"
+#include "core/thread_pool.h"
 #include "command.h"
 #include "core/common.h"
 #include "core/options.h"
@@ -764,6 +766,9 @@ int run(const Options& o) {
     // gemm_convert_a (every output byte: h, the f32 rows, row scales, the P19 dot, fp16 / bf16 hi / lo).
     if (!p14)
     // P59 (last element 1 / 2): the residual read from fp16 / f32 MoE slot rows against the combine stage first.
+    // P69 (n = 2048: a warp per row, default) and the block kernel (P69 off) both.
+    for (const bool p69 : {true, false}) {
+    if (!p69) set_abl({"P69"});
     if (!p14)
       for (const auto& cs : std::vector<std::array<int, 7>>{{2048, 1, 1, 1, 1, 1, 0}, {2048, 37, 1, 1, 1, 1, 0},
                                                             {2048, 300, 0, 1, 0, 0, 0}, {2048, 300, 1, 0, 1, 0, 0},
@@ -775,13 +780,16 @@ int run(const Options& o) {
             lily::cuda::gemm_rmsnorm_convert_probe(cs[0], cs[1], cs[2], cs[3], cs[4], cs[5], 7u + cs[1], cs[6]);
         char line[200];
         std::snprintf(line, sizeof line,
-                      "%-4s P25 rmsnorm+convert n=%d T=%d add=%d f16=%d hi/lo=%d dot=%d%s: %lld bytes differ",
+                      "%-4s P25 rmsnorm+convert n=%d T=%d add=%d f16=%d hi/lo=%d dot=%d%s%s: %lld bytes differ",
                       d == 0 ? "PASS" : "FAIL", cs[0], cs[1], cs[2], cs[3], cs[4], cs[5],
-                      cs[6] == 1 ? " P59 fp16 slots" : cs[6] == 2 ? " P59 f32 slots" : "", (long long)d);
+                      cs[6] == 1 ? " P59 fp16 slots" : cs[6] == 2 ? " P59 f32 slots" : "", p69 ? "" : " P69 off",
+                      (long long)d);
         std::printf("%s\n", line);
         (d == 0 ? tally.pass : tally.fail) += 1;
         if (d != 0) tally.failed.push_back(line);
       }
+    set_abl({});
+    }
     // P28: the fused GDN gated norm + operand conversion, bit-identical to gdn_prefill_norm + gemm_convert_a.
     if (!p14)
       for (const auto& cs : std::vector<std::array<int, 4>>{{32, 1, 1, 0}, {32, 300, 1, 0}, {32, 77, 0, 1},
@@ -943,22 +951,28 @@ int run(const Options& o) {
       std::vector<float> ref(size_t(T) * H), logits(size_t(T) * E), y(size_t(T) * H);
       std::vector<float> eref[2] = {std::vector<float>(size_t(T) * H), std::vector<float>(size_t(T) * H)};
       std::vector<float> eref32[2] = {std::vector<float>(size_t(T) * H), std::vector<float>(size_t(T) * H)};
-      std::vector<float> elogits(size_t(T) * E);
+      std::vector<float> elogits[2] = {std::vector<float>(size_t(T) * E), std::vector<float>(size_t(T) * E)};
       cpu->moe(c, hm, x.data(), T, ref.data());
       cpu->matmul(hm.gate, x.data(), T, logits.data());
       for (int f = 0; f < 2; ++f) {
         emu[f]->moe(c, hm, x.data(), T, eref[f].data());
         emu32[f]->moe(c, hm, x.data(), T, eref32[f].data());
       }
-      emu[0]->matmul(hm.gate, x.data(), T, elogits.data());   // 8-bit: the same split in both modes
+      // The emulated routers: bf16 mode, split precision; fp16 mode, P68's fp16 operands (the prefill router; T >= 16).
+      emu[0]->matmul(hm.gate, x.data(), T, elogits[0].data());
+      {
+        ThreadPool pool;
+        qmatmul_emulated(GemmEmu::kFp16, hm.gate, x.data(), T, elogits[1].data(), pool, true);
+      }
       gpu->copy_from_host(xd, x.data(), 4LL * T * H);
       // One MoE block on the GPU (current switches) into y, compared with the f32 reference and with
       // `emu` (the CPU emulation of the GPU's operand rounding). Tokens whose top-k set differs from
       // the reference routing (router near-ties) are excluded from the error and counted in diff;
       // more than 2% of them is a failure by itself. `esame` uses the emulated router's routing.
       // emu_ref / emu_ref32: the emulation with the slot rows in fp16 (P16) / f32, whichever the GPU used.
+      // f16: which emulated router's routing `esame` follows (the GPU's precision mode).
       auto run_moe_case = [&](const std::vector<float>& emu_ref16, const std::vector<float>& emu_ref32, int& diff,
-                              Err& e, Err& ee) {
+                              Err& e, Err& ee, bool f16 = true) {
         gpu->fill_zero(yd, 4LL * T * H);
         gpu->moe(c, dm, xd, T, yd);
         gpu->copy_to_host(y.data(), yd, 4LL * T * H);
@@ -968,7 +982,7 @@ int run(const Options& o) {
         diff = 0;
         for (int t = 0; t < T; ++t) {
           std::vector<int> a = topk_set(logits.data() + int64_t(t) * E, E, k);
-          std::vector<int> ae = topk_set(elogits.data() + int64_t(t) * E, E, k);
+          std::vector<int> ae = topk_set(elogits[f16].data() + int64_t(t) * E, E, k);
           std::vector<int> b;
           if (ids.size() == size_t(T) * k) b.assign(ids.begin() + int64_t(t) * k, ids.begin() + int64_t(t + 1) * k);
           std::sort(b.begin(), b.end());
@@ -1040,7 +1054,7 @@ int run(const Options& o) {
         set_abl(off);
         int diff = 0;
         Err e, ee;
-        run_moe_case(eref[v.f16], eref32[v.f16], diff, e, ee);
+        run_moe_case(eref[v.f16], eref32[v.f16], diff, e, ee, v.f16);
         std::string ident;
         if (bn == "128") y128 = y;
         if (bn == "256" || bn == "512" || opt_in) {

@@ -33,7 +33,8 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const BackendOptions& opt)
       : pool_(opt.threads), emu_(gemm_emu_from_env()), emu_min_t_(gemm_emu_min_t()),
-        emu_skinny_(!with_env(opt.ablations).has("P7")), emu_slot16_(gemm_emu_slot16_from_env()) {}
+        emu_skinny_(!with_env(opt.ablations).has("P7")), emu_slot16_(gemm_emu_slot16_from_env()),
+        emu_r16_(!with_env(opt.ablations).has("P68")) {}
   ~CpuBackend() override {
     for (void* p : allocs_) std::free(p);
   }
@@ -112,8 +113,10 @@ class CpuBackend final : public Backend {
   // TEST AID (LILY_CPU_EMULATE, gemm_emulate.h): ops with op_T >= the CUDA GEMM threshold round
   // their matmul operands as the GPU GEMM does. op_T is the op's token count, not the rows of this
   // product (an expert sees fewer rows than the MoE op's T).
-  void mm(const QMatrix& W, const float* x, int T, float* y, int op_T) {
-    if (emu_ != GemmEmu::kOff && op_T >= emu_min_t_ && gemm_emu_applies(W, op_T, emu_skinny_)) qmatmul_emulated(emu_, W, x, T, y, pool_);
+  // router: the MoE router (the CUDA P68 rounds its prefill GEMM's operands to fp16, emu_r16_).
+  void mm(const QMatrix& W, const float* x, int T, float* y, int op_T, bool router = false) {
+    if (emu_ != GemmEmu::kOff && op_T >= emu_min_t_ && gemm_emu_applies(W, op_T, emu_skinny_))
+      qmatmul_emulated(emu_, W, x, T, y, pool_, router && emu_r16_);
     else qmatmul(W, x, T, y, pool_);
   }
 
@@ -122,6 +125,7 @@ class CpuBackend final : public Backend {
   int emu_min_t_ = 16;
   bool emu_skinny_ = true;   // the CUDA ablation P7 (gemm_emulate.h)
   bool emu_slot16_ = true;   // the CUDA P16: prefill MoE slot rows in fp16 (gemm_emulate.h)
+  bool emu_r16_ = true;      // the CUDA P68: the prefill router (8-bit) on fp16 operands (gemm_emulate.h)
   std::vector<void*> allocs_;
   std::vector<float> conv_out_, gates_, router_, xe_, ge_, ue_, de_, sh_g_, sh_u_, sh_d_, sh_s_;
   std::vector<int32_t> topk_idx_;
@@ -298,7 +302,7 @@ void CpuBackend::moe(const ModelConfig& c, const MoeWeights& w, const float* x, 
   const int E = c.num_experts, k = c.num_experts_per_tok;
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
   float* logits = scratch(router_, int64_t(T) * E);
-  mm(w.gate, x, T, logits, T);
+  mm(w.gate, x, T, logits, T, true);
   topk_idx_.resize(size_t(T) * k);
   topk_w_.resize(size_t(T) * k);
   order_.resize(size_t(E));

@@ -91,11 +91,14 @@ int fp16_row_exp(float amax) {
   return std::clamp(15 - e, -100, 100);
 }
 
-void qmatmul_emulated(GemmEmu mode, const QMatrix& W, const float* x, int T, float* y, ThreadPool& pool) {
+void qmatmul_emulated(GemmEmu mode, const QMatrix& W, const float* x, int T, float* y, ThreadPool& pool,
+                      bool q8_fp16) {
   LILY_CHECK(mode != GemmEmu::kOff && gemm_emu_applies(W, 1 << 30), "qmatmul_emulated: unsupported matrix");
   if (T <= 0) return;
   const int64_t K = W.cols, N = W.rows, G = K / 64;
-  const bool q8 = W.type == WType::kAffine8;
+  const bool bits8 = W.type == WType::kAffine8;
+  const bool q8_16 = bits8 && q8_fp16 && mode == GemmEmu::kFp16;   // P68: one fp16 product
+  const bool q8 = bits8 && !q8_16;                                   // split precision
   const bool f16 = mode == GemmEmu::kFp16 && !q8;
 
   // Activations: 4-bit -> one rounded copy; 8-bit -> (x_hi + x_lo) and x_hi.
@@ -144,6 +147,10 @@ void qmatmul_emulated(GemmEmu mode, const QMatrix& W, const float* x, int T, flo
               const float hi = round_bf16(v);
               out[k] = hi;
               wl[size_t(i * K + k)] = round_bf16(double(v) - hi);
+            } else if (q8_16) {
+              const float q = float((wr[k / 4] >> (8 * (k % 4))) & 255u);
+              const double v = double(std::fmaf(q, s, b)) * (1 << kFp16WExp);
+              out[k] = float(double(round_fp16(v)) * (1.0 / (1 << kFp16WExp)));
             } else {
               const double q = double((wr[k / 8] >> (4 * (k % 8))) & 15u);
               out[k] = f16 ? float(double(round_fp16(q * s16 + b16)) * (1.0 / (1 << kFp16WExp)))

@@ -40,7 +40,10 @@ constexpr int kFp16WExp = 8;
 // y[T, W.rows] = x·Wᵀ with the GPU GEMM's operand rounding for `mode` (W must satisfy
 // gemm_emu_applies). 4-bit: x rounded (bf16, or fp16 with the per-row exponent), weights
 // round(q·s + b) once (fp16: with s, b scaled by 2^8 and rounded to fp16 first). 8-bit (both
-// modes): split precision x_hi·w_hi + x_lo·w_hi + x_hi·w_lo with bf16 halves.
-void qmatmul_emulated(GemmEmu mode, const QMatrix& W, const float* x, int T, float* y, ThreadPool& pool);
+// modes): split precision x_hi·w_hi + x_lo·w_hi + x_hi·w_lo with bf16 halves, unless `q8_fp16` (the CUDA
+// P68, the prefill router on fp16 operands) in fp16 mode: x as the 4-bit fp16 path rounds it, each weight
+// round_fp16(fmaf(q, s, b)·2^8) once.
+void qmatmul_emulated(GemmEmu mode, const QMatrix& W, const float* x, int T, float* y, ThreadPool& pool,
+                      bool q8_fp16 = false);
 
 }  // namespace lily

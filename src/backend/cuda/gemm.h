@@ -95,6 +95,7 @@ bool gemm_moe_p32();
 // P34 (with P32): two 64-k steps per ring stage, the per-stage waits and bookkeeping once per two steps.
 void gemm_set_moe_p34(bool on);
 void gemm_set_moe_p38(bool on);   // P38: the P34 MoE kernel's wgmma N by the tile's rows (same bits)
+void gemm_set_p69(bool on);   // P69: the fused prefill rmsnorm + conversion with a warp per row (n = 2048; same bits)
 void gemm_set_moe_p39(bool on);   // P39: the MoE down GEMM (mma.sync) skips m16 tiles past the tile's rows (same bits)
 void gemm_set_moe_p43(bool on);   // P43: the MoE down GEMM's CTAs in N-tile-fastest order
 void gemm_set_moe_p46(bool on);   // P46: the MoE down GEMM's unpacking mask and exponent OR in one LOP3 (same bits)
@@ -251,7 +252,7 @@ struct MoePrefillOpts {
   bool host_routing = false;    // ablation P2 off: groups built on the host (synchronises)
   int stages = 31;              // bits: 1 router, 2 routing, 4 gate/up, 8 down, 16 combine; the router
                                 // stage's parts alone (profiling): 32 operand conversion, 64 router GEMM,
-                                // 128 shared-expert gate
+                                // 128 shared-expert gate; the routing's: 256 top-k, 512 plan + scatter
   bool slot16 = true;           // P16: the down GEMM's (token, slot) rows in fp16 (off: f32)
   bool sg_in_convert = true;    // P19: the shared-expert gate's dot in the operand conversion (off: own GEMV)
   bool skip_x = false;          // P42 (with P19, P25): the f32 x, which no MoE kernel then reads, is not written

@@ -461,14 +461,16 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
       gemv_batch(&j, 1, T, true, s);
     }
   }
-  if (o.stages & 2) {
-    const bool full_first = o.tiles_full_first && p56_takes(double(T) * m.K / m.E);   // P56
+  if (o.stages & (2 | 256)) {
     CUDA_CHECK(cudaMemsetAsync(counts, 0, 4 * (m.E + 1), s));
     const dim3 gt((T + 7) / 8), bt(256);
     const int64_t zs = int64_t(T) * m.E;
     if (m.E <= 256) launch(moe_topk_kernel<8>, gt, bt, 0, s, logits, T, m.E, m.K, ids, wts, counts, m.hist, rsplit.k, zs);
     else launch(moe_topk_kernel<16>, gt, bt, 0, s, logits, T, m.E, m.K, ids, wts, counts, m.hist, rsplit.k, zs);
     CUDA_LAUNCH_CHECK();
+  }
+  if (o.stages & (2 | 512)) {
+    const bool full_first = o.tiles_full_first && p56_takes(double(T) * m.K / m.E);   // P56
     if (o.host_routing) {
       host_plan(m, T, bm, w, l, s);
     } else {
