@@ -766,9 +766,6 @@ int run(const Options& o) {
     // gemm_convert_a (every output byte: h, the f32 rows, row scales, the P19 dot, fp16 / bf16 hi / lo).
     if (!p14)
     // P59 (last element 1 / 2): the residual read from fp16 / f32 MoE slot rows against the combine stage first.
-    // P69 (n = 2048: a warp per row, default) and the block kernel (P69 off) both.
-    for (const bool p69 : {true, false}) {
-    if (!p69) set_abl({"P69"});
     if (!p14)
       for (const auto& cs : std::vector<std::array<int, 7>>{{2048, 1, 1, 1, 1, 1, 0}, {2048, 37, 1, 1, 1, 1, 0},
                                                             {2048, 300, 0, 1, 0, 0, 0}, {2048, 300, 1, 0, 1, 0, 0},
@@ -780,16 +777,13 @@ int run(const Options& o) {
             lily::cuda::gemm_rmsnorm_convert_probe(cs[0], cs[1], cs[2], cs[3], cs[4], cs[5], 7u + cs[1], cs[6]);
         char line[200];
         std::snprintf(line, sizeof line,
-                      "%-4s P25 rmsnorm+convert n=%d T=%d add=%d f16=%d hi/lo=%d dot=%d%s%s: %lld bytes differ",
+                      "%-4s P25 rmsnorm+convert n=%d T=%d add=%d f16=%d hi/lo=%d dot=%d%s: %lld bytes differ",
                       d == 0 ? "PASS" : "FAIL", cs[0], cs[1], cs[2], cs[3], cs[4], cs[5],
-                      cs[6] == 1 ? " P59 fp16 slots" : cs[6] == 2 ? " P59 f32 slots" : "", p69 ? "" : " P69 off",
-                      (long long)d);
+                      cs[6] == 1 ? " P59 fp16 slots" : cs[6] == 2 ? " P59 f32 slots" : "", (long long)d);
         std::printf("%s\n", line);
         (d == 0 ? tally.pass : tally.fail) += 1;
         if (d != 0) tally.failed.push_back(line);
       }
-    set_abl({});
-    }
     // P28: the fused GDN gated norm + operand conversion, bit-identical to gdn_prefill_norm + gemm_convert_a.
     if (!p14)
       for (const auto& cs : std::vector<std::array<int, 4>>{{32, 1, 1, 0}, {32, 300, 1, 0}, {32, 77, 0, 1},
@@ -993,6 +987,9 @@ int run(const Options& o) {
         e = compare(y.data(), H, ref.data(), H, H, same);
         ee = compare(y.data(), H, emu_ref.data(), H, H, esame);
         if (diff > std::max(1, T / 50)) e.finite = false;
+        // Likewise against the emulation's own routing: an emulated router that is wrong (not near-ties) leaves
+        // esame short, and the comparison over the tokens left would pass for nothing.
+        if (T - int(esame.size()) > std::max(1, T / 50)) ee.finite = false;
       };
       struct Variant {
         const char* tile;

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "backend/cpu/gemm_emulate.h"
+
 #include <cmath>
 #include <limits>
 #include <random>
@@ -265,6 +267,38 @@ TEST(Qmatmul, RowOffsetViews) {
   std::vector<float> y(size_t(T * n));
   qmatmul(v, x.data(), T, y.data(), pool);
   expect_close(y, want, scale, std::string("qmatmul ") + qmatmul_isa());
+}
+
+// The CPU emulation of the CUDA prefill router (P68: 8-bit weights on fp16 operands). With one-hot rows x = e_k,
+// y[t][r] is the emulated weight itself: round_fp16(fmaf(q, s, b)·2^8)·2^-8, bit for bit (the weights of a
+// wrong row, column or group would not be); the split-precision emulation (P68 off) gives the f32 weight to
+// ~16 bits.
+TEST(GemmEmulate, RouterFp16Weights) {
+  ThreadPool pool(2);
+  const int64_t rows = 64, cols = 512, G = cols / 64;
+  const TestMatrix m = make_matrix(WType::kAffine8, rows, cols, 64, false, 91);
+  const std::vector<int64_t> ks = {0, 1, 63, 64, 130, 257, 511};
+  const int T = int(ks.size());
+  std::vector<float> x(size_t(T * cols), 0.f);
+  for (int t = 0; t < T; ++t) x[size_t(t * cols + ks[size_t(t)])] = 1.f;
+  std::vector<float> y16(size_t(T * rows)), ysplit(size_t(T * rows));
+  qmatmul_emulated(GemmEmu::kFp16, m.W, x.data(), T, y16.data(), pool, true);
+  qmatmul_emulated(GemmEmu::kFp16, m.W, x.data(), T, ysplit.data(), pool, false);
+  int bad = 0;
+  for (int t = 0; t < T && bad < 5; ++t)
+    for (int64_t r = 0; r < rows && bad < 5; ++r) {
+      const int64_t k = ks[size_t(t)];
+      const float q = float((m.codes[size_t(r * (cols / 4) + k / 4)] >> (8 * (k % 4))) & 255u);
+      const float sc = bf16_to_f32(m.s16[size_t(r * G + k / 64)]), bi = bf16_to_f32(m.b16[size_t(r * G + k / 64)]);
+      const float w32 = std::fmaf(q, sc, bi);
+      const float want = float(double(lily::round_fp16(double(w32) * (1 << kFp16WExp))) / (1 << kFp16WExp));
+      const float got = y16[size_t(t * rows + r)], split = ysplit[size_t(t * rows + r)];
+      if (got != want || !(std::fabs(double(split) - w32) <= 2e-5 * std::fabs(w32) + 1e-9)) {
+        ADD_FAILURE() << "row " << r << " col " << k << ": fp16 " << got << " (want " << want << "), split " << split
+                      << " (want " << w32 << ")";
+        ++bad;
+      }
+    }
 }
 
 }  // namespace

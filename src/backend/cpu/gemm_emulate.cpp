@@ -128,7 +128,7 @@ void qmatmul_emulated(GemmEmu mode, const QMatrix& W, const float* x, int T, flo
   std::vector<float> wa(size_t(std::min(chunk, N) * K)), wl(q8 ? wa.size() : 0);
   std::vector<float> ya(size_t(T * std::min(chunk, N))), yl(q8 ? ya.size() : 0);
   const uint32_t* words = static_cast<const uint32_t*>(W.data);
-  const int64_t wpr = q8 ? K / 4 : K / 8;   // u32 words per row
+  const int64_t wpr = bits8 ? K / 4 : K / 8;   // u32 words per row
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t n = std::min(chunk, N - r0);
     pool.parallel_for(n, [&](int64_t i0, int64_t i1) {

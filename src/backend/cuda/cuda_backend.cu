@@ -751,7 +751,6 @@ class CudaBackend final : public Backend {
     p42_ = !abl_.has("P42");   // P42: the prefill MoE's norm + conversion without its unread f32 x
     gdn_prep_wide_enabled() = !abl_.has("P41");   // P41: the GDN prefill prep a warp per head, float4 per lane
     moe_prefill_set_p40(!abl_.has("P40"));   // P40: the MoE gate/up at M-tile 128 (P34 + P38) from 8 expected rows
-    gemm_set_p69(!abl_.has("P69"));   // P69: the fused prefill rmsnorm + conversion with a warp per row
     gemm_set_moe_p39(!abl_.has("P39"));   // P39: the MoE down GEMM skips m16 tiles past its tile's rows
     gemm_set_moe_p38(!abl_.has("P38"));   // P38: the P34 MoE kernel's wgmma N = the tile's rows rounded up to 32
     moe_lean_act_enabled() = !abl_.has("D63");   // D63: the MoE's down activations staged in fewer instructions

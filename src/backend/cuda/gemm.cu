@@ -998,81 +998,6 @@ __global__ void __launch_bounds__(1024) rmsnorm_convert_kernel(float* h, const f
   for (int c8 = tid; c8 < n / 8; c8 += blockDim.x) convert_a_chunk(ys, row, n, c8, f16, up, xa, xh, xl);
 }
 
-// P69: rmsnorm_convert_kernel with a warp per row, 4 rows per CTA of 128 threads, for n = 128·J. Lane l plays the
-// block kernel's threads l + 32j (j < J), so every sum is formed in that kernel's order: each float4's Σx², the
-// butterfly of each of its J warps, block_sum's final butterfly over the J warp sums (lane j holds warp j's); the
-// P19 dot likewise (threads 0-255: lane l plays l + 32w, w < 8; the block's other warps added zeros). The outputs
-// are bit-identical; what changes is that all of a row's loads are issued at once and no block barrier orders a
-// row's phases, so that 16 rows per SM are in flight instead of the block kernel's 4.
-constexpr int kRcwRows = 4;
-template <typename S, int J>
-__global__ void __launch_bounds__(32 * kRcwRows) rmsnorm_convert_warp_kernel(
-    float* h, const float* r, const S* slot, int sl_T, int sl_K, const float* w, int T, float eps, float* out, int f16,
-    uint16_t* __restrict__ xa, float* __restrict__ rs, uint16_t* __restrict__ xh, uint16_t* __restrict__ xl,
-    const QMat dw, float* __restrict__ dy) {
-  constexpr int n = 128 * J;
-  __shared__ __align__(16) float ys_all[kRcwRows][n];
-  pdl_trigger();
-  pdl_wait();
-  const int lane = threadIdx.x & 31, wr = threadIdx.x >> 5;
-  const int64_t row = int64_t(blockIdx.x) * kRcwRows + wr;
-  if (row >= T) return;   // no block barrier below
-  float* ys = ys_all[wr];
-  float4* h4 = reinterpret_cast<float4*>(h + row * n);
-  float4 v[J];
-#pragma unroll
-  for (int j = 0; j < J; ++j) v[j] = h4[lane + 32 * j];
-  if (std::is_void_v<S> ? r != nullptr : true) {
-#pragma unroll
-    for (int j = 0; j < J; ++j) {
-      float4 a;
-      if constexpr (std::is_void_v<S>) a = reinterpret_cast<const float4*>(r + row * n)[lane + 32 * j];
-      else a = slot_sum4(slot, sl_T, sl_K, n / 4, row, lane + 32 * j);
-      v[j].x += a.x;
-      v[j].y += a.y;
-      v[j].z += a.z;
-      v[j].w += a.w;
-      h4[lane + 32 * j] = v[j];
-    }
-  }
-  float tot = 0.f;   // block_sum: lane j < J takes warp j's sum
-#pragma unroll
-  for (int j = 0; j < J; ++j) {
-    const float sj = warp_sum(v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w);
-    if (lane == j) tot = sj;
-  }
-  const float scale = rsqrtf(warp_sum(tot) / float(n) + eps);
-  float amax = 0.f;
-#pragma unroll
-  for (int j = 0; j < J; ++j) {
-    const float4 g = reinterpret_cast<const float4*>(w)[lane + 32 * j];
-    const float4 y = make_float4(v[j].x * scale * g.x, v[j].y * scale * g.y, v[j].z * scale * g.z, v[j].w * scale * g.w);
-    if (out) reinterpret_cast<float4*>(out + row * n)[lane + 32 * j] = y;
-    reinterpret_cast<float4*>(ys)[lane + 32 * j] = y;
-    amax = fmaxf(amax, fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w))));
-  }
-  __syncwarp();
-  if (dy) {
-    float d8 = 0.f;   // lane q < 8 takes virtual warp q's sum; warps 8.. of the block kernel added zeros
-#pragma unroll
-    for (int q = 0; q < 8; ++q) {
-      float d = 0.f;
-      for (int i = lane + 32 * q; i < n; i += 256) d += ys[i] * qm_at(dw, 0, i);
-      d = warp_sum(d);
-      if (lane == q) d8 = d;
-    }
-    const float d = warp_sum(d8);
-    if (lane == 0) dy[row] = d;
-  }
-  float up = 1.f;
-  if (f16) {
-    const int se = f16_row_exp(warp_max(amax));
-    up = pow2f(se);
-    if (lane == 0) rs[row] = pow2f(-se);
-  }
-  for (int c8 = lane; c8 < n / 8; c8 += 32) convert_a_chunk(ys, row, n, c8, f16, up, xa, xh, xl);
-}
-
 // P28: the GDN output's gated RMSNorm (gdn_norm_kernel: per token and 128-wide value head,
 // y · rsqrt(mean y² + eps) · w · silu(z)) and convert_a_kernel in one pass, one block of min(nv, 8)
 // warps per row; warp w takes heads w, w + W, ... (nv / W of them, all their loads issued at once:
@@ -1352,9 +1277,6 @@ void gemm_set_moe_p38(bool on) { g_moe_p38 = on; }
 // P39 (gemm_kernel, the MoE down GEMM): m16 tiles wholly past the tile's rows skip their A loads and MMAs (same bits).
 bool g_moe_p39 = true;
 void gemm_set_moe_p39(bool on) { g_moe_p39 = on; }
-// P69: gemm_rmsnorm_convert with a warp per row (rmsnorm_convert_warp_kernel, n = 2048; same bits).
-bool g_p69 = true;
-void gemm_set_p69(bool on) { g_p69 = on; }
 // P43 (gemm_kernel, the MoE down GEMM): CTAs in N-tile-fastest order (a tile's activation rows read once from DRAM).
 bool g_moe_p43 = true;
 void gemm_set_moe_p43(bool on) { g_moe_p43 = on; }
@@ -1448,18 +1370,6 @@ void gemm_rmsnorm_convert(float* h, const float* r, const float* w, int n, int T
   LILY_CHECK(!slots || (!r && slots->p && slots->T == T && slots->K > 0),
              "gemm_rmsnorm_convert: the MoE slot rows replace r, for the same T rows");
   uint16_t* hi = o.f16 || !o.a ? const_cast<uint16_t*>(o.hi) : nullptr;   // as gemm_convert_a
-  if (g_p69 && n == 2048) {   // P69: a warp per row (same bits)
-    auto go = [&](auto kernel, const auto* sl) {
-      launch(kernel, dim3(unsigned((T + kRcwRows - 1) / kRcwRows)), dim3(32 * kRcwRows), 0, s, h, r, sl, T,
-             slots ? slots->K : 0, w, T, eps, out, int(o.f16), const_cast<uint16_t*>(o.a), const_cast<float*>(o.rs), hi,
-             const_cast<uint16_t*>(o.lo), dot_y ? *dot_w : QMat{}, dot_y);
-    };
-    if (!slots) go(rmsnorm_convert_warp_kernel<void, 16>, static_cast<const void*>(nullptr));
-    else if (slots->f16) go(rmsnorm_convert_warp_kernel<uint2, 16>, static_cast<const uint2*>(slots->p));
-    else go(rmsnorm_convert_warp_kernel<float4, 16>, static_cast<const float4*>(slots->p));
-    CUDA_LAUNCH_CHECK();
-    return;
-  }
   auto go = [&](auto kernel, const auto* sl) {
     launch(kernel, dim3(unsigned(T)), dim3(unsigned(n / 4)), 0, s, h, r, sl, T, slots ? slots->K : 0, w, n, eps, out,
            int(o.f16), const_cast<uint16_t*>(o.a), const_cast<float*>(o.rs), hi, const_cast<uint16_t*>(o.lo),

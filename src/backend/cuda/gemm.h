@@ -95,7 +95,6 @@ bool gemm_moe_p32();
 // P34 (with P32): two 64-k steps per ring stage, the per-stage waits and bookkeeping once per two steps.
 void gemm_set_moe_p34(bool on);
 void gemm_set_moe_p38(bool on);   // P38: the P34 MoE kernel's wgmma N by the tile's rows (same bits)
-void gemm_set_p69(bool on);   // P69: the fused prefill rmsnorm + conversion with a warp per row (n = 2048; same bits)
 void gemm_set_moe_p39(bool on);   // P39: the MoE down GEMM (mma.sync) skips m16 tiles past the tile's rows (same bits)
 void gemm_set_moe_p43(bool on);   // P43: the MoE down GEMM's CTAs in N-tile-fastest order
 void gemm_set_moe_p46(bool on);   // P46: the MoE down GEMM's unpacking mask and exponent OR in one LOP3 (same bits)
