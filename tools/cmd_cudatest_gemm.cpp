@@ -41,7 +41,7 @@ void gemm_moe_raw(int kernel, int bm, bool swiglu, const uint16_t* a, const floa
                   const void* codes2, const void* scales2, const void* biases2, const int* tiles, int n_tiles,
                   const int* dst, const float* scale, float* y, uint16_t* act, int8_t* act_exp);
 // backend/cuda/gemm.h: the P25 test entry (fused rmsnorm + conversion vs the two kernels), synchronous
-int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split, bool dot, unsigned seed,
+int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split, int dot, unsigned seed,
                                    int slots);
 // backend/cuda/gemm.h: the P30 test entry (segmented GEMM vs one output), synchronous
 int64_t gemm_segmented_probe(int T, int K, int nseg, const int* rows, unsigned seed, int h16);
@@ -764,7 +764,6 @@ int run(const Options& o) {
   if (!bench) {
     // P25: the fused prefill rmsnorm + operand conversion must be bit-identical to rmsnorm followed by
     // gemm_convert_a (every output byte: h, the f32 rows, row scales, the P19 dot, fp16 / bf16 hi / lo).
-    if (!p14)
     // P59 (last element 1 / 2): the residual read from fp16 / f32 MoE slot rows against the combine stage first.
     if (!p14)
       for (const auto& cs : std::vector<std::array<int, 7>>{{2048, 1, 1, 1, 1, 1, 0}, {2048, 37, 1, 1, 1, 1, 0},
@@ -772,7 +771,10 @@ int run(const Options& o) {
                                                             {4096, 64, 1, 1, 1, 1, 0}, {1024, 5, 1, 1, 0, 1, 0},
                                                             {2048, 1, 1, 1, 0, 0, 1}, {2048, 37, 1, 1, 0, 0, 1},
                                                             {2048, 300, 1, 1, 1, 1, 1}, {2048, 77, 1, 0, 1, 0, 2},
-                                                            {2048, 130, 1, 1, 0, 1, 2}, {1024, 5, 1, 1, 0, 0, 1}}) {
+                                                            {2048, 130, 1, 1, 0, 1, 2}, {1024, 5, 1, 1, 0, 0, 1},
+                                                            // P70: the dot over an 8-bit row (the MoE's shared gate)
+                                                            {2048, 300, 1, 1, 0, 2, 0}, {2048, 37, 1, 1, 1, 2, 1},
+                                                            {4096, 64, 1, 1, 0, 2, 0}, {1024, 5, 1, 0, 1, 2, 0}}) {
         const int64_t d =
             lily::cuda::gemm_rmsnorm_convert_probe(cs[0], cs[1], cs[2], cs[3], cs[4], cs[5], 7u + cs[1], cs[6]);
         char line[200];

@@ -751,6 +751,7 @@ class CudaBackend final : public Backend {
     p42_ = !abl_.has("P42");   // P42: the prefill MoE's norm + conversion without its unread f32 x
     gdn_prep_wide_enabled() = !abl_.has("P41");   // P41: the GDN prefill prep a warp per head, float4 per lane
     moe_prefill_set_p40(!abl_.has("P40"));   // P40: the MoE gate/up at M-tile 128 (P34 + P38) from 8 expected rows
+    gemm_set_p70(!abl_.has("P70"));   // P70: the prefill norm + conversion's 8-bit dot and bf16 halves, cheaper
     gemm_set_moe_p39(!abl_.has("P39"));   // P39: the MoE down GEMM skips m16 tiles past its tile's rows
     gemm_set_moe_p38(!abl_.has("P38"));   // P38: the P34 MoE kernel's wgmma N = the tile's rows rounded up to 32
     moe_lean_act_enabled() = !abl_.has("D63");   // D63: the MoE's down activations staged in fewer instructions
@@ -1451,6 +1452,7 @@ class CudaBackend final : public Backend {
     o.sg_in_convert = !abl_.has("P19");   // P19: shared-expert gate in the router's operand conversion
     o.skip_x = p42_;                       // P42: no f32 x from that conversion (nothing reads it)
     o.router_split = p37_;                // P37: the router GEMM with K in 4 slices
+    o.rank_in_topk = !abl_.has("P71");    // P71: the scatter places rows by the top-k kernel's arrival order
     o.tiles_full_first = p56_;            // P56: full tiles first, partial ones largest first (512-3K prompts)
     if (pn.h) o.pre_norm = {pn.h, pn.r, pn.w, pn.eps};   // P25 (x = pn.out)
     // P59: the combine held back for the next norm (flush_comb launches it when anything else comes first).

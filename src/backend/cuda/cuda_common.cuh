@@ -114,6 +114,17 @@ __device__ __forceinline__ float qm_sb(const QMat& m, const void* p, int64_t r, 
                   : bf16f(static_cast<const uint16_t*>(p)[r * ng + g]);
 }
 
+// P70: element (r, k) of an 8-bit matrix with group size 64 and bf16 scales / biases: qm_at's value (the same fma of
+// the same operands) without its generic path (the type switch, three divisions by the runtime group size).
+__device__ __forceinline__ float qm_at_q8g64(const QMat& m, int64_t r, int k) {
+  const uint32_t w = static_cast<const uint32_t*>(m.data)[r * (m.cols / 4) + k / 4];
+  const float q = float((w >> (8 * (k & 3))) & 255u);
+  const int64_t g = r * (m.cols >> 6) + (k >> 6);
+  return bf16f(static_cast<const uint16_t*>(m.scales)[g]) * q + bf16f(static_cast<const uint16_t*>(m.biases)[g]);
+}
+// Whether qm_at_q8g64 reads m.
+inline bool qm_q8g64(const QMat& m) { return m.type == kQ8 && m.gs == 64 && !m.sb_f32 && m.cols % 64 == 0; }
+
 // Element (r, k) of any matrix type, dequantised (slow path, used by generic kernels).
 __device__ __forceinline__ float qm_at(const QMat& m, int64_t r, int k) {
   switch (m.type) {

@@ -877,19 +877,22 @@ __global__ void __launch_bounds__(kThreads, (min_ctas<BM, BT, AM, BN>()))
 
 // One 16-byte chunk of each conversion output: staged columns 8·c8 .. 8·c8 + 7 of row `row` in mma
 // k-order, read from xr (the row's K f32 values, global or shared memory). xa: fp16 scaled by `up`
-// (f16) or bf16; xh / xl (optional): bf16 x_hi and the remainders x - x_hi.
+// (f16) or bf16; xh / xl (optional): bf16 x_hi and the remainders x - x_hi. need_h false (P70; only when f16 and
+// neither xh nor xl is written): the bf16 halves are not computed.
 __device__ __forceinline__ void convert_a_chunk(const float* xr, int64_t row, int K, int c8, int f16, float up,
                                                 uint16_t* __restrict__ xa, uint16_t* __restrict__ xh,
-                                                uint16_t* __restrict__ xl) {
+                                                uint16_t* __restrict__ xl, bool need_h = true) {
   const int G = c8 >> 3, L0 = (c8 & 7) * 8;
   const float* src = xr + G * 64;
-  uint32_t o[4], h[4], l[4];
+  uint32_t o[4], h[4] = {}, l[4] = {};
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
     const float v0 = src[gemm_kperm(L0 + 2 * u)], v1 = src[gemm_kperm(L0 + 2 * u + 1)];
-    const __nv_bfloat162 hb = __floats2bfloat162_rn(v0, v1);
-    h[u] = bf2_bits(hb);
-    l[u] = pack_bf16(v0 - __low2float(hb), v1 - __high2float(hb));
+    if (need_h) {
+      const __nv_bfloat162 hb = __floats2bfloat162_rn(v0, v1);
+      h[u] = bf2_bits(hb);
+      l[u] = pack_bf16(v0 - __low2float(hb), v1 - __high2float(hb));
+    }
     o[u] = f16 ? h2_bits(__floats2half2_rn(v0 * up, v1 * up)) : h[u];
   }
   const int64_t i = row * (K / 8) + c8;
@@ -951,7 +954,7 @@ __global__ void __launch_bounds__(1024) rmsnorm_convert_kernel(float* h, const f
                                                                float eps, float* out, int f16,
                                                                uint16_t* __restrict__ xa, float* __restrict__ rs,
                                                                uint16_t* __restrict__ xh, uint16_t* __restrict__ xl,
-                                                               const QMat dw, float* __restrict__ dy) {
+                                                               const QMat dw, float* __restrict__ dy, int p70) {
   __shared__ float red[32];
   __shared__ __align__(16) float ys[4096];
   pdl_trigger();
@@ -978,8 +981,12 @@ __global__ void __launch_bounds__(1024) rmsnorm_convert_kernel(float* h, const f
   __syncthreads();   // ys complete; block_sum's reads of red done
   if (dy) {
     float d = 0.f;
-    if (tid < 256)
-      for (int i = tid; i < n; i += 256) d += ys[i] * qm_at(dw, 0, i);
+    if (tid < 256) {
+      if (p70 & 2)   // P70: the 8-bit gate's weights without qm_at's generic path (the same values)
+        for (int i = tid; i < n; i += 256) d += ys[i] * qm_at_q8g64(dw, 0, i);
+      else
+        for (int i = tid; i < n; i += 256) d += ys[i] * qm_at(dw, 0, i);
+    }
     d = block_sum(d, red);
     if (tid == 0) dy[row] = d;
     __syncthreads();   // red is reused below
@@ -995,7 +1002,8 @@ __global__ void __launch_bounds__(1024) rmsnorm_convert_kernel(float* h, const f
     up = pow2f(se);
     if (tid == 0) rs[row] = pow2f(-se);
   }
-  for (int c8 = tid; c8 < n / 8; c8 += blockDim.x) convert_a_chunk(ys, row, n, c8, f16, up, xa, xh, xl);
+  const bool need_h = !(p70 & 1) || !f16 || xh || xl;
+  for (int c8 = tid; c8 < n / 8; c8 += blockDim.x) convert_a_chunk(ys, row, n, c8, f16, up, xa, xh, xl, need_h);
 }
 
 // P28: the GDN output's gated RMSNorm (gdn_norm_kernel: per token and 128-wide value head,
@@ -1277,6 +1285,10 @@ void gemm_set_moe_p38(bool on) { g_moe_p38 = on; }
 // P39 (gemm_kernel, the MoE down GEMM): m16 tiles wholly past the tile's rows skip their A loads and MMAs (same bits).
 bool g_moe_p39 = true;
 void gemm_set_moe_p39(bool on) { g_moe_p39 = on; }
+// P70: gemm_rmsnorm_convert without the split operands' arithmetic when they are not written, and the P19 dot's 8-bit
+// weights without qm_at's generic path (the same bits).
+bool g_p70 = true;
+void gemm_set_p70(bool on) { g_p70 = on; }
 // P43 (gemm_kernel, the MoE down GEMM): CTAs in N-tile-fastest order (a tile's activation rows read once from DRAM).
 bool g_moe_p43 = true;
 void gemm_set_moe_p43(bool on) { g_moe_p43 = on; }
@@ -1370,10 +1382,12 @@ void gemm_rmsnorm_convert(float* h, const float* r, const float* w, int n, int T
   LILY_CHECK(!slots || (!r && slots->p && slots->T == T && slots->K > 0),
              "gemm_rmsnorm_convert: the MoE slot rows replace r, for the same T rows");
   uint16_t* hi = o.f16 || !o.a ? const_cast<uint16_t*>(o.hi) : nullptr;   // as gemm_convert_a
+  // P70: bit 1 = the bf16 halves only when written, bit 2 = the dot's 8-bit fast path (same bits either way).
+  const int p70 = g_p70 ? 1 | (dot_y && qm_q8g64(*dot_w) ? 2 : 0) : 0;
   auto go = [&](auto kernel, const auto* sl) {
     launch(kernel, dim3(unsigned(T)), dim3(unsigned(n / 4)), 0, s, h, r, sl, T, slots ? slots->K : 0, w, n, eps, out,
            int(o.f16), const_cast<uint16_t*>(o.a), const_cast<float*>(o.rs), hi, const_cast<uint16_t*>(o.lo),
-           dot_y ? *dot_w : QMat{}, dot_y);
+           dot_y ? *dot_w : QMat{}, dot_y, p70);
   };
   if (!slots) go(rmsnorm_convert_kernel<void>, static_cast<const void*>(nullptr));
   else if (slots->f16) go(rmsnorm_convert_kernel<uint2>, static_cast<const uint2*>(slots->p));
@@ -1446,7 +1460,9 @@ int64_t conv_differ(const ConvOut& a, const ConvOut& b, int64_t tn, int T) {
 }
 }  // namespace
 
-int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split, bool dot, unsigned seed, int slots) {
+static QMat probe_q8(ProbeBufs& b, int N, int K);
+
+int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split, int dot, unsigned seed, int slots) {
   ProbeBufs b(seed);
   const int64_t tn = int64_t(T) * n;
   const std::vector<float> h0 = b.randn(tn, 3.f);
@@ -1477,6 +1493,7 @@ int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split,
   q.rows = 1;
   q.cols = n;
   q.data = b.copy(b.randn(n, 0.05f));
+  if (dot == 2) q = probe_q8(b, 1, n);
   float* h[2] = {b.copy(h0), b.copy(h0)};
   float* out[2] = {b.zeros_f(tn), b.zeros_f(tn)};
   float* dy[2] = {b.zeros_f(T), b.zeros_f(T)};
@@ -1495,7 +1512,7 @@ int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split,
 }
 
 // A random router-like 8-bit matrix N x K on the device (probe aid).
-QMat probe_q8(ProbeBufs& b, int N, int K) {
+static QMat probe_q8(ProbeBufs& b, int N, int K) {
   std::vector<uint8_t> codes(size_t(N) * K);
   std::vector<uint16_t> sc(size_t(N) * (K / 64)), bi(sc.size());
   std::uniform_int_distribution<int> ud(0, 255);
@@ -1526,20 +1543,30 @@ QMat probe_q8(ProbeBufs& b, int N, int K) {
   return w;
 }
 
-double gemm_splitk_probe(int T, int N, int K, int ksplit, int bm, unsigned seed) {
+// The P37 / P68 probes: a router-shaped 8-bit GEMM of T rows with K in ksplit slices (every slice element must be
+// written: the buffer starts as NaN), the slices summed on the host, against the split-precision GEMM unsplit: the
+// largest |difference| over the largest |y|, 1e30 if any value is not finite. r16 (P68): the slices from the fp16
+// operands on the router's fp16 copy (gemm_dequant8 + gemm_f16_ksplit); else (P37) the split-precision GEMM at bm.
+static double router_probe(int T, int N, int K, int ksplit, int bm, unsigned seed, bool r16) {
   ProbeBufs b(seed);
   const QMat w = probe_q8(b, N, K);
   const int64_t tk = int64_t(T) * K, tn = int64_t(T) * N;
   float* x = b.copy(b.randn(tk, 1.f));
   const ConvOut c(b, tk, T);
   float* y1 = b.zeros_f(tn);
-  float* yz = b.zeros_f(tn * ksplit);
+  float* yz = b.copy(std::vector<float>(size_t(tn * ksplit), std::numeric_limits<float>::quiet_NaN()));
   cudaStream_t s;
   CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  const GemmA xa = c.operand(false, true);
+  const GemmA xa = c.operand(r16, true);
   gemm_convert_a(x, T, K, xa, s);
   gemm(w, xa, T, y1, N, false, nullptr, bm, s);
-  gemm(w, xa, T, yz, N, false, nullptr, bm, s, ksplit);
+  if (r16) {
+    uint16_t* wb = static_cast<uint16_t*>(b.zeros(gemm_dequant_bytes(w)));
+    gemm_dequant8(w, wb, s);
+    gemm_f16_ksplit(c.operand(true, false), T, wb, N, K, yz, ksplit, s);
+  } else {
+    gemm(w, xa, T, yz, N, false, nullptr, bm, s, ksplit);
+  }
   CUDA_CHECK(cudaStreamSynchronize(s));
   CUDA_CHECK(cudaStreamDestroy(s));
   std::vector<float> h1(static_cast<size_t>(tn)), hz(static_cast<size_t>(tn * ksplit));
@@ -1556,35 +1583,12 @@ double gemm_splitk_probe(int T, int N, int K, int ksplit, int bm, unsigned seed)
   return my > 0 ? md / my : 1e30;
 }
 
+double gemm_splitk_probe(int T, int N, int K, int ksplit, int bm, unsigned seed) {
+  return router_probe(T, N, K, ksplit, bm, seed, false);
+}
+
 double gemm_router16_probe(int T, int N, int K, int ksplit, unsigned seed) {
-  ProbeBufs b(seed);
-  const QMat w = probe_q8(b, N, K);
-  const int64_t tk = int64_t(T) * K, tn = int64_t(T) * N;
-  float* x = b.copy(b.randn(tk, 1.f));
-  const ConvOut c(b, tk, T);
-  float* y1 = b.zeros_f(tn);
-  float* yz = b.copy(std::vector<float>(size_t(tn * ksplit), std::numeric_limits<float>::quiet_NaN()));
-  uint16_t* wb = static_cast<uint16_t*>(b.zeros(gemm_dequant_bytes(w)));
-  cudaStream_t s;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  gemm_convert_a(x, T, K, c.operand(true, true), s);
-  gemm(w, c.operand(true, true), T, y1, N, false, nullptr, 0, s);   // split precision: the reference
-  gemm_dequant8(w, wb, s);
-  gemm_f16_ksplit(c.operand(true, false), T, wb, N, K, yz, ksplit, s);
-  CUDA_CHECK(cudaStreamSynchronize(s));
-  CUDA_CHECK(cudaStreamDestroy(s));
-  std::vector<float> h1(static_cast<size_t>(tn)), hz(static_cast<size_t>(tn * ksplit));
-  CUDA_CHECK(cudaMemcpy(h1.data(), y1, h1.size() * 4, cudaMemcpyDeviceToHost));
-  CUDA_CHECK(cudaMemcpy(hz.data(), yz, hz.size() * 4, cudaMemcpyDeviceToHost));
-  double md = 0, my = 0;
-  for (int64_t i = 0; i < tn; ++i) {
-    double v = 0;
-    for (int z = 0; z < ksplit; ++z) v += hz[size_t(z * tn + i)];
-    if (!std::isfinite(v) || !std::isfinite(h1[size_t(i)])) return 1e30;   // NaN: a slice left unwritten
-    md = std::max(md, std::fabs(v - h1[size_t(i)]));
-    my = std::max(my, double(std::fabs(h1[size_t(i)])));
-  }
-  return my > 0 ? md / my : 1e30;
+  return router_probe(T, N, K, ksplit, 0, seed, true);
 }
 
 bool gemm_gdn_norm_convert_ok(int nv, int dv) {
@@ -1712,13 +1716,13 @@ void gemm_dequant8(const QMat& w, uint16_t* wb, cudaStream_t s) {
   CUDA_LAUNCH_CHECK();
 }
 
-void gemm_f16_ksplit(const GemmA& x, int T, const uint16_t* wb, int N, int K, float* y, int ksplit, cudaStream_t s) {
-  LILY_CHECK(x.f16 && x.a && x.rs && wb, "gemm_f16_ksplit: fp16 activations and a 16-bit weight copy");
-  LILY_CHECK(T > 0 && N > 0 && K % kBK == 0 && ksplit >= 1 && (K / kBK) % ksplit == 0,
-             "gemm_f16_ksplit: whole 64-column steps per K slice");
+namespace {
+// The arguments of y [T, N] (row stride ldy) = x · Wᵀ (store mode) from fp16 activations a16 with their row scales rs
+// and a 16-bit weight copy wb [N, K] (the P13 kernel's and the P8 path's operands).
+GemmArgs f16_args(const uint16_t* a16, const float* rs, int T, int K, const uint16_t* wb, int N, float* y, int64_t ldy) {
   GemmArgs a{};
-  a.a = x.a;
-  a.a_scale = x.rs;
+  a.a = a16;
+  a.a_scale = rs;
   a.K = K;
   a.M = T;
   a.N = N;
@@ -1729,7 +1733,16 @@ void gemm_f16_ksplit(const GemmA& x, int T, const uint16_t* wb, int N, int K, fl
   a.b.w[0].data = wb;
   a.mode = kStore;
   a.y = y;
-  a.ldy = N;
+  a.ldy = ldy;
+  return a;
+}
+}  // namespace
+
+void gemm_f16_ksplit(const GemmA& x, int T, const uint16_t* wb, int N, int K, float* y, int ksplit, cudaStream_t s) {
+  LILY_CHECK(x.f16 && x.a && x.rs && wb, "gemm_f16_ksplit: fp16 activations and a 16-bit weight copy");
+  LILY_CHECK(T > 0 && N > 0 && K % kBK == 0 && ksplit >= 1 && (K / kBK) % ksplit == 0,
+             "gemm_f16_ksplit: whole 64-column steps per K slice");
+  GemmArgs a = f16_args(x.a, x.rs, T, K, wb, N, y, N);
   a.ksplit = ksplit;
   a.zstride = int64_t(T) * N;
   launch_wg16(a, true, s);
@@ -1739,30 +1752,19 @@ void gemm_segmented(const GemmA& x, int T, int K, const uint16_t* wb, int nseg, 
                     cudaStream_t s, int h16) {
   LILY_CHECK(nseg >= 1 && nseg <= kGemmMaxSegs, "gemm_segmented: 1..4 segments");
   LILY_CHECK(x.f16 && x.a && x.rs && wb, "gemm_segmented: fp16 activations and a 16-bit weight copy");
-  GemmArgs a{};
-  a.K = K;
-  a.M = T;
-  a.a = x.a;
-  a.a_scale = x.rs;
-  a.b.n_groups = 1;
-  a.b.w[0].type = kBF;
-  a.b.w[0].data = wb;
-  a.b.w[0].cols = K;
-  a.mode = kStore;
-  a.nseg = nseg;
-  a.seg_h16 = h16;
   int n = 0;
   for (int q = 0; q < nseg; ++q) {
     LILY_CHECK(rows[q] > 0 && rows[q] % 2 == 0, "gemm_segmented: segments of an even number of rows");
-    a.seg_n0[q] = n;
-    a.seg_y[q] = ys[q];
-    a.seg_ld[q] = rows[q];
     n += rows[q];
   }
-  a.N = n;
-  a.b.w[0].rows = n;
-  a.y = ys[0];
-  a.ldy = rows[0];
+  GemmArgs a = f16_args(x.a, x.rs, T, K, wb, n, ys[0], rows[0]);
+  a.nseg = nseg;
+  a.seg_h16 = h16;
+  for (int q = 0, n0 = 0; q < nseg; n0 += rows[q], ++q) {
+    a.seg_n0[q] = n0;
+    a.seg_y[q] = ys[q];
+    a.seg_ld[q] = rows[q];
+  }
   LILY_CHECK(wg16_takes(T, n, K), "gemm_segmented: shape not on the P13 kernel");
   launch_wg16(a, wg16_tma(), s);
 }
@@ -1834,20 +1836,8 @@ void gemm_f16_raw(int kernel, const uint16_t* a16, const float* rs, int T, int K
   if (!s) CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   CUDA_CHECK(cudaDeviceSynchronize());
   LILY_CHECK(K % kBK == 0 && T > 0 && N > 0, "gemm_f16_raw: K must be a multiple of 64");
-  GemmArgs a{};
-  a.a = a16;
-  a.a_scale = rs;
-  a.K = K;
-  a.M = T;
-  a.N = N;
-  a.b.w[0].type = kBF;
-  a.b.w[0].rows = N;
-  a.b.w[0].cols = K;
-  a.b.w[0].data = b16;
-  a.b.n_groups = 1;
-  a.mode = accumulate ? kAccum : kStore;
-  a.y = y;
-  a.ldy = ldy;
+  GemmArgs a = f16_args(a16, rs, T, K, b16, N, y, ldy);
+  if (accumulate) a.mode = kAccum;
   if (kernel >= 1) launch_wg16(a, kernel == 2, s);
   else launch_any(kBF, kAmF16, 128, kBNWide, a, (T + 127) / 128, (N + kBNWide - 1) / kBNWide, s);
   CUDA_CHECK(cudaStreamSynchronize(s));

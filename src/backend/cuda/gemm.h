@@ -95,6 +95,7 @@ bool gemm_moe_p32();
 // P34 (with P32): two 64-k steps per ring stage, the per-stage waits and bookkeeping once per two steps.
 void gemm_set_moe_p34(bool on);
 void gemm_set_moe_p38(bool on);   // P38: the P34 MoE kernel's wgmma N by the tile's rows (same bits)
+void gemm_set_p70(bool on);   // P70: the fused prefill norm + conversion's 8-bit dot and bf16 halves, cheaper (same bits)
 void gemm_set_moe_p39(bool on);   // P39: the MoE down GEMM (mma.sync) skips m16 tiles past the tile's rows (same bits)
 void gemm_set_moe_p43(bool on);   // P43: the MoE down GEMM's CTAs in N-tile-fastest order
 void gemm_set_moe_p46(bool on);   // P46: the MoE down GEMM's unpacking mask and exponent OR in one LOP3 (same bits)
@@ -152,7 +153,8 @@ void gemm_rmsnorm_convert(float* h, const float* r, const float* w, int n, int T
 // P25 test entry (synchronous): the fused kernel against rmsnorm + gemm_convert_a on the same random
 // inputs; returns the number of differing bytes over h, out, rs, the dot, xa, xh, xl (0 = identical).
 // slots (P59): 1 / 2 = the residual from fp16 / f32 MoE slot rows (fused) against the combine stage + the two.
-int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split, bool dot, unsigned seed,
+// dot (P19): 0 none, 1 an f32 row, 2 an 8-bit row (group 64, bf16 scales: P70's path in the fused kernel).
+int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split, int dot, unsigned seed,
                                    int slots = 0);
 // P28: the GDN output's gated RMSNorm (gdn_prefill_norm on the raw y [T, nv·128], z, w) and
 // gemm_convert_a of its result in one kernel per row, bit-identical to the two; y is only read, out
@@ -256,6 +258,7 @@ struct MoePrefillOpts {
   bool sg_in_convert = true;    // P19: the shared-expert gate's dot in the operand conversion (off: own GEMV)
   bool skip_x = false;          // P42 (with P19, P25): the f32 x, which no MoE kernel then reads, is not written
   bool router_split = false;    // P37: the router GEMM with K in slices (router_split())
+  bool rank_in_topk = false;    // P71: the scatter's arrival order from the top-k kernel's count atomics
   bool tiles_full_first = false;   // P56: from 16 to below 96 expected rows per expert (LILY_P56_MIN_ROWS,
                                    // LILY_P56_ROWS) the tile lists' full tiles first, the partial ones largest first
   // P25: x is produced by this rmsnorm (not launched yet): the router stage's conversion runs it too

@@ -26,7 +26,7 @@ namespace {
 
 // Workspace sections (byte offsets, 256-aligned); tile list sized for the smallest M-tile.
 struct Layout {
-  int64_t xb, rs, xh, xl, logits, sg, ids, wts, ctl, tiles, tiles2, row_tok, row_dst, row_w, act, aexp, slot, total;
+  int64_t xb, rs, xh, xl, logits, sg, ids, wts, rank, ctl, tiles, tiles2, row_tok, row_dst, row_w, act, aexp, slot, total;
   int max_tiles32;
 };
 
@@ -53,6 +53,7 @@ Layout layout(const MoeDev& m, int T) {
   l.sg = take(int64_t(T) * 4);
   l.ids = take(int64_t(T) * m.K * 4);
   l.wts = take(int64_t(T) * m.K * 4);
+  l.rank = take(int64_t(T) * m.K * 4);   // P71
   l.ctl = take(4 * (3 * int64_t(m.E + 1) + 2));   // counts, offsets, fill [E+1], n_tiles, n_tiles2
   l.tiles = take(int64_t(l.max_tiles32) * 16);
   l.tiles2 = take(int64_t(l.max_tiles32) * 16);   // the down GEMM's own tile list (its M-tile differs)
@@ -68,10 +69,12 @@ Layout layout(const MoeDev& m, int T) {
 
 // Warp per token: softmax over E logits (f32), top-K by probability (lowest id on ties),
 // renormalised weights; per-expert counts for the grouping. nz > 1 (P37): the logits are the sum of nz
-// partial slices zstride apart, added in slice order.
-template <int NJ>
+// partial slices zstride apart, added in slice order. RANK (P71): each (token, k)'s arrival at its expert's count
+// (the atomic's old value) goes to rank, so that the scatter places the row without an atomic of its own.
+template <int NJ, bool RANK>
 __global__ void moe_topk_kernel(const float* __restrict__ logits, int T, int E, int K, int32_t* __restrict__ ids,
-                                float* __restrict__ wts, int* counts, int* hist, int nz, int64_t zstride) {
+                                float* __restrict__ wts, int* counts, int* hist, int nz, int64_t zstride,
+                                int* __restrict__ rank) {
   pdl_trigger();
   pdl_wait();
   const int lane = threadIdx.x & 31, t = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
@@ -132,7 +135,8 @@ __global__ void moe_topk_kernel(const float* __restrict__ logits, int T, int E, 
   if (lane < K) {
     ids[int64_t(t) * K + lane] = myi;
     wts[int64_t(t) * K + lane] = myv / top;
-    atomicAdd(&counts[myi], 1);
+    if constexpr (RANK) rank[int64_t(t) * K + lane] = atomicAdd(&counts[myi], 1);
+    else atomicAdd(&counts[myi], 1);
     if (hist) atomicAdd(&hist[myi], 1);
   }
 }
@@ -182,17 +186,20 @@ __global__ void __launch_bounds__(512) moe_plan_kernel(const int* counts, int E,
   if (tid == 0) *n_tiles = st[511] + np;
 }
 
-// Rows in group order: routed (t, k) at offsets[e] + arrival, shared-expert rows at T·K + t.
+// Rows in group order: routed (t, k) at offsets[e] + arrival, shared-expert rows at T·K + t. RANK (P71): the arrival
+// is the top-k kernel's (rank), not an atomic on fill here.
+template <bool RANK>
 __global__ void moe_scatter_kernel(const int32_t* __restrict__ ids, const float* __restrict__ wts,
                                    const float* __restrict__ sg, int T, int K, const int* offsets, int* fill,
-                                   int* __restrict__ row_tok, int* __restrict__ row_dst, float* __restrict__ row_w) {
+                                   const int* __restrict__ rank, int* __restrict__ row_tok, int* __restrict__ row_dst,
+                                   float* __restrict__ row_w) {
   pdl_trigger();
   pdl_wait();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t routed = int64_t(T) * K;
   if (i < routed) {
     const int e = ids[i];
-    const int pos = offsets[e] + atomicAdd(&fill[e], 1);
+    const int pos = offsets[e] + (RANK ? rank[i] : atomicAdd(&fill[e], 1));
     row_tok[pos] = int(i / K);
     row_dst[pos] = int(i);
     row_w[pos] = wts[i];
@@ -405,6 +412,8 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
   float* sg = reinterpret_cast<float*>(w + l.sg);
   int32_t* ids = reinterpret_cast<int32_t*>(w + l.ids);
   float* wts = reinterpret_cast<float*>(w + l.wts);
+  int* rank = reinterpret_cast<int*>(w + l.rank);
+  const bool rk = o.rank_in_topk && !o.host_routing;   // P71
   int* counts = reinterpret_cast<int*>(w + l.ctl);
   int* offsets = counts + (m.E + 1);
   int* fill = offsets + (m.E + 1);
@@ -465,8 +474,14 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
     CUDA_CHECK(cudaMemsetAsync(counts, 0, 4 * (m.E + 1), s));
     const dim3 gt((T + 7) / 8), bt(256);
     const int64_t zs = int64_t(T) * m.E;
-    if (m.E <= 256) launch(moe_topk_kernel<8>, gt, bt, 0, s, logits, T, m.E, m.K, ids, wts, counts, m.hist, rsplit.k, zs);
-    else launch(moe_topk_kernel<16>, gt, bt, 0, s, logits, T, m.E, m.K, ids, wts, counts, m.hist, rsplit.k, zs);
+    if (m.E <= 256 && rk)
+      launch(moe_topk_kernel<8, true>, gt, bt, 0, s, logits, T, m.E, m.K, ids, wts, counts, m.hist, rsplit.k, zs, rank);
+    else if (m.E <= 256)
+      launch(moe_topk_kernel<8, false>, gt, bt, 0, s, logits, T, m.E, m.K, ids, wts, counts, m.hist, rsplit.k, zs, rank);
+    else if (rk)
+      launch(moe_topk_kernel<16, true>, gt, bt, 0, s, logits, T, m.E, m.K, ids, wts, counts, m.hist, rsplit.k, zs, rank);
+    else
+      launch(moe_topk_kernel<16, false>, gt, bt, 0, s, logits, T, m.E, m.K, ids, wts, counts, m.hist, rsplit.k, zs, rank);
     CUDA_LAUNCH_CHECK();
   }
   if (o.stages & (2 | 512)) {
@@ -478,8 +493,8 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
              full_first ? 1 : 0);
       CUDA_LAUNCH_CHECK();
       const int64_t R = routed + T;
-      launch(moe_scatter_kernel, dim3(unsigned((R + 255) / 256)), dim3(256), 0, s, ids, wts, sg, T, m.K, offsets,
-             fill, row_tok, row_dst, row_w);
+      launch(rk ? moe_scatter_kernel<true> : moe_scatter_kernel<false>, dim3(unsigned((R + 255) / 256)), dim3(256), 0, s,
+             ids, wts, sg, T, m.K, offsets, fill, static_cast<const int*>(rank), row_tok, row_dst, row_w);
       CUDA_LAUNCH_CHECK();
       if (split) {   // same offsets; resets fill, which the scatter is done with
         launch(moe_plan_kernel, dim3(1), dim3(512), 0, s, counts, m.E, T, bm_dn, offsets, fill, tiles2, n_tiles2,
