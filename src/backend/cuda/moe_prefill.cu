@@ -71,7 +71,9 @@ Layout layout(const MoeDev& m, int T) {
 // renormalised weights; per-expert counts for the grouping. nz > 1 (P37): the logits are the sum of nz
 // partial slices zstride apart, added in slice order. RANK (P71): each (token, k)'s arrival at its expert's count
 // (the atomic's old value) goes to rank, so that the scatter places the row without an atomic of its own.
-template <int NJ, bool RANK>
+// BATCH (P72, NJ == 8): every slice's loads issued before the first add (the runtime slice count otherwise keeps each
+// slice's loads behind the previous add); the same adds in the same order.
+template <int NJ, bool RANK, bool BATCH = false>
 __global__ void moe_topk_kernel(const float* __restrict__ logits, int T, int E, int K, int32_t* __restrict__ ids,
                                 float* __restrict__ wts, int* counts, int* hist, int nz, int64_t zstride,
                                 int* __restrict__ rank) {
@@ -82,16 +84,40 @@ __global__ void moe_topk_kernel(const float* __restrict__ logits, int T, int E, 
   const float* l = logits + int64_t(t) * E;
   float p[NJ];
   float mx = -FLT_MAX;
+  if constexpr (BATCH) {
+    static_assert(NJ == 8, "P72: the slices of 256 experts at most in registers");
+    float part[kRouterMaxSplit][NJ];
 #pragma unroll
-  for (int j = 0; j < NJ; ++j) {
-    const int e = j * 32 + lane;
-    float v = -FLT_MAX;
-    if (e < E) {
-      v = l[e];
-      for (int z = 1; z < nz; ++z) v += l[z * zstride + e];
+    for (int z = 0; z < kRouterMaxSplit; ++z)
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) {
+        const int e = j * 32 + lane;
+        part[z][j] = z < nz && e < E ? l[z * zstride + e] : 0.f;
+      }
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      float v = -FLT_MAX;
+      if (j * 32 + lane < E) {
+        v = part[0][j];
+#pragma unroll
+        for (int z = 1; z < kRouterMaxSplit; ++z)
+          if (z < nz) v += part[z][j];
+      }
+      p[j] = v;
+      mx = fmaxf(mx, p[j]);
     }
-    p[j] = v;
-    mx = fmaxf(mx, p[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      const int e = j * 32 + lane;
+      float v = -FLT_MAX;
+      if (e < E) {
+        v = l[e];
+        for (int z = 1; z < nz; ++z) v += l[z * zstride + e];
+      }
+      p[j] = v;
+      mx = fmaxf(mx, p[j]);
+    }
   }
   mx = warp_max(mx);
   float sum = 0.f;
@@ -474,14 +500,12 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
     CUDA_CHECK(cudaMemsetAsync(counts, 0, 4 * (m.E + 1), s));
     const dim3 gt((T + 7) / 8), bt(256);
     const int64_t zs = int64_t(T) * m.E;
-    if (m.E <= 256 && rk)
-      launch(moe_topk_kernel<8, true>, gt, bt, 0, s, logits, T, m.E, m.K, ids, wts, counts, m.hist, rsplit.k, zs, rank);
-    else if (m.E <= 256)
-      launch(moe_topk_kernel<8, false>, gt, bt, 0, s, logits, T, m.E, m.K, ids, wts, counts, m.hist, rsplit.k, zs, rank);
-    else if (rk)
-      launch(moe_topk_kernel<16, true>, gt, bt, 0, s, logits, T, m.E, m.K, ids, wts, counts, m.hist, rsplit.k, zs, rank);
-    else
-      launch(moe_topk_kernel<16, false>, gt, bt, 0, s, logits, T, m.E, m.K, ids, wts, counts, m.hist, rsplit.k, zs, rank);
+    using TopK = void (*)(const float*, int, int, int, int32_t*, float*, int*, int*, int, int64_t, int*);
+    const bool batch = o.topk_batch && m.E <= 256;   // P72
+    const TopK k = m.E > 256 ? (rk ? moe_topk_kernel<16, true> : moe_topk_kernel<16, false>)
+                   : batch   ? (rk ? moe_topk_kernel<8, true, true> : moe_topk_kernel<8, false, true>)
+                             : (rk ? moe_topk_kernel<8, true> : moe_topk_kernel<8, false>);
+    launch(k, gt, bt, 0, s, logits, T, m.E, m.K, ids, wts, counts, m.hist, rsplit.k, zs, rank);
     CUDA_LAUNCH_CHECK();
   }
   if (o.stages & (2 | 512)) {
