@@ -997,8 +997,7 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void
   unsigned long long* tr[2] = {std::exchange(attn_trace_next()[0], nullptr), std::exchange(attn_trace_next()[1], nullptr)};
   LILY_CHECK(d.heads % d.kv_heads == 0 && d.rot_dim <= hd && d.rot_dim % 2 == 0,
              "attention: unsupported head configuration");
-  static int sms = 0;
-  if (!sms) CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int sms = sm_count();
   int hpb = 1;
   if (pack_gqa)
     for (int c : {8, 4, 2})

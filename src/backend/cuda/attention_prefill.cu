@@ -778,12 +778,6 @@ __global__ void kv_to_16_kernel(const float* kc, const float* vc, int64_t n4, in
   }
 }
 
-int sm_count() {
-  static int sms = 0;
-  if (!sms) CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  return sms;
-}
-
 // KV splits per query tile: enough CTAs for about two waves' worth of SMs (one CTA fits an SM),
 // at most kMaxSplits. Depends on T only (the workspace is sized by T); the kernel clamps the
 // slices to the tiles a block really has.

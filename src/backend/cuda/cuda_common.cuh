@@ -23,6 +23,16 @@ namespace lily::cuda {
 // After every launch: catches bad configurations at once instead of at the next sync.
 #define CUDA_LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
 
+// The SM count of device 0 (the one the backend uses), read once.
+inline int sm_count() {
+  static const int n = [] {
+    int v = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0));
+    return v;
+  }();
+  return n;
+}
+
 // ---- programmatic dependent launch (D3) ----------------------------------------------------
 // Kernels launched through launch() may start while the previous kernel in the stream finishes:
 // each kernel first lets its own dependents launch (pdl_trigger), may read immutable data (weights),

@@ -1119,12 +1119,6 @@ __global__ void dequant8_f16_kernel(const QMat w, uint16_t* __restrict__ wb) {
   reinterpret_cast<uint4*>(wb)[i] = make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-int sm_count() {
-  static int sms = 0;
-  if (!sms) CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  return sms;
-}
-
 int env_int(const char* name, int def);
 #include "backend/cuda/gemm_wg16.cuh"
 #include "backend/cuda/gemm_moe_wg.cuh"

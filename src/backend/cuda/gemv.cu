@@ -412,12 +412,6 @@ __global__ void __launch_bounds__(256) gemv_generic_kernel(const __grid_constant
   }
 }
 
-int num_sms() {
-  static int n = 0;
-  if (!n) CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0));
-  return n;
-}
-
 template <int CPL, int R, bool Q8 = false>
 void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNorm* norm, bool& norm_written,
                  const L2Prefetch*& pf, bool x16 = false) {
@@ -445,7 +439,7 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
   // wave for the whole batch (the GDN projections had 656 CTAs, attention's q/k/v 460, for 396
   // resident: a tail wave that repeats the prologue and delays the next launch); each job gets a
   // share of the wave in proportion to its row groups.
-  const int wave = 3 * num_sms();
+  const int wave = 3 * sm_count();
   int64_t groups = 0;
   for (const GemvJob& j : jobs) groups += (j.w.rows + 8 * R - 1) / (8 * R);
   int nb = 0;
@@ -497,13 +491,13 @@ void launch_mma(const std::vector<GemvJob>& jobs, cudaStream_t s, const L2Prefet
     gcd4 = std::gcd(gcd4, j.w.cols / 256);
     cmax = std::max(cmax, j.w.cols);
   }
-  const int ks = mma_k_split(tiles, gcd4, 2 * num_sms());
+  const int ks = mma_k_split(tiles, gcd4, 2 * sm_count());
   int nb = 0;
   for (int j = 0; j < L.n; ++j) {
     L.job[j] = jobs[j];
     L.block_begin[j] = nb;
     const int sets = ((jobs[j].w.rows + 15) / 16 * ks + 7) / 8;
-    nb += std::min(sets, 2 * num_sms());
+    nb += std::min(sets, 2 * sm_count());
   }
   L.block_begin[L.n] = nb;
   const int smem = cmax * 4 + cmax / 64 * 8;

@@ -1462,9 +1462,9 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
       // All CTAs must be co-resident (they spin on each other): at most the occupancy per SM
       // (capped at 2, LILY_MOEP_CTAS_PER_SM overrides the cap) times the SM count. Every instance gets
       // the same grid: the ticket handoffs number launches by tickets / grid, and launches may mix them.
-      int sms = 0, cap = 2;
+      const int sms = sm_count();
+      int cap = 2;
       if (const char* v = std::getenv("LILY_MOEP_CTAS_PER_SM"); v && *v) cap = std::max(1, std::atoi(v));
-      CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
       int per_sm = cap;
       for (const void* k : {reinterpret_cast<const void*>(moe_persist_kernel<false>),
                             reinterpret_cast<const void*>(moe_persist_kernel<true>),
@@ -1519,8 +1519,7 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
                        q4ok(m.sh_gate) && q4ok(m.sh_up);
   const int items = m.K * m.I + m.Is;
   // One wave (2 CTAs per SM): every CTA repeats the top-k, so extra waves would repeat its latency.
-  static int sms = 0;
-  if (!sms) CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int sms = sm_count();
   const int nb_up = std::min((items + 7) / 8, 2 * sms);
   const size_t smem_up = fast_up ? m.H * 4 + m.H / 32 * 4 : 16;
   const bool mma_up = fast && mma_q4_enabled() && mma_q4_all() && m.H % 256 == 0 && m.H <= 8192 && m.I % 8 == 0 &&

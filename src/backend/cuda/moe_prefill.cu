@@ -372,11 +372,7 @@ RouterSplit router_split(const MoeDev& m, int T, bool on) {
 // units (T = 4,096: 32 tiles x 4), else 8; each slice whole 64-column steps.
 int router16_split(const MoeDev& m, int T) {
   const int nk = m.H / 64, tiles = ((T + 127) / 128) * ((m.E + 255) / 256);
-  static const int sms = [] {
-    int n = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0));
-    return n;
-  }();
+  const int sms = sm_count();
   const int f = int(env_rows("LILY_ROUTER16_SPLIT", 0));
   int k = 1;
   if (f > 0) {
