@@ -421,16 +421,11 @@ class CudaBackend final : public Backend {
       LILY_CHECK(chunked || (!qkv16 && !z16), "cuda gdn: fp16 inputs only on the chunked path");
       float* ws = workspace(chunked ? gdn_chunked_workspace_floats(d, T) : gdn_prefill_workspace_floats(d, T));
       const __half* q16 = qkv16 ? reinterpret_cast<const __half*>(qkv) : nullptr;
-      // P73: the chunk kernel does the prep itself from the fp16 inputs (bit for bit the prep's values).
-      GdnPrepIn fuse{w.conv1d.data, w.A_log.data, w.dt_bias.data, st.conv, a, b, q16};
-      const bool p73 = p73_ && chunked && q16 && gdn_chunked_fuse_ok(d, fuse);
-      if (!p73)
-        timed("gdn_prefill.prep", double(T) * d.conv_dim * 12, [&] {
-          gdn_prefill_prep(d, w.conv1d.data, w.A_log.data, w.dt_bias.data, st.conv, qkv, a, b, T, ws, s_, q16);
-        });
+      timed("gdn_prefill.prep", double(T) * d.conv_dim * 12, [&] {
+        gdn_prefill_prep(d, w.conv1d.data, w.A_log.data, w.dt_bias.data, st.conv, qkv, a, b, T, ws, s_, q16);
+      });
       if (chunked) {
-        timed("gdn_prefill.chunk", double(T) * d.nv * (d.dk * 4 * 4 + 64 * 4 * 2),
-              [&] { gdn_chunked_intra(d, T, ws, s_, p73 ? &fuse : nullptr); });
+        timed("gdn_prefill.chunk", double(T) * d.nv * (d.dk * 4 * 4 + 64 * 4 * 2), [&] { gdn_chunked_intra(d, T, ws, s_); });
         timed("gdn_prefill.cscan", bytes + double(T) * d.nv * d.dv * 16, [&] {
           gdn_chunked_scan(d, w.norm.data, st.conv, st.S, q16 ? nullptr : qkv, z, T, ws, y, s_, false);
         });
@@ -755,7 +750,6 @@ class CudaBackend final : public Backend {
     gemm_set_moe_p55(!abl_.has("P55"), tried("P55n8") ? 8 : 4);   // P55: the down GEMM with its activations resident
     p42_ = !abl_.has("P42");   // P42: the prefill MoE's norm + conversion without its unread f32 x
     p72_ = tried("P72");       // P72 (opt-in, written in session 28, not yet run): the top-k's slice loads at once
-    p73_ = tried("P73");       // P73 (opt-in, session 29): the GDN prefill prep done by the chunk kernel
     gdn_prep_wide_enabled() = !abl_.has("P41");   // P41: the GDN prefill prep a warp per head, float4 per lane
     moe_prefill_set_p40(!abl_.has("P40"));   // P40: the MoE gate/up at M-tile 128 (P34 + P38) from 8 expected rows
     gemm_set_p70(!abl_.has("P70"));   // P70: the prefill norm + conversion's 8-bit dot and bf16 halves, cheaper
@@ -1508,7 +1502,6 @@ class CudaBackend final : public Backend {
   bool p30_ = true;   // P30: the dense projections of one input as one GEMM
   bool p68_ = true;   // P68: the prefill router GEMM on fp16 operands (router16)
   bool p72_ = false;  // P72 (LILY_TRY): the prefill top-k's slice loads issued at once
-  bool p73_ = false;  // P73 (LILY_TRY): the GDN prefill prep inside the chunk kernel (u, β, g never written)
   std::map<const void*, uint16_t*> router16_;   // P68: the routers' fp16 copies by codes
   bool d53_ = true;   // D53
   bool p42_ = true;   // P42

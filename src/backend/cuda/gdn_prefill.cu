@@ -29,18 +29,13 @@ struct PrepArgs {
   const __half* qkv16;   // P62: the raw inputs as fp16 (qkv unused), P41's kernel only
 };
 
-// Gates of token t, value head j: g = −exp(A_log)·softplus(a + dt_bias), β = σ(b) (also P73's, in the chunk kernel).
-__device__ __forceinline__ void gate_values(const float* a, const float* b, const float* A_log, const float* dt_bias,
-                                            int nv, int t, int j, float& g, float& beta) {
-  const int64_t tj = int64_t(t) * nv + j;
-  const float av = a[tj] + dt_bias[j];
-  const float sp = av > 20.f ? av : log1pf(expf(av));
-  g = -expf(A_log[j]) * sp;
-  beta = 1.f / (1.f + expf(-b[tj]));
-}
+// Gates of token t, value head j: g = −exp(A_log)·softplus(a + dt_bias), β = σ(b).
 __device__ __forceinline__ void prep_gates(const PrepArgs& p, int t, int j) {
   const int64_t tj = int64_t(t) * p.d.nv + j;
-  gate_values(p.a, p.b, p.A_log, p.dt_bias, p.d.nv, t, j, p.g[tj], p.beta[tj]);
+  const float av = p.a[tj] + p.dt_bias[j];
+  const float sp = av > 20.f ? av : log1pf(expf(av));
+  p.g[tj] = -expf(p.A_log[j]) * sp;
+  p.beta[tj] = 1.f / (1.f + expf(-p.b[tj]));
 }
 
 // grid (ceil(T / 8), conv_dim / 128), block 128: one thread per channel, 8 consecutive tokens. The
@@ -135,40 +130,46 @@ __global__ void __launch_bounds__(kHD) gdn_prep_batched_kernel(const __grid_cons
     if (t0 + j < p.T) p.u[int64_t(t0 + j) * CD + ch] = u[j];
 }
 
+// P41: the same pass (conv kernel 4 only) with each warp on one 128-channel head and each lane on 4 consecutive
+// channels: float4 loads and stores, 512 contiguous bytes per warp and row (2 KB per CTA of 4 heads), and a q / k
+// head's sum of squares per token in one warp butterfly (no shared memory, no block barrier). The conv, SiLU, the
+// norm's expression and the gates are P9's; only the order of the sum of squares differs (each lane's 4 values,
+// then the butterfly, instead of a butterfly per 32 channels and the 4 warps' sums in order).
+// H16 (P62): the raw inputs read as fp16 (p.qkv16), each value widened to f32 on load; the rest unchanged.
 constexpr int kPrepWideWarps = 4;
-// P41's conv weights of a lane's 4 channels ch..ch+3: w[c] holds the K = 4 taps of channel ch + c.
-__device__ __forceinline__ void prep_wide_weights(const float* conv_w, int64_t ch, float4 (&w)[4]) {
-#pragma unroll
-  for (int c = 0; c < 4; ++c) w[c] = reinterpret_cast<const float4*>(conv_w + ch * 4)[c];
-}
-// P41's arithmetic for tokens t0 .. t0 + 7 of a lane's 4 channels (a warp holds one 128-channel head, lane l
-// channels ch = head·128 + 4l): conv over the raw inputs of t0 − 3 .. t0 + 7 (the carried conv state before
-// the call's first token, zero from T on), SiLU, and for a q / k head (qk, uniform per warp) the l2norm × qs.
-// Rows past T come out as whatever the zero inputs give (callers drop or zero them). P73 runs the same code
-// inside the chunk kernel, so its values are the prep's bit for bit.
 template <bool H16>
-__device__ __forceinline__ void prep_wide_rows(const float4 (&w)[4], const float* conv_state, const float* qkv,
-                                               const __half* qkv16, int64_t CD, int T, int t0, int64_t ch, bool qk,
-                                               float qs, float4 (&u)[kPrepTok]) {
+__global__ void __launch_bounds__(32 * kPrepWideWarps) gdn_prep_wide_kernel(const __grid_constant__ PrepArgs p) {
   constexpr int K = 4, W = kPrepTok + K - 1;
-  float4 x[W];   // raw inputs of tokens t0 - 3 .. t0 + 7
+  pdl_trigger();
+  const GdnDims& d = p.d;
+  const int64_t CD = d.conv_dim;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int head = blockIdx.y * kPrepWideWarps + warp, ch = head * kHD + 4 * lane;
+  const int nqk = 2 * d.nk, t0 = blockIdx.x * kPrepTok;
+  float4 w[4];   // w[c]: the K = 4 taps of channel ch + c
+#pragma unroll
+  for (int c = 0; c < 4; ++c) w[c] = reinterpret_cast<const float4*>(p.conv_w + int64_t(ch) * K)[c];
+  pdl_wait();
+  float4 x[W];   // raw inputs of tokens t0 - 3 .. t0 + 7 (the carried conv state before the call's first token)
 #pragma unroll
   for (int i = 0; i < W; ++i) {
     const int tt = t0 - (K - 1) + i;
     x[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (tt < T) {
+    if (tt < p.T) {
       if (tt < 0) {
-        x[i] = *reinterpret_cast<const float4*>(conv_state + int64_t(tt + K - 1) * CD + ch);
+        x[i] = *reinterpret_cast<const float4*>(p.conv_state + int64_t(tt + K - 1) * CD + ch);
       } else if constexpr (H16) {
-        const uint2 v = *reinterpret_cast<const uint2*>(qkv16 + int64_t(tt) * CD + ch);
+        const uint2 v = *reinterpret_cast<const uint2*>(p.qkv16 + int64_t(tt) * CD + ch);
         const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&v.x));
         const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&v.y));
         x[i] = make_float4(lo.x, lo.y, hi.x, hi.y);
       } else {
-        x[i] = *reinterpret_cast<const float4*>(qkv + int64_t(tt) * CD + ch);
+        x[i] = *reinterpret_cast<const float4*>(p.qkv + int64_t(tt) * CD + ch);
       }
     }
   }
+  const bool qk = head < nqk;   // uniform per warp
+  const float qs = head < d.nk ? rsqrtf(float(d.dk)) : 1.f;
   // Component c (a constant once unrolled) of a float4, so that x stays in registers.
   auto cmp = [](const float4& v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w; };
   auto conv = [&](const float4& wc, int j, int c) {   // P9's order: taps 0..3, fmaf from 0
@@ -181,42 +182,16 @@ __device__ __forceinline__ void prep_wide_rows(const float4 (&w)[4], const float
   };
 #pragma unroll
   for (int j = 0; j < kPrepTok; ++j) {
-    float4 v = make_float4(conv(w[0], j, 0), conv(w[1], j, 1), conv(w[2], j, 2), conv(w[3], j, 3));
+    float4 u = make_float4(conv(w[0], j, 0), conv(w[1], j, 1), conv(w[2], j, 2), conv(w[3], j, 3));
     if (qk) {
-      const float sc = rsqrtf(warp_sum(v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w) + 1e-6f) * qs;
-      v.x *= sc;
-      v.y *= sc;
-      v.z *= sc;
-      v.w *= sc;
+      const float sc = rsqrtf(warp_sum(u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w) + 1e-6f) * qs;
+      u.x *= sc;
+      u.y *= sc;
+      u.z *= sc;
+      u.w *= sc;
     }
-    u[j] = v;
+    if (t0 + j < p.T) *reinterpret_cast<float4*>(p.u + int64_t(t0 + j) * CD + ch) = u;
   }
-}
-
-// P41: the same pass (conv kernel 4 only) with each warp on one 128-channel head and each lane on 4 consecutive
-// channels: float4 loads and stores, 512 contiguous bytes per warp and row (2 KB per CTA of 4 heads), and a q / k
-// head's sum of squares per token in one warp butterfly (no shared memory, no block barrier). The conv, SiLU, the
-// norm's expression and the gates are P9's; only the order of the sum of squares differs (each lane's 4 values,
-// then the butterfly, instead of a butterfly per 32 channels and the 4 warps' sums in order).
-// H16 (P62): the raw inputs read as fp16 (p.qkv16), each value widened to f32 on load; the rest unchanged.
-template <bool H16>
-__global__ void __launch_bounds__(32 * kPrepWideWarps) gdn_prep_wide_kernel(const __grid_constant__ PrepArgs p) {
-  pdl_trigger();
-  const GdnDims& d = p.d;
-  const int64_t CD = d.conv_dim;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int head = blockIdx.y * kPrepWideWarps + warp, ch = head * kHD + 4 * lane;
-  const int nqk = 2 * d.nk, t0 = blockIdx.x * kPrepTok;
-  float4 w[4];
-  prep_wide_weights(p.conv_w, ch, w);
-  pdl_wait();
-  const bool qk = head < nqk;   // uniform per warp
-  const float qs = head < d.nk ? rsqrtf(float(d.dk)) : 1.f;
-  float4 u[kPrepTok];
-  prep_wide_rows<H16>(w, p.conv_state, p.qkv, p.qkv16, CD, p.T, t0, ch, qk, qs, u);
-#pragma unroll
-  for (int j = 0; j < kPrepTok; ++j)
-    if (t0 + j < p.T) *reinterpret_cast<float4*>(p.u + int64_t(t0 + j) * CD + ch) = u[j];
   if (!qk && lane < kPrepTok && t0 + lane < p.T) prep_gates(p, t0 + lane, head - nqk);
 }
 
@@ -518,7 +493,6 @@ struct IntraArgs {
   ChunkBufs b;
   int shared;   // P11 shared layout (gdn_chunk_intra2_kernel only)
   int one;      // P24: only the hi planes are read (gdn_chunk_intra2_kernel<0> skips the lo stores)
-  GdnPrepIn in; // P73 (gdn_chunk_intra2_kernel<0, true, true>): the prep's inputs; u, beta, g unused
 };
 constexpr size_t kIntraSmem = sizeof(bf16) * 4 * kC * kRS + sizeof(float) * kC * kAS + sizeof(double) * kC +
                               sizeof(float) * 4 * kC;
@@ -691,10 +665,7 @@ __device__ __forceinline__ void split_pack(float a, float b, uint32_t& h, uint32
 // kMode: 0 = U / W / P / diag(γ)Q (scan2), 1 = kScan3 with M on tensor cores, 2 = kScan3 with M in
 // fp32 FMAs (the session-6 form, LILY_GDN_P11 bit 3: a test row that localises an M failure).
 // kOne (P24): products in one bf16 MMA (no lo planes in shared memory, the lo loads skipped).
-// kFuse (P73, with kMode 0 and kOne): the prep done here instead of by gdn_prefill_prep: q̂, k̂ and v from the fp16
-// raw inputs by the prep's own code (prep_wide_rows: the same values bit for bit) and the gates by gate_values; a
-// thread then holds rows 8·warp + it (consecutive, so that its conv window is 11 rows) instead of warp + 8·it.
-template <int kMode, bool kOne = false, bool kFuse = false>
+template <int kMode, bool kOne = false>
 __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_constant__ IntraArgs p) {
   constexpr bool kScan3 = kMode != 0;
   extern __shared__ __align__(16) unsigned char smraw[];
@@ -709,7 +680,8 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
   float* bgam = bs + kC;                                  // [kC] β γ_i
   float* gam = bgam + kC;                                 // [kC] γ_i
   float* kdec = gam + kC;                                 // [kC] e^{G_C − G_i}
-  static_assert(!kFuse || (kMode == 0 && kOne), "P73: the P24 form only");
+  pdl_trigger();
+  pdl_wait();
   const GdnDims& d = p.d;
   const int c = blockIdx.x, j = blockIdx.y, khd = j / (d.nv / d.nk);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
@@ -718,38 +690,17 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
   const int t0 = c * kC, n = min(kC, p.T - t0);
   const int64_t rb = int64_t(j) * p.b.Tp + t0;   // first buffer row of this chunk
   constexpr int kIt = kC * (kHD / 4) / 256;      // float4 per thread of a 64 × 128 tile
-  // Row of this thread's it-th float4 (column 4·lane): warp + 8·it, or with kFuse 8·warp + it.
-  auto row_of = [&](int it) { return kFuse ? 8 * warp + it : warp + 8 * it; };
-  static_assert(!kFuse || kIt == kPrepTok, "P73: a thread's rows are one prep window");
-  const int64_t chq = int64_t(khd) * kHD + 4 * lane;   // this lane's q̂ channels (k̂: + key_dim)
-  float4 wq[4], wk[4];   // kFuse: the conv weights of those channels
-  if constexpr (kFuse) {
-    prep_wide_weights(p.in.conv_w, chq, wq);
-    prep_wide_weights(p.in.conv_w, chq + key_dim, wk);
-  }
-  pdl_trigger();
-  pdl_wait();
 
-  // q̂, k̂ rows (zero past T) into registers, all loads in flight at once.
+  // q̂, k̂ rows (zero past T) into registers, all loads in flight at once; row r = tid / 32 + 8 it.
   float4 qv[kIt], kv[kIt];
-  if constexpr (kFuse) {
-    prep_wide_rows<true>(wq, p.in.conv_state, nullptr, p.in.qkv16, CD, p.T, t0 + 8 * warp, chq, true,
-                         rsqrtf(float(d.dk)), qv);
-    prep_wide_rows<true>(wk, p.in.conv_state, nullptr, p.in.qkv16, CD, p.T, t0 + 8 * warp, chq + key_dim, true, 1.f,
-                         kv);
 #pragma unroll
-    for (int it = 0; it < kIt; ++it)
-      if (row_of(it) >= n) qv[it] = kv[it] = make_float4(0.f, 0.f, 0.f, 0.f);
-  } else {
-#pragma unroll
-    for (int it = 0; it < kIt; ++it) {
-      const int r = row_of(it);
-      qv[it] = kv[it] = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (r < n) {
-        const float* row = p.u + int64_t(t0 + r) * CD + chq;
-        qv[it] = *reinterpret_cast<const float4*>(row);
-        kv[it] = *reinterpret_cast<const float4*>(row + key_dim);
-      }
+  for (int it = 0; it < kIt; ++it) {
+    const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
+    qv[it] = kv[it] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (r < n) {
+      const float* row = p.u + int64_t(t0 + r) * CD + khd * kHD + 4 * c4;
+      qv[it] = *reinterpret_cast<const float4*>(row);
+      kv[it] = *reinterpret_cast<const float4*>(row + key_dim);
     }
   }
   // Warp 0: gates and decays. Lane l owns tokens 2l, 2l+1 (rows past T: g = 0, β = 0, so γ_C = γ_{n−1}).
@@ -758,14 +709,8 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int i = 2 * lane + e;
-      g2[e] = b2[e] = 0.f;
-      if (i < n) {
-        if constexpr (kFuse) gate_values(p.in.a, p.in.b, p.in.A_log, p.in.dt_bias, d.nv, t0 + i, j, g2[e], b2[e]);
-        else {
-          g2[e] = p.g[int64_t(t0 + i) * d.nv + j];
-          b2[e] = p.beta[int64_t(t0 + i) * d.nv + j];
-        }
-      }
+      g2[e] = i < n ? p.g[int64_t(t0 + i) * d.nv + j] : 0.f;
+      b2[e] = i < n ? p.beta[int64_t(t0 + i) * d.nv + j] : 0.f;
     }
     const double s0 = double(g2[0]), s1 = s0 + double(g2[1]);
     double incl = s1;   // inclusive scan of the lane pairs' sums
@@ -789,7 +734,7 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
   }
 #pragma unroll
   for (int it = 0; it < kIt; ++it) {
-    const int r = row_of(it), c4 = lane;
+    const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
     store_split4(qh + r * kRS + 4 * c4, ql + r * kRS + 4 * c4, qv[it]);
     store_split4(kh + r * kRS + 4 * c4, kl + r * kRS + 4 * c4, kv[it]);
   }
@@ -800,7 +745,7 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
       const int64_t kb = int64_t(khd) * p.b.Tp + t0;
 #pragma unroll
       for (int it = 0; it < kIt; ++it) {
-        const int r = row_of(it), c4 = lane;
+        const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
         const int64_t o = (kb + r) * kHD + 4 * c4;
         store_split4x<kOne>(p.b.Qh + o, p.b.Ql + o, qv[it]);
         store_split4x<kOne>(p.b.Kh + o, p.b.Kl + o, kv[it]);
@@ -814,7 +759,7 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
     // diag(γ) Q (kScan3: Q~, written at the end) and K' from the fp32 registers.
 #pragma unroll
     for (int it = 0; it < kIt; ++it) {
-      const int r = row_of(it), c4 = lane;
+      const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
       const float fq = gam[r], fk = kdec[r];
       const float4 a = qv[it], b = kv[it];
       const int64_t o = (rb + r) * kHD + 4 * c4;
@@ -859,21 +804,11 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
   // v rows (zero past T) into the q̂ tiles; the loads stay in flight over the diagonal solves.
   {
     float4 vv[kIt];
-    const int64_t chv = 2 * key_dim + int64_t(j) * kHD + 4 * lane;
-    if constexpr (kFuse) {   // (the conv's wait comes before the solve here; the loads are not hidden by it)
-      float4 wv[4];
-      prep_wide_weights(p.in.conv_w, chv, wv);
-      prep_wide_rows<true>(wv, p.in.conv_state, nullptr, p.in.qkv16, CD, p.T, t0 + 8 * warp, chv, false, 1.f, vv);
 #pragma unroll
-      for (int it = 0; it < kIt; ++it)
-        if (row_of(it) >= n) vv[it] = make_float4(0.f, 0.f, 0.f, 0.f);
-    } else {
-#pragma unroll
-      for (int it = 0; it < kIt; ++it) {
-        const int r = row_of(it);
-        vv[it] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (r < n) vv[it] = *reinterpret_cast<const float4*>(p.u + int64_t(t0 + r) * CD + chv);
-      }
+    for (int it = 0; it < kIt; ++it) {
+      const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
+      vv[it] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (r < n) vv[it] = *reinterpret_cast<const float4*>(p.u + int64_t(t0 + r) * CD + 2 * key_dim + j * kHD + 4 * c4);
     }
     // Diagonal blocks: thread (block b, column cc) solves (I + A_bb) x = e_cc (x = 0 above the
     // diagonal, so the whole 16×16 block of T is written).
@@ -893,7 +828,7 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
     }
 #pragma unroll
     for (int it = 0; it < kIt; ++it) {
-      const int r = row_of(it), c4 = lane;
+      const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
       store_split4(qh + r * kRS + 4 * c4, ql + r * kRS + 4 * c4, vv[it]);
     }
   }
@@ -2040,12 +1975,7 @@ int64_t gdn_chunked_workspace_floats(const GdnDims& d, int T) {
          ((d.nv * nch + 63) / 64) * 64 + 2 * rows + 64 + rows * kHD + 64;
 }
 
-bool gdn_chunked_fuse_ok(const GdnDims& d, const GdnPrepIn& in) {
-  return gdn_prefill_ok(d) && gdn_p24_active() && in.qkv16 && in.a && in.b &&
-         gdn_prep_wide_ok(d, in.conv_w, in.conv_state, in.qkv16, in.conv_w);
-}
-
-void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s, const GdnPrepIn* fuse) {
+void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s) {
   LILY_CHECK(gdn_prefill_ok(d), "gdn prefill: unsupported shapes");
   const ChunkBufs b = chunk_bufs(d, T, work);
   const float* u = work;
@@ -2062,19 +1992,10 @@ void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s, con
                                     int(kIntra2Smem)));
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra2_kernel<0, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kIntra2Smem)));
-    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra2_kernel<0, true, true>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(kIntra2Smem)));
     attr_set = true;
   }
   const int p11 = gdn_chunk_p11();
   IntraArgs a{d, u, beta, g, T, b, p11 == 7 ? 1 : 0, gdn_p24_active() ? 1 : 0};
-  if (fuse) {   // P73
-    LILY_CHECK(gdn_chunked_fuse_ok(d, *fuse), "gdn prefill: P73 needs P24's pair, fp16 inputs and P41's shapes");
-    a.in = *fuse;
-    launch(gdn_chunk_intra2_kernel<0, true, true>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);
-    CUDA_LAUNCH_CHECK();
-    return;
-  }
   if ((p11 & 24) == 24) launch(gdn_chunk_intra2_kernel<2>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // scan3, FMA M
   else if (p11 & 16) launch(gdn_chunk_intra2_kernel<1>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P11 scan3
   else if (a.one) launch(gdn_chunk_intra2_kernel<0, true>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P24

@@ -105,16 +105,7 @@ void gdn_prefill_scan(const GdnDims& d, const float* norm_w, float* conv_state, 
 // and heads in parallel), then the state over the chunks + the gated RMSNorm (+ conv-state shift).
 // Workspace: gdn_chunked_workspace_floats (includes the prep's part).
 int64_t gdn_chunked_workspace_floats(const GdnDims& d, int T);
-// P73: the prep's inputs, for the per-chunk pass to do the prep itself (fp16 raw inputs, P62; conv kernel 4):
-// gdn_prefill_prep is then not run and the workspace's u, β and g are neither written nor read.
-struct GdnPrepIn {
-  const float *conv_w = nullptr, *A_log = nullptr, *dt_bias = nullptr, *conv_state = nullptr, *a = nullptr,
-              *b = nullptr;
-  const __half* qkv16 = nullptr;
-};
-// Whether gdn_chunked_intra can take `in` (P24's pair, P41's prep shapes and alignment, fp16 inputs).
-bool gdn_chunked_fuse_ok(const GdnDims& d, const GdnPrepIn& in);
-void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s, const GdnPrepIn* fuse = nullptr);
+void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s);
 // P11: bit 0 = the per-chunk pass with (I + A)⁻¹ formed by 16×16 blocks and applied by split-bf16
 // MMAs (off: forward substitution, one column per thread); bit 1 = the chunk scan with Δ alone in
 // its first phase, rescheduled loads and an L2 prefetch two chunks ahead. 0 = the P4c kernels.
