@@ -749,7 +749,7 @@ class CudaBackend final : public Backend {
     gemm_set_moe_p53(!abl_.has("P53"));   // P53: short prompts' gate/up at M-tile 32 on a deeper ring
     gemm_set_moe_p55(!abl_.has("P55"), tried("P55n8") ? 8 : 4);   // P55: the down GEMM with its activations resident
     p42_ = !abl_.has("P42");   // P42: the prefill MoE's norm + conversion without its unread f32 x
-    p72_ = tried("P72");       // P72 (opt-in, written in session 28, not yet run): the top-k's slice loads at once
+    p72_ = !abl_.has("P72");   // P72: the prefill top-k's slice loads issued at once (+0.7 % at 1K, session 29)
     gdn_prep_wide_enabled() = !abl_.has("P41");   // P41: the GDN prefill prep a warp per head, float4 per lane
     moe_prefill_set_p40(!abl_.has("P40"));   // P40: the MoE gate/up at M-tile 128 (P34 + P38) from 8 expected rows
     gemm_set_p70(!abl_.has("P70"));   // P70: the prefill norm + conversion's 8-bit dot and bf16 halves, cheaper
@@ -1454,7 +1454,7 @@ class CudaBackend final : public Backend {
     o.skip_x = p42_;                       // P42: no f32 x from that conversion (nothing reads it)
     o.router_split = p37_;                // P37: the router GEMM with K in 4 slices
     o.rank_in_topk = !abl_.has("P71");    // P71: the scatter places rows by the top-k kernel's arrival order
-    o.topk_batch = p72_;                  // P72 (opt-in): the top-k kernel's slice loads issued at once
+    o.topk_batch = p72_;                  // P72: the top-k kernel's slice loads issued at once
     o.tiles_full_first = p56_;            // P56: full tiles first, partial ones largest first (512-3K prompts)
     if (pn.h) o.pre_norm = {pn.h, pn.r, pn.w, pn.eps};   // P25 (x = pn.out)
     // P59: the combine held back for the next norm (flush_comb launches it when anything else comes first).
@@ -1501,7 +1501,7 @@ class CudaBackend final : public Backend {
   std::map<KeptKey, uint16_t*> kept_stack_[2];   // P30: by (first codes, rows, count)
   bool p30_ = true;   // P30: the dense projections of one input as one GEMM
   bool p68_ = true;   // P68: the prefill router GEMM on fp16 operands (router16)
-  bool p72_ = false;  // P72 (LILY_TRY): the prefill top-k's slice loads issued at once
+  bool p72_ = true;   // P72: the prefill top-k's slice loads issued at once
   std::map<const void*, uint16_t*> router16_;   // P68: the routers' fp16 copies by codes
   bool d53_ = true;   // D53
   bool p42_ = true;   // P42

@@ -259,7 +259,7 @@ struct MoePrefillOpts {
   bool skip_x = false;          // P42 (with P19, P25): the f32 x, which no MoE kernel then reads, is not written
   bool router_split = false;    // P37: the router GEMM with K in slices (router_split())
   bool rank_in_topk = false;    // P71: the scatter's arrival order from the top-k kernel's count atomics
-  bool topk_batch = false;      // P72 (opt-in, not yet run): the top-k kernel's slice loads issued at once
+  bool topk_batch = false;      // P72 (the backend's default: on): the top-k kernel's slice loads issued at once
   bool tiles_full_first = false;   // P56: from 16 to below 96 expected rows per expert (LILY_P56_MIN_ROWS,
                                    // LILY_P56_ROWS) the tile lists' full tiles first, the partial ones largest first
   // P25: x is produced by this rmsnorm (not launched yet): the router stage's conversion runs it too
