@@ -14,7 +14,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -117,6 +119,7 @@ struct Variant {
   bool diag = false;             // diagnostic: reported, never counted as a failure
   std::string p11 = "3";         // LILY_GDN_P11 (parts of P11: 1 per-chunk pass, 2 chunk scan, 16 scan3, 8 + 16 scan3 with M in FMAs)
   bool f16in = false;            // P62: qkv and z handed to the GDN as fp16 (the cpu reference gets the same rounded values)
+  std::string same_as;           // a variant (run earlier on the same case) whose outputs these must equal bit for bit
 };
 void apply(Backend& gpu, const Variant& v) {
   setenv("LILY_GDN_SCAN_NC", v.scan_nc.c_str(), 1);
@@ -338,7 +341,10 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                    {"P4c P11 scan3", {}, "0", "16", 3, "1", "1", "0", "0", "0", "", false, "19"},
                                    {"P4c scan3 FMA M", {}, "0", "16", 3, "1", "1", "0", "0", "0", "", false, "27"},
                                    {"P4c P24, P62 fp16 qkv/z", {}, "0", "16", 5, "1", "1", "0", "0", "0", "", false, "3",
-                                    true}};
+                                    true},
+                                   // P74 changes only where the prep keeps its inputs: the outputs must be the same bits.
+                                   {"P4c P62, P74 off", {"P74"}, "0", "16", 5, "1", "1", "0", "0", "0", "", false, "3",
+                                    true, "P4c P24, P62 fp16 qkv/z"}};
   // fp16 cache (default) first; with it the flash knobs bf16kv / bf16 ops do not apply. Then D18
   // off (f32 cache) with every flash form of before.
   const std::vector<Variant> av = {{"kv16 P6 off (per-tok)", {"P6"}, "0", "16", 1},
@@ -406,6 +412,7 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
           }
         ref16 = run_gdn(cpu, c, io16, T);
       }
+      std::map<std::string, GdnOut> outs;   // this case's outputs by variant, for same_as
       for (size_t vi = 0; vi < gv.size(); ++vi)
         for (int rep = 0; rep < repeat; ++rep) {
           if (!variant.empty() && gv[vi].name.find(variant) == std::string::npos) break;
@@ -418,17 +425,33 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
           ey.merge(compare(ref.y[1], got.y[1], dv));
           const Err es = compare(ref.S, got.S, dv);
           const Err ec = compare(ref.conv, got.conv, c.conv_dim());
-          const bool ok = within(ey, gv[vi].tol) && within(es, gv[vi].tol) && within(ec, 0);
+          bool ok = within(ey, gv[vi].tol) && within(es, gv[vi].tol) && within(ec, 0);
+          std::string bits;   // same_as: "bits same" or "bits DIFFER" (a failure); nothing compared if X did not run
+          if (!gv[vi].same_as.empty()) {
+            const auto it = outs.find(gv[vi].same_as);
+            if (it == outs.end()) {
+              bits = "  (" + gv[vi].same_as + " not run: bits not compared)";
+            } else {
+              auto same = [](const Vec& a, const Vec& b) {
+                return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+              };
+              const bool eq = same(it->second.y[0], got.y[0]) && same(it->second.y[1], got.y[1]) &&
+                              same(it->second.S, got.S) && same(it->second.conv, got.conv);
+              bits = eq ? "  bits same" : "  bits DIFFER";
+              ok = ok && eq;
+            }
+          }
+          if (rep == 0) outs[gv[vi].name] = got;
           Err all = ey;
           all.merge(es);
           all.merge(ec);
           gt[vi].worst.merge(all);
           gt[vi].cases++;
           gt[vi].fails += !ok;
-          char line[256];
-          std::snprintf(line, sizeof line, "gdn  T=%4d %-7s %-22s y %.1e/%.1e  S %.1e/%.1e  conv %.1e  %s", T,
+          char line[320];
+          std::snprintf(line, sizeof line, "gdn  T=%4d %-7s %-22s y %.1e/%.1e  S %.1e/%.1e  conv %.1e%s  %s", T,
                         carried ? "carried" : "zero", gv[vi].name.c_str(), ey.rel_rms, ey.worst_row, es.rel_rms,
-                        es.worst_row, ec.worst_row, ok ? "PASS" : "FAIL");
+                        es.worst_row, ec.worst_row, bits.c_str(), ok ? "PASS" : "FAIL");
           std::printf("%s\n", line);
           std::fflush(stdout);
           if (!ok) {

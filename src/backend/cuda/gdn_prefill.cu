@@ -137,8 +137,14 @@ __global__ void __launch_bounds__(kHD) gdn_prep_batched_kernel(const __grid_cons
 // then the butterfly, instead of a butterfly per 32 channels and the 4 warps' sums in order).
 // H16 (P62): the raw inputs read as fp16 (p.qkv16), each value widened to f32 on load; the rest unchanged.
 constexpr int kPrepWideWarps = 4;
-template <bool H16>
-__global__ void __launch_bounds__(32 * kPrepWideWarps) gdn_prep_wide_kernel(const __grid_constant__ PrepArgs p) {
+// LEAN (P74, H16 only): the raw window held as fp16 (2 registers per row instead of 4; fp16 -> f32 is exact, so every
+// value is the same) and launch bounds for 8 CTAs per SM. ncu (session 29, 4K prefill): without it 78 registers, 6 CTAs
+// (37.5 % occupancy), long-scoreboard stalls 49 %, 1.80 TB/s. The carried conv state's rows (f32; only the first CTA
+// row of the call, t0 < 3) are read from memory where they are used instead of being held.
+template <bool H16, bool LEAN = false>
+__global__ void __launch_bounds__(32 * kPrepWideWarps, LEAN ? 8 : 1)
+    gdn_prep_wide_kernel(const __grid_constant__ PrepArgs p) {
+  static_assert(!LEAN || H16, "P74: fp16 inputs only");
   constexpr int K = 4, W = kPrepTok + K - 1;
   pdl_trigger();
   const GdnDims& d = p.d;
@@ -150,39 +156,57 @@ __global__ void __launch_bounds__(32 * kPrepWideWarps) gdn_prep_wide_kernel(cons
 #pragma unroll
   for (int c = 0; c < 4; ++c) w[c] = reinterpret_cast<const float4*>(p.conv_w + int64_t(ch) * K)[c];
   pdl_wait();
-  float4 x[W];   // raw inputs of tokens t0 - 3 .. t0 + 7 (the carried conv state before the call's first token)
+  auto h4 = [](const uint2& v) {   // 4 fp16 -> f32 (exact)
+    const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&v.x));
+    const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&v.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+  };
+  float4 x[LEAN ? 1 : W];    // raw inputs of tokens t0 - 3 .. t0 + 7 (the carried conv state before the call's first token)
+  uint2 xr[LEAN ? W : 1];    // LEAN: the same as fp16 (zero for the conv state's rows)
 #pragma unroll
   for (int i = 0; i < W; ++i) {
     const int tt = t0 - (K - 1) + i;
-    x[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (tt < p.T) {
-      if (tt < 0) {
-        x[i] = *reinterpret_cast<const float4*>(p.conv_state + int64_t(tt + K - 1) * CD + ch);
-      } else if constexpr (H16) {
-        const uint2 v = *reinterpret_cast<const uint2*>(p.qkv16 + int64_t(tt) * CD + ch);
-        const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&v.x));
-        const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&v.y));
-        x[i] = make_float4(lo.x, lo.y, hi.x, hi.y);
-      } else {
-        x[i] = *reinterpret_cast<const float4*>(p.qkv + int64_t(tt) * CD + ch);
+    if constexpr (LEAN) {
+      xr[i] = make_uint2(0u, 0u);
+      if (tt >= 0 && tt < p.T) xr[i] = *reinterpret_cast<const uint2*>(p.qkv16 + int64_t(tt) * CD + ch);
+    } else {
+      x[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (tt < p.T) {
+        if (tt < 0) {
+          x[i] = *reinterpret_cast<const float4*>(p.conv_state + int64_t(tt + K - 1) * CD + ch);
+        } else if constexpr (H16) {
+          x[i] = h4(*reinterpret_cast<const uint2*>(p.qkv16 + int64_t(tt) * CD + ch));
+        } else {
+          x[i] = *reinterpret_cast<const float4*>(p.qkv + int64_t(tt) * CD + ch);
+        }
       }
     }
   }
+  auto xrow = [&](int i) -> float4 {   // window row i as f32
+    if constexpr (LEAN) {
+      const int tt = t0 - (K - 1) + i;
+      if (tt < 0) return *reinterpret_cast<const float4*>(p.conv_state + int64_t(tt + K - 1) * CD + ch);
+      return h4(xr[i]);
+    } else {
+      return x[i];
+    }
+  };
   const bool qk = head < nqk;   // uniform per warp
   const float qs = head < d.nk ? rsqrtf(float(d.dk)) : 1.f;
-  // Component c (a constant once unrolled) of a float4, so that x stays in registers.
+  // Component c (a constant once unrolled) of a float4, so that the rows stay in registers.
   auto cmp = [](const float4& v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w; };
-  auto conv = [&](const float4& wc, int j, int c) {   // P9's order: taps 0..3, fmaf from 0
-    float acc = 0.f;
-    acc = fmaf(wc.x, cmp(x[j], c), acc);
-    acc = fmaf(wc.y, cmp(x[j + 1], c), acc);
-    acc = fmaf(wc.z, cmp(x[j + 2], c), acc);
-    acc = fmaf(wc.w, cmp(x[j + 3], c), acc);
-    return siluf_(acc);
-  };
 #pragma unroll
   for (int j = 0; j < kPrepTok; ++j) {
-    float4 u = make_float4(conv(w[0], j, 0), conv(w[1], j, 1), conv(w[2], j, 2), conv(w[3], j, 3));
+    const float4 r0 = xrow(j), r1 = xrow(j + 1), r2 = xrow(j + 2), r3 = xrow(j + 3);
+    auto conv = [&](const float4& wc, int c) {   // P9's order: taps 0..3, fmaf from 0
+      float acc = 0.f;
+      acc = fmaf(wc.x, cmp(r0, c), acc);
+      acc = fmaf(wc.y, cmp(r1, c), acc);
+      acc = fmaf(wc.z, cmp(r2, c), acc);
+      acc = fmaf(wc.w, cmp(r3, c), acc);
+      return siluf_(acc);
+    };
+    float4 u = make_float4(conv(w[0], 0), conv(w[1], 1), conv(w[2], 2), conv(w[3], 3));
     if (qk) {
       const float sc = rsqrtf(warp_sum(u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w) + 1e-6f) * qs;
       u.x *= sc;
@@ -1891,6 +1915,10 @@ bool& gdn_prep_wide_enabled() {
   static bool on = true;
   return on;
 }
+bool& gdn_prep_lean_enabled() {
+  static bool on = true;
+  return on;
+}
 
 bool& gdn_chunk_one() {
   static bool on = true;
@@ -1943,7 +1971,10 @@ void gdn_prefill_prep(const GdnDims& d, const float* conv_w, const float* A_log,
   const int heads = d.conv_dim / kHD;
   if (qkv16) {   // P62
     LILY_CHECK(gdn_prep_wide_ok(d, conv_w, conv_state, qkv16, u), "gdn prefill: fp16 inputs need P41's prep");
-    launch(gdn_prep_wide_kernel<true>, dim3(grid.x, heads / kPrepWideWarps), dim3(32 * kPrepWideWarps), 0, s, p);
+    if (gdn_prep_lean_enabled())   // P74
+      launch(gdn_prep_wide_kernel<true, true>, dim3(grid.x, heads / kPrepWideWarps), dim3(32 * kPrepWideWarps), 0, s, p);
+    else
+      launch(gdn_prep_wide_kernel<true>, dim3(grid.x, heads / kPrepWideWarps), dim3(32 * kPrepWideWarps), 0, s, p);
   } else if (gdn_prep_wide_ok(d, conv_w, conv_state, qkv, u))   // P41
     launch(gdn_prep_wide_kernel<false>, dim3(grid.x, heads / kPrepWideWarps), dim3(32 * kPrepWideWarps), 0, s, p);
   else if (gdn_prep_batched_enabled()) launch(gdn_prep_batched_kernel, grid, dim3(kHD), 0, s, p);   // P9

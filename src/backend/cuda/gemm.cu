@@ -1013,9 +1013,13 @@ __global__ void __launch_bounds__(1024) rmsnorm_convert_kernel(float* h, const f
 // four warp sums is one of gdn_norm_kernel's per-warp sums, combined in block_sum's order ((r0 + r2) +
 // (r1 + r3): its final butterfly over lanes 0-3): the outputs are bit-identical. The normalised row
 // stays in shared memory for the conversion; out (f32) is written only when given.
+// MINB (P75): launch bounds for MINB CTAs per SM (ncu, session 29: 60 registers without, 4 CTAs, 50 % occupancy,
+// long-scoreboard stalls on z 32.5 %, 2.05 TB/s); with it the bf16 hi / lo arithmetic is also skipped when nothing
+// writes it (as P70). Same bits.
 constexpr int kGnMaxHeadsPerWarp = 4;
-template <typename Z>   // z: float, or __half (P62)
-__global__ void __launch_bounds__(256) gdn_norm_convert_kernel(const float* __restrict__ y, const Z* __restrict__ z,
+constexpr int kGnP75MinBlocks = 5;
+template <typename Z, int MINB = 1>   // z: float, or __half (P62)
+__global__ void __launch_bounds__(256, MINB) gdn_norm_convert_kernel(const float* __restrict__ y, const Z* __restrict__ z,
                                                                const float* __restrict__ w, int nv, float eps,
                                                                float* __restrict__ out, int f16,
                                                                uint16_t* __restrict__ xa, float* __restrict__ rs,
@@ -1066,7 +1070,8 @@ __global__ void __launch_bounds__(256) gdn_norm_convert_kernel(const float* __re
     up = pow2f(se);
     if (tid == 0) rs[row] = pow2f(-se);
   }
-  for (int c8 = tid; c8 < n / 8; c8 += blockDim.x) convert_a_chunk(ys, row, n, c8, f16, up, xa, xh, xl);
+  const bool need_h = MINB == 1 || !f16 || xh || xl;
+  for (int c8 = tid; c8 < n / 8; c8 += blockDim.x) convert_a_chunk(ys, row, n, c8, f16, up, xa, xh, xl, need_h);
 }
 
 // P1 off: W -> bf16 or fp16 [rows, cols] in mma k-order with the fused path's rounding (bf16: the
@@ -1283,6 +1288,8 @@ void gemm_set_moe_p39(bool on) { g_moe_p39 = on; }
 // weights without qm_at's generic path (the same bits).
 bool g_p70 = true;
 void gemm_set_p70(bool on) { g_p70 = on; }
+bool g_p75 = true;
+void gemm_set_p75(bool on) { g_p75 = on; }
 // P43 (gemm_kernel, the MoE down GEMM): CTAs in N-tile-fastest order (a tile's activation rows read once from DRAM).
 bool g_moe_p43 = true;
 void gemm_set_moe_p43(bool on) { g_moe_p43 = on; }
@@ -1595,7 +1602,14 @@ void gemm_gdn_norm_convert(const float* y, const float* z, const float* w, int n
   LILY_CHECK(!o.f16 || (o.a && o.rs), "gemm_gdn_norm_convert: fp16 needs the row scales");
   uint16_t* hi = o.f16 || !o.a ? const_cast<uint16_t*>(o.hi) : nullptr;   // as gemm_convert_a
   const dim3 g{unsigned(T)}, b{unsigned(32 * std::min(nv, 8))};
-  if (z16)
+  static const bool p75_six = env_int("LILY_P75_MINB", kGnP75MinBlocks) == 6;   // tuning aid: 6 CTAs per SM (40 registers)
+  if (z16 && g_p75 && b.x == 256 && p75_six)
+    launch(gdn_norm_convert_kernel<__half, 6>, g, b, 0, s, y, reinterpret_cast<const __half*>(z), w, nv, eps, out,
+           int(o.f16), const_cast<uint16_t*>(o.a), const_cast<float*>(o.rs), hi, const_cast<uint16_t*>(o.lo));
+  else if (z16 && g_p75 && b.x == 256)   // P75
+    launch(gdn_norm_convert_kernel<__half, kGnP75MinBlocks>, g, b, 0, s, y, reinterpret_cast<const __half*>(z), w, nv,
+           eps, out, int(o.f16), const_cast<uint16_t*>(o.a), const_cast<float*>(o.rs), hi, const_cast<uint16_t*>(o.lo));
+  else if (z16)
     launch(gdn_norm_convert_kernel<__half>, g, b, 0, s, y, reinterpret_cast<const __half*>(z), w, nv, eps, out,
            int(o.f16), const_cast<uint16_t*>(o.a), const_cast<float*>(o.rs), hi, const_cast<uint16_t*>(o.lo));
   else
@@ -1604,12 +1618,20 @@ void gemm_gdn_norm_convert(const float* y, const float* z, const float* w, int n
   CUDA_LAUNCH_CHECK();
 }
 
-int64_t gemm_gdn_norm_convert_probe(int nv, int T, bool f16, bool split, unsigned seed) {
+int64_t gemm_gdn_norm_convert_probe(int nv, int T, bool f16, bool split, unsigned seed, bool z16) {
   ProbeBufs b(seed);
   const int n = nv * 128;
   const int64_t tn = int64_t(T) * n;
   const std::vector<float> y0 = b.randn(tn, 2.f);
   float* z = b.copy(b.randn(tn, 1.5f));
+  if (z16) {   // P62: z as fp16 in z's buffer (both sides read it so; P75's kernel on the fused side)
+    std::vector<float> zf(static_cast<size_t>(tn));
+    CUDA_CHECK(cudaMemcpy(zf.data(), z, size_t(tn) * 4, cudaMemcpyDeviceToHost));
+    std::vector<__half> zh(zf.size());
+    for (size_t i = 0; i < zf.size(); ++i) zh[i] = __float2half_rn(zf[i]);
+    CUDA_CHECK(cudaMemcpy(z, zh.data(), zh.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
   float* w = b.copy(b.randn(128, 0.5f));
   float* y[2] = {b.copy(y0), b.copy(y0)};
   float* y_raw = b.copy(y0);   // the fused kernel must leave its input raw
@@ -1622,9 +1644,9 @@ int64_t gemm_gdn_norm_convert_probe(int nv, int T, bool f16, bool split, unsigne
   d.nv = nv;
   d.dk = d.dv = 128;
   d.eps = 1e-6f;
-  gdn_prefill_norm(d, w, z, T, y[0], s);   // reference: in place, then the conversion
+  gdn_prefill_norm(d, w, z, T, y[0], s, z16);   // reference: in place, then the conversion
   gemm_convert_a(y[0], T, n, c0.operand(f16, split), s);
-  gemm_gdn_norm_convert(y[1], z, w, nv, 128, T, 1e-6f, out, c1.operand(f16, split), s);
+  gemm_gdn_norm_convert(y[1], z, w, nv, 128, T, 1e-6f, out, c1.operand(f16, split), s, z16);
   CUDA_CHECK(cudaStreamSynchronize(s));
   CUDA_CHECK(cudaStreamDestroy(s));
   return bytes_differ(y[0], out, tn * 4) + bytes_differ(y[1], y_raw, tn * 4) + conv_differ(c0, c1, tn, T);

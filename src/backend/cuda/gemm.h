@@ -95,6 +95,7 @@ bool gemm_moe_p32();
 // P34 (with P32): two 64-k steps per ring stage, the per-stage waits and bookkeeping once per two steps.
 void gemm_set_moe_p34(bool on);
 void gemm_set_moe_p38(bool on);   // P38: the P34 MoE kernel's wgmma N by the tile's rows (same bits)
+void gemm_set_p75(bool on);   // P75: the GDN gated norm + conversion (P28, fp16 z) at 5 CTAs per SM, bf16 halves skipped
 void gemm_set_p70(bool on);   // P70: the fused prefill norm + conversion's 8-bit dot and bf16 halves, cheaper (same bits)
 void gemm_set_moe_p39(bool on);   // P39: the MoE down GEMM (mma.sync) skips m16 tiles past the tile's rows (same bits)
 void gemm_set_moe_p43(bool on);   // P43: the MoE down GEMM's CTAs in N-tile-fastest order
@@ -166,7 +167,7 @@ void gemm_gdn_norm_convert(const float* y, const float* z, const float* w, int n
 // P28 test entry (synchronous): the fused kernel against gdn_prefill_norm + gemm_convert_a on the same
 // random inputs; returns the number of differing bytes over the f32 rows, rs, xa, xh, xl, plus any
 // byte of the fused kernel's input y that it changed.
-int64_t gemm_gdn_norm_convert_probe(int nv, int T, bool f16, bool split, unsigned seed);
+int64_t gemm_gdn_norm_convert_probe(int nv, int T, bool f16, bool split, unsigned seed, bool z16 = false);
 // Ablation P1 off (4-bit only): W dequantised once into bf16/fp16 [rows, cols] in the mma k-order.
 int64_t gemm_dequant_bytes(const QMat& w);
 void gemm_dequant(const QMat& w, bool f16, uint16_t* wb, cudaStream_t s);

@@ -94,6 +94,8 @@ bool& gdn_prep_batched_enabled();
 // P41 (with P9, conv kernel 4): the prep with a warp per 128-channel head and 4 channels per lane (float4 rows of
 // 512 bytes per warp, one butterfly per q / k head and token; the sum of squares in another order).
 bool& gdn_prep_wide_enabled();
+// P74 (with P62's fp16 inputs): P41's kernel with its window of raw inputs held as fp16 and 8 CTAs per SM; same values.
+bool& gdn_prep_lean_enabled();
 // The delta rule over the T tokens with S in registers (read and written once), then the gated
 // RMSNorm with silu(z) into y; also shifts the carried conv state (last K-1 raw rows of qkv).
 // `nc`: state columns per lane of the scan (1, 2 or 4; 0 = default = 1).
