@@ -1027,8 +1027,11 @@ __global__ void __launch_bounds__(256, MINB) gdn_norm_convert_kernel(const float
   __shared__ float red[8];
   __shared__ __align__(16) float ys[4096];
   pdl_trigger();
-  pdl_wait();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nw = blockDim.x >> 5, hp = nv / nw, n = nv * 128;
+  float wl[4];   // the norm weights of this lane's columns (the same for every head), loaded once
+#pragma unroll
+  for (int u = 0; u < 4; ++u) wl[u] = w[lane + 32 * u];
+  pdl_wait();
   const int64_t row = blockIdx.x;
   float o[kGnMaxHeadsPerWarp][4], zz[kGnMaxHeadsPerWarp][4];
 #pragma unroll
@@ -1053,7 +1056,7 @@ __global__ void __launch_bounds__(256, MINB) gdn_norm_convert_kernel(const float
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         const int c = lane + 32 * u;
-        const float v = o[i][u] * sc * w[c] * siluf_(zz[i][u]);
+        const float v = o[i][u] * sc * wl[u] * siluf_(zz[i][u]);
         ys[h0 + c] = v;
         if (out) out[row * n + h0 + c] = v;
         amax = fmaxf(amax, fabsf(v));
