@@ -47,6 +47,7 @@ int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split,
 int64_t gemm_segmented_probe(int T, int K, int nseg, const int* rows, unsigned seed, int h16);
 // backend/cuda/gemm.h: the P28 test entry (fused GDN gated norm + conversion vs the two kernels), synchronous
 int64_t gemm_gdn_norm_convert_probe(int nv, int T, bool f16, bool split, unsigned seed, bool z16 = false);
+void gemm_set_p75(bool on);
 double gemm_splitk_probe(int T, int N, int K, int ksplit, int bm, unsigned seed);
 double gemm_router16_probe(int T, int N, int K, int ksplit, unsigned seed);
 }  // namespace lily::cuda
@@ -788,15 +789,20 @@ int run(const Options& o) {
       }
     // P28: the fused GDN gated norm + operand conversion, bit-identical to gdn_prefill_norm + gemm_convert_a.
     if (!p14)
-      // z16 (P62's fp16 z; the fused side then runs P75's kernel where the block is 256 threads, nv >= 8).
+      // z16: P62's fp16 z, with P75 (opt-in; its kernel where the block has 256 threads, nv >= 8) off (1) and on (2).
       for (const auto& cs : std::vector<std::array<int, 5>>{{32, 1, 1, 0, 0}, {32, 300, 1, 0, 0}, {32, 77, 0, 1, 0},
                                                             {32, 64, 1, 1, 0}, {8, 33, 1, 0, 0}, {4, 16, 0, 0, 0},
                                                             {16, 9, 1, 0, 0}, {32, 300, 1, 0, 1}, {32, 77, 0, 1, 1},
-                                                            {32, 64, 1, 1, 1}, {8, 33, 1, 0, 1}, {4, 16, 1, 0, 1}}) {
-        const int64_t d = lily::cuda::gemm_gdn_norm_convert_probe(cs[0], cs[1], cs[2], cs[3], 11u + cs[1], cs[4]);
+                                                            {32, 64, 1, 1, 1}, {8, 33, 1, 0, 1}, {4, 16, 1, 0, 1},
+                                                            {32, 300, 1, 0, 2}, {32, 77, 0, 1, 2}, {32, 64, 1, 1, 2},
+                                                            {8, 33, 1, 0, 2}}) {
+        lily::cuda::gemm_set_p75(cs[4] == 2);
+        const int64_t d = lily::cuda::gemm_gdn_norm_convert_probe(cs[0], cs[1], cs[2], cs[3], 11u + cs[1], cs[4] > 0);
+        lily::cuda::gemm_set_p75(false);
         char line[200];
         std::snprintf(line, sizeof line, "%-4s P28 gdn norm+convert nv=%d T=%d f16=%d hi/lo=%d%s: %lld bytes differ",
-                      d == 0 ? "PASS" : "FAIL", cs[0], cs[1], cs[2], cs[3], cs[4] ? " z16" : "", (long long)d);
+                      d == 0 ? "PASS" : "FAIL", cs[0], cs[1], cs[2], cs[3],
+                      cs[4] == 2 ? " z16 P75" : cs[4] ? " z16" : "", (long long)d);
         std::printf("%s\n", line);
         (d == 0 ? tally.pass : tally.fail) += 1;
         if (d != 0) tally.failed.push_back(line);

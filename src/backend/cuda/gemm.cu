@@ -1291,7 +1291,7 @@ void gemm_set_moe_p39(bool on) { g_moe_p39 = on; }
 // weights without qm_at's generic path (the same bits).
 bool g_p70 = true;
 void gemm_set_p70(bool on) { g_p70 = on; }
-bool g_p75 = true;
+bool g_p75 = false;   // opt-in (LILY_TRY=P75): its kernel is faster, the 4K prefill was not (session 29)
 void gemm_set_p75(bool on) { g_p75 = on; }
 // P43 (gemm_kernel, the MoE down GEMM): CTAs in N-tile-fastest order (a tile's activation rows read once from DRAM).
 bool g_moe_p43 = true;

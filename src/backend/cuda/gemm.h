@@ -95,7 +95,7 @@ bool gemm_moe_p32();
 // P34 (with P32): two 64-k steps per ring stage, the per-stage waits and bookkeeping once per two steps.
 void gemm_set_moe_p34(bool on);
 void gemm_set_moe_p38(bool on);   // P38: the P34 MoE kernel's wgmma N by the tile's rows (same bits)
-void gemm_set_p75(bool on);   // P75: the GDN gated norm + conversion (P28, fp16 z) at 5 CTAs per SM, bf16 halves skipped
+void gemm_set_p75(bool on);   // P75 (opt-in): the GDN gated norm + conversion (P28, fp16 z) at 5 CTAs per SM, bf16 halves skipped
 void gemm_set_p70(bool on);   // P70: the fused prefill norm + conversion's 8-bit dot and bf16 halves, cheaper (same bits)
 void gemm_set_moe_p39(bool on);   // P39: the MoE down GEMM (mma.sync) skips m16 tiles past the tile's rows (same bits)
 void gemm_set_moe_p43(bool on);   // P43: the MoE down GEMM's CTAs in N-tile-fastest order
