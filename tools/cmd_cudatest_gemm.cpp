@@ -47,7 +47,8 @@ int64_t gemm_rmsnorm_convert_probe(int n, int T, bool add, bool f16, bool split,
 int64_t gemm_segmented_probe(int T, int K, int nseg, const int* rows, unsigned seed, int h16);
 // backend/cuda/gemm.h: the P28 test entry (fused GDN gated norm + conversion vs the two kernels), synchronous
 int64_t gemm_gdn_norm_convert_probe(int nv, int T, bool f16, bool split, unsigned seed, bool z16 = false);
-void gemm_set_p75(bool on);
+bool gemm_set_p75(bool on);
+bool gemm_set_p77(bool on);
 double gemm_splitk_probe(int T, int N, int K, int ksplit, int bm, unsigned seed);
 double gemm_router16_probe(int T, int N, int K, int ksplit, unsigned seed);
 }  // namespace lily::cuda
@@ -767,7 +768,7 @@ int run(const Options& o) {
     // gemm_convert_a (every output byte: h, the f32 rows, row scales, the P19 dot, fp16 / bf16 hi / lo).
     // P59 (last element 1 / 2): the residual read from fp16 / f32 MoE slot rows against the combine stage first.
     if (!p14)
-      for (const auto& cs : std::vector<std::array<int, 7>>{{2048, 1, 1, 1, 1, 1, 0}, {2048, 37, 1, 1, 1, 1, 0},
+      for (const auto& cs : std::vector<std::array<int, 8>>{{2048, 1, 1, 1, 1, 1, 0}, {2048, 37, 1, 1, 1, 1, 0},
                                                             {2048, 300, 0, 1, 0, 0, 0}, {2048, 300, 1, 0, 1, 0, 0},
                                                             {4096, 64, 1, 1, 1, 1, 0}, {1024, 5, 1, 1, 0, 1, 0},
                                                             {2048, 1, 1, 1, 0, 0, 1}, {2048, 37, 1, 1, 0, 0, 1},
@@ -775,14 +776,22 @@ int run(const Options& o) {
                                                             {2048, 130, 1, 1, 0, 1, 2}, {1024, 5, 1, 1, 0, 0, 1},
                                                             // P70: the dot over an 8-bit row (the MoE's shared gate)
                                                             {2048, 300, 1, 1, 0, 2, 0}, {2048, 37, 1, 1, 1, 2, 1},
-                                                            {4096, 64, 1, 1, 0, 2, 0}, {1024, 5, 1, 0, 1, 2, 0}}) {
+                                                            {4096, 64, 1, 1, 0, 2, 0}, {1024, 5, 1, 0, 1, 2, 0},
+                                                            // P77 (last element 1; opt-in): one barrier for the dot
+                                                            // and the row maximum (fp16 with a dot only)
+                                                            {2048, 300, 1, 1, 0, 2, 0, 1}, {2048, 37, 1, 1, 1, 2, 1, 1},
+                                                            {4096, 64, 1, 1, 0, 2, 0, 1}, {2048, 77, 1, 1, 1, 1, 0, 1},
+                                                            {1024, 5, 1, 0, 1, 2, 0, 1}}) {
+        const bool was = lily::cuda::gemm_set_p77(cs[7] == 1);
         const int64_t d =
             lily::cuda::gemm_rmsnorm_convert_probe(cs[0], cs[1], cs[2], cs[3], cs[4], cs[5], 7u + cs[1], cs[6]);
+        lily::cuda::gemm_set_p77(was);
         char line[200];
         std::snprintf(line, sizeof line,
-                      "%-4s P25 rmsnorm+convert n=%d T=%d add=%d f16=%d hi/lo=%d dot=%d%s: %lld bytes differ",
+                      "%-4s P25 rmsnorm+convert n=%d T=%d add=%d f16=%d hi/lo=%d dot=%d%s%s: %lld bytes differ",
                       d == 0 ? "PASS" : "FAIL", cs[0], cs[1], cs[2], cs[3], cs[4], cs[5],
-                      cs[6] == 1 ? " P59 fp16 slots" : cs[6] == 2 ? " P59 f32 slots" : "", (long long)d);
+                      cs[6] == 1 ? " P59 fp16 slots" : cs[6] == 2 ? " P59 f32 slots" : "", cs[7] ? " P77" : "",
+                      (long long)d);
         std::printf("%s\n", line);
         (d == 0 ? tally.pass : tally.fail) += 1;
         if (d != 0) tally.failed.push_back(line);
@@ -796,9 +805,9 @@ int run(const Options& o) {
                                                             {32, 64, 1, 1, 1}, {8, 33, 1, 0, 1}, {4, 16, 1, 0, 1},
                                                             {32, 300, 1, 0, 2}, {32, 77, 0, 1, 2}, {32, 64, 1, 1, 2},
                                                             {8, 33, 1, 0, 2}}) {
-        lily::cuda::gemm_set_p75(cs[4] == 2);
+        const bool was = lily::cuda::gemm_set_p75(cs[4] == 2);
         const int64_t d = lily::cuda::gemm_gdn_norm_convert_probe(cs[0], cs[1], cs[2], cs[3], 11u + cs[1], cs[4] > 0);
-        lily::cuda::gemm_set_p75(false);
+        lily::cuda::gemm_set_p75(was);
         char line[200];
         std::snprintf(line, sizeof line, "%-4s P28 gdn norm+convert nv=%d T=%d f16=%d hi/lo=%d%s: %lld bytes differ",
                       d == 0 ? "PASS" : "FAIL", cs[0], cs[1], cs[2], cs[3],

@@ -752,6 +752,8 @@ class CudaBackend final : public Backend {
     p72_ = !abl_.has("P72");   // P72: the prefill top-k's slice loads issued at once (+0.7 % at 1K, session 29)
     gdn_prep_wide_enabled() = !abl_.has("P41");   // P41: the GDN prefill prep a warp per head, float4 per lane
     moe_prefill_set_p40(!abl_.has("P40"));   // P40: the MoE gate/up at M-tile 128 (P34 + P38) from 8 expected rows
+    gemm_set_p77(tried("P77"));   // P77 (opt-in, session 29, not yet run): the MoE norm's two reductions, one barrier
+    p76_ = tried("P76");   // P76 (opt-in, session 29, not yet run): the expert counts zeroed without a memset node
     gemm_set_p75(tried("P75"));   // P75 (opt-in): the GDN gated norm + conversion at 5 CTAs per SM (same bits)
     gdn_prep_lean_enabled() = !abl_.has("P74");   // P74: the GDN prefill prep's fp16 window, 8 CTAs per SM (same bits)
     gemm_set_p70(!abl_.has("P70"));   // P70: the prefill norm + conversion's 8-bit dot and bf16 halves, cheaper
@@ -1457,6 +1459,7 @@ class CudaBackend final : public Backend {
     o.router_split = p37_;                // P37: the router GEMM with K in 4 slices
     o.rank_in_topk = !abl_.has("P71");    // P71: the scatter places rows by the top-k kernel's arrival order
     o.topk_batch = p72_;                  // P72: the top-k kernel's slice loads issued at once
+    o.counts_early = p76_;                // P76 (opt-in): the expert counts zeroed by the norm + conversion
     o.tiles_full_first = p56_;            // P56: full tiles first, partial ones largest first (512-3K prompts)
     if (pn.h) o.pre_norm = {pn.h, pn.r, pn.w, pn.eps};   // P25 (x = pn.out)
     // P59: the combine held back for the next norm (flush_comb launches it when anything else comes first).
@@ -1504,6 +1507,7 @@ class CudaBackend final : public Backend {
   bool p30_ = true;   // P30: the dense projections of one input as one GEMM
   bool p68_ = true;   // P68: the prefill router GEMM on fp16 operands (router16)
   bool p72_ = true;   // P72: the prefill top-k's slice loads issued at once
+  bool p76_ = false;  // P76 (LILY_TRY): the MoE's expert counts zeroed by its norm + conversion, not a memset
   std::map<const void*, uint16_t*> router16_;   // P68: the routers' fp16 copies by codes
   bool d53_ = true;   // D53
   bool p42_ = true;   // P42

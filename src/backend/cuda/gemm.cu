@@ -954,13 +954,16 @@ __global__ void __launch_bounds__(1024) rmsnorm_convert_kernel(float* h, const f
                                                                float eps, float* out, int f16,
                                                                uint16_t* __restrict__ xa, float* __restrict__ rs,
                                                                uint16_t* __restrict__ xh, uint16_t* __restrict__ xl,
-                                                               const QMat dw, float* __restrict__ dy, int p70) {
+                                                               const QMat dw, float* __restrict__ dy, int p70,
+                                                               int* __restrict__ zero, int nzero) {
   __shared__ float red[32];
   __shared__ __align__(16) float ys[4096];
   pdl_trigger();
   pdl_wait();
   const int tid = threadIdx.x;
   const int64_t row = blockIdx.x, base = row * n;
+  if (zero && row == 0)   // P76: a later kernel's counters zeroed here (after the wait: their last readers are done)
+    for (int i = tid; i < nzero; i += int(blockDim.x)) zero[i] = 0;
   float4 v = reinterpret_cast<const float4*>(h + base)[tid];
   if (std::is_void_v<S> ? r != nullptr : true) {
     float4 a;
@@ -979,7 +982,7 @@ __global__ void __launch_bounds__(1024) rmsnorm_convert_kernel(float* h, const f
   reinterpret_cast<float4*>(ys)[tid] = y;
   float amax = fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w)));
   __syncthreads();   // ys complete; block_sum's reads of red done
-  if (dy) {
+  auto gate_dot = [&] {   // this thread's part of the P19 dot
     float d = 0.f;
     if (tid < 256) {
       if (p70 & 2)   // P70: the 8-bit gate's weights without qm_at's generic path (the same values)
@@ -987,20 +990,44 @@ __global__ void __launch_bounds__(1024) rmsnorm_convert_kernel(float* h, const f
       else
         for (int i = tid; i < n; i += 256) d += ys[i] * qm_at(dw, 0, i);
     }
-    d = block_sum(d, red);
-    if (tid == 0) dy[row] = d;
-    __syncthreads();   // red is reused below
-  }
+    return d;
+  };
   float up = 1.f;
-  if (f16) {
+  if ((p70 & 4) && dy && f16) {
+    // P77: the dot's and the row maximum's cross-warp steps behind one barrier (two fewer); each reduction's
+    // arithmetic is block_sum's / the loop's below, so the same bits.
+    __shared__ float red2[32];
+    const int nw = int(blockDim.x >> 5), lane = tid & 31;
+    const float dw_part = warp_sum(gate_dot());
     amax = warp_max(amax);
-    if ((tid & 31) == 0) red[tid >> 5] = amax;
+    if (lane == 0) {
+      red[tid >> 5] = dw_part;
+      red2[tid >> 5] = amax;
+    }
     __syncthreads();
-    amax = red[0];
-    for (int k = 1; k < int(blockDim.x >> 5); ++k) amax = fmaxf(amax, red[k]);
+    const float d = warp_sum(lane < nw ? red[lane] : 0.f);
+    if (tid == 0) dy[row] = d;
+    amax = red2[0];
+    for (int k = 1; k < nw; ++k) amax = fmaxf(amax, red2[k]);
     const int se = f16_row_exp(amax);
     up = pow2f(se);
     if (tid == 0) rs[row] = pow2f(-se);
+  } else {
+    if (dy) {
+      const float d = block_sum(gate_dot(), red);
+      if (tid == 0) dy[row] = d;
+      __syncthreads();   // red is reused below
+    }
+    if (f16) {
+      amax = warp_max(amax);
+      if ((tid & 31) == 0) red[tid >> 5] = amax;
+      __syncthreads();
+      amax = red[0];
+      for (int k = 1; k < int(blockDim.x >> 5); ++k) amax = fmaxf(amax, red[k]);
+      const int se = f16_row_exp(amax);
+      up = pow2f(se);
+      if (tid == 0) rs[row] = pow2f(-se);
+    }
   }
   const bool need_h = !(p70 & 1) || !f16 || xh || xl;
   for (int c8 = tid; c8 < n / 8; c8 += blockDim.x) convert_a_chunk(ys, row, n, c8, f16, up, xa, xh, xl, need_h);
@@ -1291,8 +1318,18 @@ void gemm_set_moe_p39(bool on) { g_moe_p39 = on; }
 // weights without qm_at's generic path (the same bits).
 bool g_p70 = true;
 void gemm_set_p70(bool on) { g_p70 = on; }
+bool g_p77 = false;   // opt-in (LILY_TRY=P77), session 29, not yet run
+bool gemm_set_p77(bool on) {
+  const bool was = g_p77;
+  g_p77 = on;
+  return was;
+}
 bool g_p75 = false;   // opt-in (LILY_TRY=P75): its kernel is faster, the 4K prefill was not (session 29)
-void gemm_set_p75(bool on) { g_p75 = on; }
+bool gemm_set_p75(bool on) {
+  const bool was = g_p75;
+  g_p75 = on;
+  return was;
+}
 // P43 (gemm_kernel, the MoE down GEMM): CTAs in N-tile-fastest order (a tile's activation rows read once from DRAM).
 bool g_moe_p43 = true;
 void gemm_set_moe_p43(bool on) { g_moe_p43 = on; }
@@ -1379,7 +1416,8 @@ void gemm_convert_a(const float* x, int T, int K, const GemmA& o, cudaStream_t s
 bool gemm_rmsnorm_convert_ok(int n) { return n % 128 == 0 && n >= 1024 && n <= 4096; }
 
 void gemm_rmsnorm_convert(float* h, const float* r, const float* w, int n, int T, float eps, float* out,
-                          const GemmA& o, cudaStream_t s, const QMat* dot_w, float* dot_y, const MoeSlots* slots) {
+                          const GemmA& o, cudaStream_t s, const QMat* dot_w, float* dot_y, const MoeSlots* slots,
+                          int* zero, int nzero) {
   LILY_CHECK(gemm_rmsnorm_convert_ok(n), "gemm_rmsnorm_convert: n must be a multiple of 128 in 1024..4096");
   LILY_CHECK(!o.f16 || (o.a && o.rs), "gemm_rmsnorm_convert: fp16 needs the row scales");
   LILY_CHECK(!dot_y || (dot_w && dot_w->rows == 1 && dot_w->cols == n), "gemm_rmsnorm_convert: the dot needs one row of n");
@@ -1387,11 +1425,12 @@ void gemm_rmsnorm_convert(float* h, const float* r, const float* w, int n, int T
              "gemm_rmsnorm_convert: the MoE slot rows replace r, for the same T rows");
   uint16_t* hi = o.f16 || !o.a ? const_cast<uint16_t*>(o.hi) : nullptr;   // as gemm_convert_a
   // P70: bit 1 = the bf16 halves only when written, bit 2 = the dot's 8-bit fast path (same bits either way).
-  const int p70 = g_p70 ? 1 | (dot_y && qm_q8g64(*dot_w) ? 2 : 0) : 0;
+  // P77 (bit 4, opt-in): the dot's and the row maximum's reductions behind one barrier (same bits).
+  const int p70 = (g_p70 ? 1 | (dot_y && qm_q8g64(*dot_w) ? 2 : 0) : 0) | (g_p77 ? 4 : 0);
   auto go = [&](auto kernel, const auto* sl) {
     launch(kernel, dim3(unsigned(T)), dim3(unsigned(n / 4)), 0, s, h, r, sl, T, slots ? slots->K : 0, w, n, eps, out,
            int(o.f16), const_cast<uint16_t*>(o.a), const_cast<float*>(o.rs), hi, const_cast<uint16_t*>(o.lo),
-           dot_y ? *dot_w : QMat{}, dot_y, p70);
+           dot_y ? *dot_w : QMat{}, dot_y, p70, zero, zero ? nzero : 0);
   };
   if (!slots) go(rmsnorm_convert_kernel<void>, static_cast<const void*>(nullptr));
   else if (slots->f16) go(rmsnorm_convert_kernel<uint2>, static_cast<const uint2*>(slots->p));
