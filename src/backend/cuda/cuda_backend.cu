@@ -752,8 +752,8 @@ class CudaBackend final : public Backend {
     p72_ = !abl_.has("P72");   // P72: the prefill top-k's slice loads issued at once (+0.7 % at 1K, session 29)
     gdn_prep_wide_enabled() = !abl_.has("P41");   // P41: the GDN prefill prep a warp per head, float4 per lane
     moe_prefill_set_p40(!abl_.has("P40"));   // P40: the MoE gate/up at M-tile 128 (P34 + P38) from 8 expected rows
-    gemm_set_p77(tried("P77"));   // P77 (opt-in, session 29, not yet run): the MoE norm's two reductions, one barrier
-    p76_ = tried("P76");   // P76 (opt-in, session 29, not yet run): the expert counts zeroed without a memset node
+    gemm_set_p77(tried("P77"));   // P77 (opt-in; no gain at 4K, session 29): the MoE norm's two reductions, one barrier
+    p76_ = tried("P76");   // P76 (opt-in; no gain at 4K, session 29): the expert counts zeroed without a memset node
     gemm_set_p75(tried("P75"));   // P75 (opt-in): the GDN gated norm + conversion at 5 CTAs per SM (same bits)
     gdn_prep_lean_enabled() = !abl_.has("P74");   // P74: the GDN prefill prep's fp16 window, 8 CTAs per SM (same bits)
     gemm_set_p70(!abl_.has("P70"));   // P70: the prefill norm + conversion's 8-bit dot and bf16 halves, cheaper

@@ -993,6 +993,11 @@ __global__ void __launch_bounds__(1024) rmsnorm_convert_kernel(float* h, const f
     return d;
   };
   float up = 1.f;
+  auto row_scale = [&](float m) {   // fp16: the row's power-of-two scale from its maximum |y|
+    const int se = f16_row_exp(m);
+    up = pow2f(se);
+    if (tid == 0) rs[row] = pow2f(-se);
+  };
   if ((p70 & 4) && dy && f16) {
     // P77: the dot's and the row maximum's cross-warp steps behind one barrier (two fewer); each reduction's
     // arithmetic is block_sum's / the loop's below, so the same bits.
@@ -1009,9 +1014,7 @@ __global__ void __launch_bounds__(1024) rmsnorm_convert_kernel(float* h, const f
     if (tid == 0) dy[row] = d;
     amax = red2[0];
     for (int k = 1; k < nw; ++k) amax = fmaxf(amax, red2[k]);
-    const int se = f16_row_exp(amax);
-    up = pow2f(se);
-    if (tid == 0) rs[row] = pow2f(-se);
+    row_scale(amax);
   } else {
     if (dy) {
       const float d = block_sum(gate_dot(), red);
@@ -1024,9 +1027,7 @@ __global__ void __launch_bounds__(1024) rmsnorm_convert_kernel(float* h, const f
       __syncthreads();
       amax = red[0];
       for (int k = 1; k < int(blockDim.x >> 5); ++k) amax = fmaxf(amax, red[k]);
-      const int se = f16_row_exp(amax);
-      up = pow2f(se);
-      if (tid == 0) rs[row] = pow2f(-se);
+      row_scale(amax);
     }
   }
   const bool need_h = !(p70 & 1) || !f16 || xh || xl;
@@ -1318,7 +1319,7 @@ void gemm_set_moe_p39(bool on) { g_moe_p39 = on; }
 // weights without qm_at's generic path (the same bits).
 bool g_p70 = true;
 void gemm_set_p70(bool on) { g_p70 = on; }
-bool g_p77 = false;   // opt-in (LILY_TRY=P77), session 29, not yet run
+bool g_p77 = false;   // opt-in (LILY_TRY=P77): run once in session 29 (call 5), no gain at 4K
 bool gemm_set_p77(bool on) {
   const bool was = g_p77;
   g_p77 = on;
@@ -1644,11 +1645,7 @@ void gemm_gdn_norm_convert(const float* y, const float* z, const float* w, int n
   LILY_CHECK(!o.f16 || (o.a && o.rs), "gemm_gdn_norm_convert: fp16 needs the row scales");
   uint16_t* hi = o.f16 || !o.a ? const_cast<uint16_t*>(o.hi) : nullptr;   // as gemm_convert_a
   const dim3 g{unsigned(T)}, b{unsigned(32 * std::min(nv, 8))};
-  static const bool p75_six = env_int("LILY_P75_MINB", kGnP75MinBlocks) == 6;   // tuning aid: 6 CTAs per SM (40 registers)
-  if (z16 && g_p75 && b.x == 256 && p75_six)
-    launch(gdn_norm_convert_kernel<__half, 6>, g, b, 0, s, y, reinterpret_cast<const __half*>(z), w, nv, eps, out,
-           int(o.f16), const_cast<uint16_t*>(o.a), const_cast<float*>(o.rs), hi, const_cast<uint16_t*>(o.lo));
-  else if (z16 && g_p75 && b.x == 256)   // P75
+  if (z16 && g_p75 && b.x == 256)   // P75 (6 CTAs per SM measured no better in session 29: 1.83 vs 1.80 ms per 4K)
     launch(gdn_norm_convert_kernel<__half, kGnP75MinBlocks>, g, b, 0, s, y, reinterpret_cast<const __half*>(z), w, nv,
            eps, out, int(o.f16), const_cast<uint16_t*>(o.a), const_cast<float*>(o.rs), hi, const_cast<uint16_t*>(o.lo));
   else if (z16)
