@@ -120,8 +120,16 @@ struct Variant {
   std::string p11 = "3";         // LILY_GDN_P11 (parts of P11: 1 per-chunk pass, 2 chunk scan, 16 scan3, 8 + 16 scan3 with M in FMAs)
   bool f16in = false;            // P62: qkv and z handed to the GDN as fp16 (the cpu reference gets the same rounded values)
   std::string same_as;           // a variant (run earlier on the same case) whose outputs these must equal bit for bit
+  std::string tries;             // opt-in switches (LILY_TRY, added to the environment's) for this variant
 };
 void apply(Backend& gpu, const Variant& v) {
+  static const std::string try0 = [] {
+    const char* e = std::getenv("LILY_TRY");
+    return std::string(e ? e : "");
+  }();
+  const std::string t = v.tries.empty() ? try0 : try0.empty() ? v.tries : try0 + "," + v.tries;
+  if (t.empty()) unsetenv("LILY_TRY");
+  else setenv("LILY_TRY", t.c_str(), 1);
   setenv("LILY_GDN_SCAN_NC", v.scan_nc.c_str(), 1);
   setenv("LILY_GDN_CHUNKED", v.chunked.c_str(), 1);
   setenv("LILY_ATTN_BF16KV", v.bf16kv.c_str(), 1);
@@ -344,7 +352,10 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                     true},
                                    // P74 changes only where the prep keeps its inputs: the outputs must be the same bits.
                                    {"P4c P62, P74 off", {"P74"}, "0", "16", 5, "1", "1", "0", "0", "0", "", false, "3",
-                                    true, "P4c P24, P62 fp16 qkv/z"}};
+                                    true, "P4c P24, P62 fp16 qkv/z"},
+                                   // P80 rounds u (the prep's output) to fp16: P24's bounds, against the cpu.
+                                   {"P4c P62, P80 (u fp16)", {}, "0", "16", 5, "1", "1", "0", "0", "0", "", false, "3",
+                                    true, "", "P80"}};
   // fp16 cache (default) first; with it the flash knobs bf16kv / bf16 ops do not apply. Then D18
   // off (f32 cache) with every flash form of before.
   const std::vector<Variant> av = {{"kv16 P6 off (per-tok)", {"P6"}, "0", "16", 1},

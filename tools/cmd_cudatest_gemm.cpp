@@ -48,7 +48,7 @@ int64_t gemm_segmented_probe(int T, int K, int nseg, const int* rows, unsigned s
 // backend/cuda/gemm.h: the P28 test entry (fused GDN gated norm + conversion vs the two kernels), synchronous
 int64_t gemm_gdn_norm_convert_probe(int nv, int T, bool f16, bool split, unsigned seed, bool z16 = false);
 bool gemm_set_p75(bool on);
-bool gemm_set_p77(bool on);
+bool gemm_set_p81(bool on);
 double gemm_splitk_probe(int T, int N, int K, int ksplit, int bm, unsigned seed);
 double gemm_router16_probe(int T, int N, int K, int ksplit, unsigned seed);
 }  // namespace lily::cuda
@@ -768,7 +768,7 @@ int run(const Options& o) {
     // gemm_convert_a (every output byte: h, the f32 rows, row scales, the P19 dot, fp16 / bf16 hi / lo).
     // P59 (last element 1 / 2): the residual read from fp16 / f32 MoE slot rows against the combine stage first.
     if (!p14)
-      for (const auto& cs : std::vector<std::array<int, 8>>{{2048, 1, 1, 1, 1, 1, 0}, {2048, 37, 1, 1, 1, 1, 0},
+      for (const auto& cs : std::vector<std::array<int, 7>>{{2048, 1, 1, 1, 1, 1, 0}, {2048, 37, 1, 1, 1, 1, 0},
                                                             {2048, 300, 0, 1, 0, 0, 0}, {2048, 300, 1, 0, 1, 0, 0},
                                                             {4096, 64, 1, 1, 1, 1, 0}, {1024, 5, 1, 1, 0, 1, 0},
                                                             {2048, 1, 1, 1, 0, 0, 1}, {2048, 37, 1, 1, 0, 0, 1},
@@ -776,21 +776,14 @@ int run(const Options& o) {
                                                             {2048, 130, 1, 1, 0, 1, 2}, {1024, 5, 1, 1, 0, 0, 1},
                                                             // P70: the dot over an 8-bit row (the MoE's shared gate)
                                                             {2048, 300, 1, 1, 0, 2, 0}, {2048, 37, 1, 1, 1, 2, 1},
-                                                            {4096, 64, 1, 1, 0, 2, 0}, {1024, 5, 1, 0, 1, 2, 0},
-                                                            // P77 (last element 1; opt-in): one barrier for the dot
-                                                            // and the row maximum (fp16 with a dot only)
-                                                            {2048, 300, 1, 1, 0, 2, 0, 1}, {2048, 37, 1, 1, 1, 2, 1, 1},
-                                                            {4096, 64, 1, 1, 0, 2, 0, 1}, {2048, 77, 1, 1, 1, 1, 0, 1},
-                                                            {1024, 5, 1, 0, 1, 2, 0, 1}}) {
-        const bool was = lily::cuda::gemm_set_p77(cs[7] == 1);
+                                                            {4096, 64, 1, 1, 0, 2, 0}, {1024, 5, 1, 0, 1, 2, 0}}) {
         const int64_t d =
             lily::cuda::gemm_rmsnorm_convert_probe(cs[0], cs[1], cs[2], cs[3], cs[4], cs[5], 7u + cs[1], cs[6]);
-        lily::cuda::gemm_set_p77(was);
         char line[200];
         std::snprintf(line, sizeof line,
-                      "%-4s P25 rmsnorm+convert n=%d T=%d add=%d f16=%d hi/lo=%d dot=%d%s%s: %lld bytes differ",
+                      "%-4s P25 rmsnorm+convert n=%d T=%d add=%d f16=%d hi/lo=%d dot=%d%s: %lld bytes differ",
                       d == 0 ? "PASS" : "FAIL", cs[0], cs[1], cs[2], cs[3], cs[4], cs[5],
-                      cs[6] == 1 ? " P59 fp16 slots" : cs[6] == 2 ? " P59 f32 slots" : "", cs[7] ? " P77" : "",
+                      cs[6] == 1 ? " P59 fp16 slots" : cs[6] == 2 ? " P59 f32 slots" : "",
                       (long long)d);
         std::printf("%s\n", line);
         (d == 0 ? tally.pass : tally.fail) += 1;
@@ -850,16 +843,22 @@ int run(const Options& o) {
                {{8192, 4096, 32, 32}, 0}, {{8192, 512, 512}, 0}, {{4096, 32, 32}, 0},
                {{8192, 4096, 32, 32}, 3}, {{96, 4096, 32, 64}, 5}, {{4096, 32, 32}, 2}}) {
         // P62 (h16 bits): those segments as fp16, equal to the f32 slices rounded (the mixed tiles included).
-        const int64_t d = lily::cuda::gemm_segmented_probe(4096, 2048, int(rs.size()), rs.data(), 5u + unsigned(rs[1]), h16);
-        std::string segs;
-        for (int r : rs) segs += (segs.empty() ? "" : "+") + std::to_string(r);
-        const std::string mask = h16 ? " P62 fp16 mask " + std::to_string(h16) : "";
-        char line[200];
-        std::snprintf(line, sizeof line, "%-4s P30 segmented GEMM T=4096 K=2048 rows %s%s: %lld token rows differ",
-                      d == 0 ? "PASS" : "FAIL", segs.c_str(), mask.c_str(), (long long)d);
-        std::printf("%s\n", line);
-        (d == 0 ? tally.pass : tally.fail) += 1;
-        if (d != 0) tally.failed.push_back(line);
+        // P81 (with fp16 segments): the same through its staged stores, at T = 4,096 and at 1,000 (a partial tile).
+        for (const int p81 : h16 ? std::vector<int>{0, 1} : std::vector<int>{0})
+          for (const int T : p81 ? std::vector<int>{4096, 1000} : std::vector<int>{4096}) {
+            const bool was = lily::cuda::gemm_set_p81(p81 != 0);
+            const int64_t d = lily::cuda::gemm_segmented_probe(T, 2048, int(rs.size()), rs.data(), 5u + unsigned(rs[1]), h16);
+            lily::cuda::gemm_set_p81(was);
+            std::string segs;
+            for (int r : rs) segs += (segs.empty() ? "" : "+") + std::to_string(r);
+            const std::string mask = h16 ? " P62 fp16 mask " + std::to_string(h16) : "";
+            char line[200];
+            std::snprintf(line, sizeof line, "%-4s P30 segmented GEMM T=%d K=2048 rows %s%s%s: %lld token rows differ",
+                          d == 0 ? "PASS" : "FAIL", T, segs.c_str(), mask.c_str(), p81 ? " P81" : "", (long long)d);
+            std::printf("%s\n", line);
+            (d == 0 ? tally.pass : tally.fail) += 1;
+            if (d != 0) tally.failed.push_back(line);
+          }
       }
     probe_p14(*gpu, tally);
     if (!p14) probe_p13(*gpu, tally);
@@ -1239,12 +1238,17 @@ int run(const Options& o) {
             moe_with("2", "128", "", "P55", e1, ee1);
             std::snprintf(b, sizeof b, "moe T=%-4d P55 (down, activations resident, %s blocks per CTA), P16 off", T, nb);
             same_bits(y2, b, "P15 both at M-tile 128");
-            moe_with("2", "128", "", "P55", e1, ee1, {}, true);   // P16 on: fp16 slot rows
+            moe_with("2", "128", "", "P55", e1, ee1, {"P78"}, true);   // P16 on: fp16 slot rows (P78 off)
             const bool s16 = cuda_tools::last_moe_slot16(*gpu);
             std::snprintf(b, sizeof b, "moe T=%-4d P55 (%s blocks per CTA), P16 on (%s slot rows), vs the references", T, nb,
                           s16 ? "fp16" : "f32: WRONG");
             if (!s16) ee1.finite = false;   // P55 with P16 must write fp16 slot rows
             tally.report(b, e1, ee1, "", 0, s16 ? kEmuRmsMoeSlot16 : kEmuRmsBound);
+            // P78 (default on): the same fp16 slot rows stored 16 bytes per lane through shared memory: the same bits.
+            const std::vector<float> y16 = y;
+            moe_with("2", "128", "", "P55", e1, ee1, {}, true);
+            std::snprintf(b, sizeof b, "moe T=%-4d P55 (%s blocks per CTA), P16 on, P78 (staged stores)", T, nb);
+            same_bits(y16, b, "P78 off");
           }
           unsetenv("LILY_P55_NB");
           // P56: the tile lists reordered (full tiles first, the partial ones largest first) change no bit, with the

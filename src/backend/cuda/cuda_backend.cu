@@ -421,11 +421,14 @@ class CudaBackend final : public Backend {
       LILY_CHECK(chunked || (!qkv16 && !z16), "cuda gdn: fp16 inputs only on the chunked path");
       float* ws = workspace(chunked ? gdn_chunked_workspace_floats(d, T) : gdn_prefill_workspace_floats(d, T));
       const __half* q16 = qkv16 ? reinterpret_cast<const __half*>(qkv) : nullptr;
+      // P80: u in fp16 from the prep to the per-chunk pass
+      const bool u16 = q16 && chunked && gdn_u16_enabled() && gdn_prep_lean_enabled() && gdn_chunked_u16_ok();
       timed("gdn_prefill.prep", double(T) * d.conv_dim * 12, [&] {
-        gdn_prefill_prep(d, w.conv1d.data, w.A_log.data, w.dt_bias.data, st.conv, qkv, a, b, T, ws, s_, q16);
+        gdn_prefill_prep(d, w.conv1d.data, w.A_log.data, w.dt_bias.data, st.conv, qkv, a, b, T, ws, s_, q16, u16);
       });
       if (chunked) {
-        timed("gdn_prefill.chunk", double(T) * d.nv * (d.dk * 4 * 4 + 64 * 4 * 2), [&] { gdn_chunked_intra(d, T, ws, s_); });
+        timed("gdn_prefill.chunk", double(T) * d.nv * (d.dk * 4 * 4 + 64 * 4 * 2),
+              [&] { gdn_chunked_intra(d, T, ws, s_, u16); });
         timed("gdn_prefill.cscan", bytes + double(T) * d.nv * d.dv * 16, [&] {
           gdn_chunked_scan(d, w.norm.data, st.conv, st.S, q16 ? nullptr : qkv, z, T, ws, y, s_, false);
         });
@@ -748,12 +751,12 @@ class CudaBackend final : public Backend {
     gemm_set_moe_p50(!abl_.has("P50"));   // P50: the gate/up kernel's odd pairs unpacked in place
     gemm_set_moe_p53(!abl_.has("P53"));   // P53: short prompts' gate/up at M-tile 32 on a deeper ring
     gemm_set_moe_p55(!abl_.has("P55"), tried("P55n8") ? 8 : 4);   // P55: the down GEMM with its activations resident
+    gemm_set_p81(tried("P81"));   // P81 (opt-in): the P13 kernel's fp16 outputs stored as whole rows (same values)
+    gemm_set_moe_p78(!abl_.has("P78"));   // P78: the P55 down GEMM's fp16 rows stored as whole sectors (same bits)
     p42_ = !abl_.has("P42");   // P42: the prefill MoE's norm + conversion without its unread f32 x
     p72_ = !abl_.has("P72");   // P72: the prefill top-k's slice loads issued at once (+0.7 % at 1K, session 29)
     gdn_prep_wide_enabled() = !abl_.has("P41");   // P41: the GDN prefill prep a warp per head, float4 per lane
     moe_prefill_set_p40(!abl_.has("P40"));   // P40: the MoE gate/up at M-tile 128 (P34 + P38) from 8 expected rows
-    gemm_set_p77(tried("P77"));   // P77 (opt-in; no gain at 4K, session 29): the MoE norm's two reductions, one barrier
-    p76_ = tried("P76");   // P76 (opt-in; no gain at 4K, session 29): the expert counts zeroed without a memset node
     gemm_set_p75(tried("P75"));   // P75 (opt-in): the GDN gated norm + conversion at 5 CTAs per SM (same bits)
     gdn_prep_lean_enabled() = !abl_.has("P74");   // P74: the GDN prefill prep's fp16 window, 8 CTAs per SM (same bits)
     gemm_set_p70(!abl_.has("P70"));   // P70: the prefill norm + conversion's 8-bit dot and bf16 halves, cheaper
@@ -810,6 +813,7 @@ class CudaBackend final : public Backend {
     gdn_chunk_one() = !abl_.has("P24");   // P24: the chunk scan's products in one bf16 MMA (split bf16 off)
     gdn_scan_nb16() = !abl_.has("P27");   // P27: the P24 chunk scan on 16 state columns per CTA
     gdn_scan_halves() = !abl_.has("P36");   // P36: P27 with two column halves per CTA sharing the tiles
+    gdn_u16_enabled() = tried("P80");   // P80 (opt-in): the GDN prep's u handed to the per-chunk pass as fp16
     attn_min_t_ = std::max(1, env_int("LILY_ATTN_PREFILL_MIN_T", 16));
     attn_bf16_kv_ = env_int("LILY_ATTN_BF16KV", 1) != 0;   // flash attention reads a 16-bit copy of the cache
     attn_bf16_ops_ = env_int("LILY_ATTN_BF16", 0) != 0;    // flash MMA operands bf16 (default fp16)
@@ -1459,7 +1463,6 @@ class CudaBackend final : public Backend {
     o.router_split = p37_;                // P37: the router GEMM with K in 4 slices
     o.rank_in_topk = !abl_.has("P71");    // P71: the scatter places rows by the top-k kernel's arrival order
     o.topk_batch = p72_;                  // P72: the top-k kernel's slice loads issued at once
-    o.counts_early = p76_;                // P76 (opt-in): the expert counts zeroed by the norm + conversion
     o.tiles_full_first = p56_;            // P56: full tiles first, partial ones largest first (512-3K prompts)
     if (pn.h) o.pre_norm = {pn.h, pn.r, pn.w, pn.eps};   // P25 (x = pn.out)
     // P59: the combine held back for the next norm (flush_comb launches it when anything else comes first).
@@ -1507,7 +1510,6 @@ class CudaBackend final : public Backend {
   bool p30_ = true;   // P30: the dense projections of one input as one GEMM
   bool p68_ = true;   // P68: the prefill router GEMM on fp16 operands (router16)
   bool p72_ = true;   // P72: the prefill top-k's slice loads issued at once
-  bool p76_ = false;  // P76 (LILY_TRY): the MoE's expert counts zeroed by its norm + conversion, not a memset
   std::map<const void*, uint16_t*> router16_;   // P68: the routers' fp16 copies by codes
   bool d53_ = true;   // D53
   bool p42_ = true;   // P42

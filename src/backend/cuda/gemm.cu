@@ -105,6 +105,7 @@ struct GemmArgs {
   // Last, so that the other fields keep their offsets (and every other kernel its SASS).
   int ksplit;
   int64_t zstride;
+  int p81;   // P81 (P13 kernel, P62's fp16 segments): a warp's 16 x 64 output blocks stored through shared memory
 };
 
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
@@ -954,16 +955,13 @@ __global__ void __launch_bounds__(1024) rmsnorm_convert_kernel(float* h, const f
                                                                float eps, float* out, int f16,
                                                                uint16_t* __restrict__ xa, float* __restrict__ rs,
                                                                uint16_t* __restrict__ xh, uint16_t* __restrict__ xl,
-                                                               const QMat dw, float* __restrict__ dy, int p70,
-                                                               int* __restrict__ zero, int nzero) {
+                                                               const QMat dw, float* __restrict__ dy, int p70) {
   __shared__ float red[32];
   __shared__ __align__(16) float ys[4096];
   pdl_trigger();
   pdl_wait();
   const int tid = threadIdx.x;
   const int64_t row = blockIdx.x, base = row * n;
-  if (zero && row == 0)   // P76: a later kernel's counters zeroed here (after the wait: their last readers are done)
-    for (int i = tid; i < nzero; i += int(blockDim.x)) zero[i] = 0;
   float4 v = reinterpret_cast<const float4*>(h + base)[tid];
   if (std::is_void_v<S> ? r != nullptr : true) {
     float4 a;
@@ -992,43 +990,21 @@ __global__ void __launch_bounds__(1024) rmsnorm_convert_kernel(float* h, const f
     }
     return d;
   };
+  if (dy) {
+    const float d = block_sum(gate_dot(), red);
+    if (tid == 0) dy[row] = d;
+    __syncthreads();   // red is reused below
+  }
   float up = 1.f;
-  auto row_scale = [&](float m) {   // fp16: the row's power-of-two scale from its maximum |y|
-    const int se = f16_row_exp(m);
+  if (f16) {   // fp16: the row's power-of-two scale from its maximum |y|
+    amax = warp_max(amax);
+    if ((tid & 31) == 0) red[tid >> 5] = amax;
+    __syncthreads();
+    amax = red[0];
+    for (int k = 1; k < int(blockDim.x >> 5); ++k) amax = fmaxf(amax, red[k]);
+    const int se = f16_row_exp(amax);
     up = pow2f(se);
     if (tid == 0) rs[row] = pow2f(-se);
-  };
-  if ((p70 & 4) && dy && f16) {
-    // P77: the dot's and the row maximum's cross-warp steps behind one barrier (two fewer); each reduction's
-    // arithmetic is block_sum's / the loop's below, so the same bits.
-    __shared__ float red2[32];
-    const int nw = int(blockDim.x >> 5), lane = tid & 31;
-    const float dw_part = warp_sum(gate_dot());
-    amax = warp_max(amax);
-    if (lane == 0) {
-      red[tid >> 5] = dw_part;
-      red2[tid >> 5] = amax;
-    }
-    __syncthreads();
-    const float d = warp_sum(lane < nw ? red[lane] : 0.f);
-    if (tid == 0) dy[row] = d;
-    amax = red2[0];
-    for (int k = 1; k < nw; ++k) amax = fmaxf(amax, red2[k]);
-    row_scale(amax);
-  } else {
-    if (dy) {
-      const float d = block_sum(gate_dot(), red);
-      if (tid == 0) dy[row] = d;
-      __syncthreads();   // red is reused below
-    }
-    if (f16) {
-      amax = warp_max(amax);
-      if ((tid & 31) == 0) red[tid >> 5] = amax;
-      __syncthreads();
-      amax = red[0];
-      for (int k = 1; k < int(blockDim.x >> 5); ++k) amax = fmaxf(amax, red[k]);
-      row_scale(amax);
-    }
   }
   const bool need_h = !(p70 & 1) || !f16 || xh || xl;
   for (int c8 = tid; c8 < n / 8; c8 += blockDim.x) convert_a_chunk(ys, row, n, c8, f16, up, xa, xh, xl, need_h);
@@ -1305,6 +1281,11 @@ void gemm_set_moe_p55(bool on, int nb) {
   g_moe_p55_nb = nb;
 }
 bool gemm_moe_p55() { return g_moe_p55; }
+// P78 (default on since session 30; --ablate P78): P55's fp16 slot rows stored 16 bytes per lane through shared memory
+// (the same values). Session 30 call 2: +1.1 % prefill at 4K, +0.6 % at 1K, +0.8 % at 32K (without P79); the down GEMM
+// 10.71 -> 9.77 ms per 4K prefill.
+bool g_moe_p78 = true;
+void gemm_set_moe_p78(bool on) { g_moe_p78 = on; }
 static int p55_nb() {
   const int v = env_int("LILY_P55_NB", g_moe_p55_nb);
   return v == 2 || v == 8 ? v : 4;
@@ -1319,10 +1300,12 @@ void gemm_set_moe_p39(bool on) { g_moe_p39 = on; }
 // weights without qm_at's generic path (the same bits).
 bool g_p70 = true;
 void gemm_set_p70(bool on) { g_p70 = on; }
-bool g_p77 = false;   // opt-in (LILY_TRY=P77): run once in session 29 (call 5), no gain at 4K
-bool gemm_set_p77(bool on) {
-  const bool was = g_p77;
-  g_p77 = on;
+// P81 (opt-in, LILY_TRY=P81): the P13 kernel's fp16 output segments (P62) stored as whole 128-byte rows through shared
+// memory instead of 4-byte pairs (8 rows x 16 bytes per store instruction); the same values.
+bool g_p81 = false;
+bool gemm_set_p81(bool on) {
+  const bool was = g_p81;
+  g_p81 = on;
   return was;
 }
 bool g_p75 = false;   // opt-in (LILY_TRY=P75): its kernel is faster, the 4K prefill was not (session 29)
@@ -1417,8 +1400,7 @@ void gemm_convert_a(const float* x, int T, int K, const GemmA& o, cudaStream_t s
 bool gemm_rmsnorm_convert_ok(int n) { return n % 128 == 0 && n >= 1024 && n <= 4096; }
 
 void gemm_rmsnorm_convert(float* h, const float* r, const float* w, int n, int T, float eps, float* out,
-                          const GemmA& o, cudaStream_t s, const QMat* dot_w, float* dot_y, const MoeSlots* slots,
-                          int* zero, int nzero) {
+                          const GemmA& o, cudaStream_t s, const QMat* dot_w, float* dot_y, const MoeSlots* slots) {
   LILY_CHECK(gemm_rmsnorm_convert_ok(n), "gemm_rmsnorm_convert: n must be a multiple of 128 in 1024..4096");
   LILY_CHECK(!o.f16 || (o.a && o.rs), "gemm_rmsnorm_convert: fp16 needs the row scales");
   LILY_CHECK(!dot_y || (dot_w && dot_w->rows == 1 && dot_w->cols == n), "gemm_rmsnorm_convert: the dot needs one row of n");
@@ -1426,12 +1408,11 @@ void gemm_rmsnorm_convert(float* h, const float* r, const float* w, int n, int T
              "gemm_rmsnorm_convert: the MoE slot rows replace r, for the same T rows");
   uint16_t* hi = o.f16 || !o.a ? const_cast<uint16_t*>(o.hi) : nullptr;   // as gemm_convert_a
   // P70: bit 1 = the bf16 halves only when written, bit 2 = the dot's 8-bit fast path (same bits either way).
-  // P77 (bit 4, opt-in): the dot's and the row maximum's reductions behind one barrier (same bits).
-  const int p70 = (g_p70 ? 1 | (dot_y && qm_q8g64(*dot_w) ? 2 : 0) : 0) | (g_p77 ? 4 : 0);
+  const int p70 = g_p70 ? 1 | (dot_y && qm_q8g64(*dot_w) ? 2 : 0) : 0;
   auto go = [&](auto kernel, const auto* sl) {
     launch(kernel, dim3(unsigned(T)), dim3(unsigned(n / 4)), 0, s, h, r, sl, T, slots ? slots->K : 0, w, n, eps, out,
            int(o.f16), const_cast<uint16_t*>(o.a), const_cast<float*>(o.rs), hi, const_cast<uint16_t*>(o.lo),
-           dot_y ? *dot_w : QMat{}, dot_y, p70, zero, zero ? nzero : 0);
+           dot_y ? *dot_w : QMat{}, dot_y, p70);
   };
   if (!slots) go(rmsnorm_convert_kernel<void>, static_cast<const void*>(nullptr));
   else if (slots->f16) go(rmsnorm_convert_kernel<uint2>, static_cast<const uint2*>(slots->p));
@@ -1815,6 +1796,7 @@ void gemm_segmented(const GemmA& x, int T, int K, const uint16_t* wb, int nseg, 
   GemmArgs a = f16_args(x.a, x.rs, T, K, wb, n, ys[0], rows[0]);
   a.nseg = nseg;
   a.seg_h16 = h16;
+  a.p81 = g_p81 ? 1 : 0;
   for (int q = 0, n0 = 0; q < nseg; n0 += rows[q], ++q) {
     a.seg_n0[q] = n0;
     a.seg_y[q] = ys[q];
@@ -1955,7 +1937,7 @@ bool gemm_grouped_scatter(const GroupedB& b, const uint16_t* act, const int8_t* 
   const int wg = gemm_moe_wg();   // 1: P14, 3: P15 (2: P15 for gate/up only, the down GEMM on gemm_kernel)
   if (am == kAmF16Grp && wg == 2 && bm == 128 && g_moe_p55) {   // P55: fp16 slot rows as P16 (f32 without it)
     const bool y16s = y16 && ldy % 2 == 0;
-    if (launch_moe_down_res(a, max_tiles, p55_nb(), y16s, s)) return y16s;
+    if (launch_moe_down_res(a, max_tiles, p55_nb(), y16s, g_moe_p78, s)) return y16s;
   }
   if (am == kAmF16Grp && (wg == 1 || wg == 3) &&
       launch_moe_wg(wg == 1 ? 1 : 2, am, bm, a, max_tiles, (a.N + kMwBN - 1) / kMwBN, s))

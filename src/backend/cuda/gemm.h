@@ -95,10 +95,12 @@ bool gemm_moe_p32();
 // P34 (with P32): two 64-k steps per ring stage, the per-stage waits and bookkeeping once per two steps.
 void gemm_set_moe_p34(bool on);
 void gemm_set_moe_p38(bool on);   // P38: the P34 MoE kernel's wgmma N by the tile's rows (same bits)
-// P75 (opt-in): the GDN gated norm + conversion (P28, fp16 z) at 5 CTAs per SM, bf16 halves skipped. P77 (opt-in):
-// the P25 kernel's dot and row-maximum reductions behind one barrier. Both return the old setting.
+// P75 (opt-in): the GDN gated norm + conversion (P28, fp16 z) at 5 CTAs per SM, bf16 halves skipped. Returns the
+// old setting.
 bool gemm_set_p75(bool on);
-bool gemm_set_p77(bool on);
+// P81 (opt-in): the P13 kernel's fp16 output segments (P62) stored as whole 128-byte rows via shared memory (same
+// values). Returns the old setting.
+bool gemm_set_p81(bool on);
 void gemm_set_p70(bool on);   // P70: the fused prefill norm + conversion's 8-bit dot and bf16 halves, cheaper (same bits)
 void gemm_set_moe_p39(bool on);   // P39: the MoE down GEMM (mma.sync) skips m16 tiles past the tile's rows (same bits)
 void gemm_set_moe_p43(bool on);   // P43: the MoE down GEMM's CTAs in N-tile-fastest order
@@ -121,6 +123,7 @@ bool gemm_moe_p53();
 // while the CTA streams nb (4; 8 with P55n8) blocks of 256 weight rows; fp16 slot rows as P16. With P16 off the same
 // bits as the P15 "both" form at M-tile 128 (LILY_MOE_WG=3). Session 25: +7.0 % prefill at 4K, +3.0 % at 512.
 void gemm_set_moe_p55(bool on, int nb);
+void gemm_set_moe_p78(bool on);   // P78 (default on): P55's fp16 slot rows stored 16 bytes per lane via shared memory
 bool gemm_moe_p55();
 int gemm_small_n(int T);
 // gemm_ok(w) and w.rows >= gemm_small_n(T): the prefill matmul path for W at T tokens.
@@ -151,10 +154,9 @@ struct MoeSlots {
   bool f16 = false;
   int T = 0, K = 0;
 };
-// zero (P76, optional): nzero ints set to 0 by the kernel (after its PDL wait), for a later kernel's counters.
 void gemm_rmsnorm_convert(float* h, const float* r, const float* w, int n, int T, float eps, float* out,
                           const GemmA& o, cudaStream_t s, const QMat* dot_w = nullptr, float* dot_y = nullptr,
-                          const MoeSlots* slots = nullptr, int* zero = nullptr, int nzero = 0);
+                          const MoeSlots* slots = nullptr);
 // P25 test entry (synchronous): the fused kernel against rmsnorm + gemm_convert_a on the same random
 // inputs; returns the number of differing bytes over h, out, rs, the dot, xa, xh, xl (0 = identical).
 // slots (P59): 1 / 2 = the residual from fp16 / f32 MoE slot rows (fused) against the combine stage + the two.
@@ -265,7 +267,6 @@ struct MoePrefillOpts {
   bool router_split = false;    // P37: the router GEMM with K in slices (router_split())
   bool rank_in_topk = false;    // P71: the scatter's arrival order from the top-k kernel's count atomics
   bool topk_batch = false;      // P72 (the backend's default: on): the top-k kernel's slice loads issued at once
-  bool counts_early = false;    // P76 (opt-in): the expert counts zeroed by the P25 norm + conversion, not a memset
   bool tiles_full_first = false;   // P56: from 16 to below 96 expected rows per expert (LILY_P56_MIN_ROWS,
                                    // LILY_P56_ROWS) the tile lists' full tiles first, the partial ones largest first
   // P25: x is produced by this rmsnorm (not launched yet): the router stage's conversion runs it too

@@ -1008,19 +1008,22 @@ struct RdCfg {
   static constexpr int OFF_BAR = OFF_DST + BM * 4;                  // full[S], empty[S], a_full[KB]
   static constexpr int BYTES = OFF_BAR + (2 * S + KB) * 8;
   static constexpr int SMEM = BYTES + 1024;
+  // P78 (YM 2): each warp's 16 tile rows x 16 columns of fp16 staged (512 bytes, 8 words per row XOR-swizzled)
+  static constexpr int OFF_STG = BYTES;
+  static constexpr int SMEM_STG = OFF_STG + (NCT / 32) * 512 + 1024;
   static_assert(A_BLK % 1024 == 0 && OFF_RING % 1024 == 0 && STAGE % 1024 == 0, "swizzle atoms are 1024-aligned");
   static_assert(KB % KS == 0 && S >= 3 && (S & (S - 1)) == 0, "ring");
   // Slot b & 1 was last read by weight block b - 2 (stages up to SPB·b - SPB - 1); the first stage of block b waits
   // for the release of stage SPB·b - S >= SPB·b - SPB - 1.
   static_assert(S <= KB / KS + 1, "scale-block slots");
-  static_assert(SMEM <= 227 * 1024, "shared memory");
+  static_assert(SMEM_STG <= 227 * 1024 && OFF_STG % 16 == 0, "shared memory");
 };
 
-// YM: 0 = f32 slot rows, 1 = fp16 (P16, sat_half per value).
+// YM: 0 = f32 slot rows, 1 = fp16 (P16, sat_half per value), 2 = fp16 stored through shared memory (P78).
 template <int NB, int YM>
 __global__ void __launch_bounds__(512, 1) gemm_moe_down_res_kernel(const __grid_constant__ GemmArgs a) {
   using C = RdCfg;
-  constexpr bool Y16 = YM != 0;
+  constexpr bool Y16 = YM == 1;
   constexpr int BM = C::BM, RW = C::RW, S = C::S, KS = C::KS, NCT = C::NCT, KB = C::KB, LEAD = S - 2;
   constexpr int SPB = KB / KS;   // stages per weight block
   constexpr int NST = NB * SPB;  // stages per CTA
@@ -1181,6 +1184,38 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_down_res_kernel(const __grid_
       mr_fence_u32<16>(&af[0][0][0]);
       // Scatter: accumulator i is weight row 64·wgc + 16·warp + g + 8·((i >> 1) & 1) of this block, tile row
       // 8·(i >> 2) + 2t + (i & 1); slot row dst[pos], value sfac[m] · acc (mw_epilogue's product).
+      if constexpr (YM == 2) {
+        // P78: YM 1's values, stored as 16 bytes per lane. Per pair of 8-row groups the warp's 16 rows x 16 columns
+        // go through its 512-byte staging block (row r: 8 words of two columns, word w at w ^ 4·((r >> 2) & 1), so
+        // neither side's accesses share a bank), then each lane stores 8 columns of one row: every store instruction
+        // writes 16 rows x 32 bytes (whole sectors) instead of 8 rows x 16 bytes.
+        uint32_t* stg = reinterpret_cast<uint32_t*>(smem + C::OFF_STG) + (tid >> 5) * 128;
+        const int nw0 = (by0 + nb) * RW + 64 * wgc + 16 * warp;   // the warp's first column
+#pragma unroll
+        for (int pp = 0; pp < NT / 16; ++pp) {
+#pragma unroll
+          for (int jl = 0; jl < 2; ++jl)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+              const int jj = 2 * pp + jl;
+              const float v0 = acc[4 * jj + 2 * hh], v1 = acc[4 * jj + 2 * hh + 1];
+              const float recv = __shfl_xor_sync(0xffffffffu, (g & 1) ? v0 : v1, 4);
+              const int r = 8 * jl + 2 * t + (g & 1);
+              const float sc = sfac[16 * pp + r];
+              const float lo = (g & 1) ? recv : v0, hi = (g & 1) ? v1 : recv;
+              stg[r * 8 + (((g >> 1) + 4 * hh) ^ (((r >> 2) & 1) << 2))] =
+                  h2_bits(__halves2half2(sat_half(sc * lo), sat_half(sc * hi)));
+            }
+          __syncwarp();
+          const int r = lane >> 1, hc = lane & 1, m = 16 * pp + r;
+          if (m < rows) {
+            const uint4 v = *reinterpret_cast<const uint4*>(stg + r * 8 + 4 * (hc ^ ((r >> 2) & 1)));
+            __half* hrow = reinterpret_cast<__half*>(a.y) + int64_t(sdst[m]) * a.ldy;
+            *reinterpret_cast<uint4*>(hrow + nw0 + 8 * hc) = v;
+          }
+          __syncwarp();   // the block is rewritten by the next pair
+        }
+      } else {
       const int n0 = (by0 + nb) * RW + 64 * wgc + 16 * warp + g;
 #pragma unroll
       for (int jj = 0; jj < NT / 8; ++jj)
@@ -1204,6 +1239,7 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_down_res_kernel(const __grid_
             if (m0 + 1 < rows) a.y[int64_t(sdst[m0 + 1]) * a.ldy + n] = sfac[m0 + 1] * v1;
           }
         }
+      }
     };
     // One loop instance over the blocks: with block 0 (the scaling) as its own copy ahead of the loop, or the
     // stage loop unrolled, ptxas serialised the wgmmas (C7511, "insufficient register resources").
@@ -1259,28 +1295,29 @@ void launch_moe_down_res_t(const GemmArgs& a, int max_tiles, cudaStream_t s) {
   static bool attr = false;
   if (!attr) {
     CUDA_CHECK(cudaFuncSetAttribute(gemm_moe_down_res_kernel<NB, YM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    RdCfg::SMEM));
+                                    YM == 2 ? RdCfg::SMEM_STG : RdCfg::SMEM));
     attr = true;
   }
   launch(gemm_moe_down_res_kernel<NB, YM>, dim3(a.N / (RdCfg::RW * NB), max_tiles), dim3(RdCfg::NCT),
-         size_t(RdCfg::SMEM), s, a);
+         size_t(YM == 2 ? RdCfg::SMEM_STG : RdCfg::SMEM), s, a);
   CUDA_LAUNCH_CHECK();
 }
 // P55: the down GEMM at M-tile 128 with the activation tile resident, nb (2, 4 or 8) weight blocks of 256 rows per
-// CTA, fp16 slot rows when y16. False where the shape is not the kernel's (K = 512, N a multiple of 256·nb).
-bool launch_moe_down_res(const GemmArgs& a, int max_tiles, int nb, bool y16, cudaStream_t s) {
+// CTA, fp16 slot rows when y16 (with p78, stored 16 bytes per lane through shared memory: the same values). False
+// where the shape is not the kernel's (K = 512, N a multiple of 256·nb).
+bool launch_moe_down_res(const GemmArgs& a, int max_tiles, int nb, bool y16, bool p78, cudaStream_t s) {
   if (a.K != RdCfg::KB * kBK || a.mode != kScatter || (nb != 2 && nb != 4 && nb != 8) || a.N % (RdCfg::RW * nb) != 0)
     return false;
-  if (nb == 8) {
-    if (y16) launch_moe_down_res_t<8, 1>(a, max_tiles, s);
-    else launch_moe_down_res_t<8, 0>(a, max_tiles, s);
-  } else if (nb == 4) {
-    if (y16) launch_moe_down_res_t<4, 1>(a, max_tiles, s);
-    else launch_moe_down_res_t<4, 0>(a, max_tiles, s);
-  } else {
-    if (y16) launch_moe_down_res_t<2, 1>(a, max_tiles, s);
-    else launch_moe_down_res_t<2, 0>(a, max_tiles, s);
-  }
+  const int ym = !y16 ? 0 : p78 && a.ldy % 8 == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0 ? 2 : 1;
+  auto go = [&](auto nbc) {
+    constexpr int NB = decltype(nbc)::value;
+    if (ym == 2) launch_moe_down_res_t<NB, 2>(a, max_tiles, s);
+    else if (ym == 1) launch_moe_down_res_t<NB, 1>(a, max_tiles, s);
+    else launch_moe_down_res_t<NB, 0>(a, max_tiles, s);
+  };
+  if (nb == 8) go(std::integral_constant<int, 8>{});
+  else if (nb == 4) go(std::integral_constant<int, 4>{});
+  else go(std::integral_constant<int, 2>{});
   return true;
 }
 // mode 1: P14, mode 2: P15. bm: the tile list's M-tile (32 runs the 64 kernel, rows <= 32 of 64, unless P53

@@ -29,7 +29,9 @@ struct W16Cfg {
   static constexpr int B_BYTES = kW16BN * 128;  // fp16 weights, 256 rows x 64 k
   static constexpr int STAGE = A_BYTES + B_BYTES;
   static constexpr int OFF_BAR = S * STAGE;     // full[S], empty[S]
-  static constexpr int BYTES = OFF_BAR + 2 * S * 8;
+  static constexpr int BYTES0 = OFF_BAR + 2 * S * 8;
+  static constexpr int OFF_STG = (BYTES0 + 15) / 16 * 16;   // P81: 8 consumer warps x 16 rows x 128 bytes
+  static constexpr int BYTES = OFF_STG + 8 * 16 * 128;
   static constexpr int SMEM = BYTES + 1024;     // slack to align the base to 1024
   static_assert(A_BYTES % 1024 == 0 && STAGE % 1024 == 0, "swizzle atoms are 1024-aligned");
   static_assert(SMEM <= 227 * 1024, "shared memory");
@@ -223,6 +225,46 @@ __global__ void __launch_bounds__(kW16Threads, 1)
     const int64_t ld = SEG ? a.seg_ld[sg] : a.ldy;
     const int nb = SEG ? a.seg_n0[sg] : 0;
     const bool h16 = SEG && ((a.seg_h16 >> sg) & 1);   // P62: this segment as saturated fp16
+    if constexpr (SEG) {
+      // P81: a whole 256-column tile inside an fp16 segment goes out in four 64-column quarters through the warp's
+      // 2 KB staging block (16 rows x 8 chunks of 16 bytes, chunk c of row r at c ^ (r & 7): neither side shares a
+      // bank), then as 16-byte stores, each instruction 4 whole 128-byte rows. The values are the path's below.
+      const int seg_end = sg + 1 < a.nseg ? a.seg_n0[sg + 1] : N;
+      if (h16 && !mixed && a.p81 && n0 + kW16BN <= seg_end && ((ld | (n0 - nb)) & 7) == 0 &&
+          (reinterpret_cast<uintptr_t>(ybase) & 15) == 0) {
+        uint32_t* stg = reinterpret_cast<uint32_t*>(w16_smem_raw + (sm0 - raw0) + C::OFF_STG) + (ct >> 5) * 512;
+        float sc[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int m = wgc * 64 + warp * 16 + g + 8 * h;
+          sc[h] = m < rows ? a.a_scale[pos0 + m] * kInvW : 0.f;
+        }
+        __half* const hbase = reinterpret_cast<__half*>(ybase) + (n0 - nb);
+#pragma unroll
+        for (int cq = 0; cq < 4; ++cq) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int jj = 0; jj < 8; ++jj) {
+              const int j = 8 * cq + jj, r = g + 8 * h;
+              const float v0 = sc[h] * acc[4 * j + 2 * h], v1 = sc[h] * acc[4 * j + 2 * h + 1];
+              const __half2 hv = __halves2half2(sat_half(v0), sat_half(v1));
+              stg[r * 32 + ((jj ^ (r & 7)) << 2) + t] = *reinterpret_cast<const uint32_t*>(&hv);
+            }
+          __syncwarp();
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const int r = 4 * k + (lane >> 3), c = lane & 7, m = wgc * 64 + warp * 16 + r;
+            if (m < rows) {
+              const uint4 v = *reinterpret_cast<const uint4*>(stg + r * 32 + ((c ^ (r & 7)) << 2));
+              *reinterpret_cast<uint4*>(hbase + (pos0 + m) * ld + 64 * cq + 8 * c) = v;
+            }
+          }
+          __syncwarp();   // the block is rewritten by the next quarter
+        }
+        continue;
+      }
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int m = wgc * 64 + warp * 16 + g + 8 * h;

@@ -477,13 +477,9 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
   float* x_out = o.skip_x && sg_fused ? nullptr : const_cast<float*>(x);
   RouterSplit rsplit = router_split(m, T, o.router_split);
   if (r16) rsplit = {router16_split(m, T), 0};
-  // P76: the top-k's expert counts zeroed by the norm + conversion (both run in this call) instead of a memset node
-  // between the router GEMM and the top-k (a memset is not a PDL kernel: neither neighbour overlaps it).
-  const bool counts_early = o.counts_early && (o.stages & (1 | 32)) && o.pre_norm.h && (o.stages & (2 | 256));
   if ((o.stages & (1 | 32)) && o.pre_norm.h)   // P25: x = rmsnorm(h) written and converted in one pass
     gemm_rmsnorm_convert(o.pre_norm.h, o.pre_norm.r, o.pre_norm.w, m.H, T, o.pre_norm.eps, x_out, xa, s,
-                         sg_fused ? &m.shared_gate : nullptr, sg_fused ? sg : nullptr, nullptr,
-                         counts_early ? counts : nullptr, m.E + 1);
+                         sg_fused ? &m.shared_gate : nullptr, sg_fused ? sg : nullptr);
   else if (o.stages & (1 | 32))
     gemm_convert_a(x, T, m.H, xa, s, sg_fused ? &m.shared_gate : nullptr, sg_fused ? sg : nullptr);
   if ((o.stages & (1 | 64)) && r16) gemm_f16_ksplit(xa, T, m.router16, m.E, m.H, logits, rsplit.k, s);
@@ -497,7 +493,7 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
     }
   }
   if (o.stages & (2 | 256)) {
-    if (!counts_early) CUDA_CHECK(cudaMemsetAsync(counts, 0, 4 * (m.E + 1), s));
+    CUDA_CHECK(cudaMemsetAsync(counts, 0, 4 * (m.E + 1), s));
     const dim3 gt((T + 7) / 8), bt(256);
     const int64_t zs = int64_t(T) * m.E;
     using TopK = void (*)(const float*, int, int, int, int32_t*, float*, int*, int*, int, int64_t, int*);
