@@ -421,14 +421,11 @@ class CudaBackend final : public Backend {
       LILY_CHECK(chunked || (!qkv16 && !z16), "cuda gdn: fp16 inputs only on the chunked path");
       float* ws = workspace(chunked ? gdn_chunked_workspace_floats(d, T) : gdn_prefill_workspace_floats(d, T));
       const __half* q16 = qkv16 ? reinterpret_cast<const __half*>(qkv) : nullptr;
-      // P80: u in fp16 from the prep to the per-chunk pass
-      const bool u16 = q16 && chunked && gdn_u16_enabled() && gdn_prep_lean_enabled() && gdn_chunked_u16_ok();
       timed("gdn_prefill.prep", double(T) * d.conv_dim * 12, [&] {
-        gdn_prefill_prep(d, w.conv1d.data, w.A_log.data, w.dt_bias.data, st.conv, qkv, a, b, T, ws, s_, q16, u16);
+        gdn_prefill_prep(d, w.conv1d.data, w.A_log.data, w.dt_bias.data, st.conv, qkv, a, b, T, ws, s_, q16);
       });
       if (chunked) {
-        timed("gdn_prefill.chunk", double(T) * d.nv * (d.dk * 4 * 4 + 64 * 4 * 2),
-              [&] { gdn_chunked_intra(d, T, ws, s_, u16); });
+        timed("gdn_prefill.chunk", double(T) * d.nv * (d.dk * 4 * 4 + 64 * 4 * 2), [&] { gdn_chunked_intra(d, T, ws, s_); });
         timed("gdn_prefill.cscan", bytes + double(T) * d.nv * d.dv * 16, [&] {
           gdn_chunked_scan(d, w.norm.data, st.conv, st.S, q16 ? nullptr : qkv, z, T, ws, y, s_, false);
         });
@@ -751,7 +748,7 @@ class CudaBackend final : public Backend {
     gemm_set_moe_p50(!abl_.has("P50"));   // P50: the gate/up kernel's odd pairs unpacked in place
     gemm_set_moe_p53(!abl_.has("P53"));   // P53: short prompts' gate/up at M-tile 32 on a deeper ring
     gemm_set_moe_p55(!abl_.has("P55"), tried("P55n8") ? 8 : 4);   // P55: the down GEMM with its activations resident
-    gemm_set_p81(tried("P81"));   // P81 (opt-in): the P13 kernel's fp16 outputs stored as whole rows (same values)
+    gemm_set_p81(!abl_.has("P81"));   // P81: the P13 kernel's fp16 outputs stored as whole 128-byte rows (same values)
     gemm_set_moe_p78(!abl_.has("P78"));   // P78: the P55 down GEMM's fp16 rows stored as whole sectors (same bits)
     p42_ = !abl_.has("P42");   // P42: the prefill MoE's norm + conversion without its unread f32 x
     p72_ = !abl_.has("P72");   // P72: the prefill top-k's slice loads issued at once (+0.7 % at 1K, session 29)
@@ -813,7 +810,6 @@ class CudaBackend final : public Backend {
     gdn_chunk_one() = !abl_.has("P24");   // P24: the chunk scan's products in one bf16 MMA (split bf16 off)
     gdn_scan_nb16() = !abl_.has("P27");   // P27: the P24 chunk scan on 16 state columns per CTA
     gdn_scan_halves() = !abl_.has("P36");   // P36: P27 with two column halves per CTA sharing the tiles
-    gdn_u16_enabled() = tried("P80");   // P80 (opt-in): the GDN prep's u handed to the per-chunk pass as fp16
     attn_min_t_ = std::max(1, env_int("LILY_ATTN_PREFILL_MIN_T", 16));
     attn_bf16_kv_ = env_int("LILY_ATTN_BF16KV", 1) != 0;   // flash attention reads a 16-bit copy of the cache
     attn_bf16_ops_ = env_int("LILY_ATTN_BF16", 0) != 0;    // flash MMA operands bf16 (default fp16)

@@ -141,13 +141,10 @@ constexpr int kPrepWideWarps = 4;
 // value is the same) and launch bounds for 8 CTAs per SM. ncu (session 29, 4K prefill): without it 78 registers, 6 CTAs
 // (37.5 % occupancy), long-scoreboard stalls 49 %, 1.80 TB/s. The carried conv state's rows (f32; only the first CTA
 // row of the call, t0 < 3) are read from memory where they are used instead of being held.
-// U16 (P80, LEAN only): u written as fp16 (half the bytes; the per-chunk pass reads it, gdn_chunk_intra2_kernel's
-// U16), each value rounded to nearest once.
-template <bool H16, bool LEAN = false, bool U16 = false>
+template <bool H16, bool LEAN = false>
 __global__ void __launch_bounds__(32 * kPrepWideWarps, LEAN ? 8 : 1)
     gdn_prep_wide_kernel(const __grid_constant__ PrepArgs p) {
   static_assert(!LEAN || H16, "P74: fp16 inputs only");
-  static_assert(!U16 || LEAN, "P80: with P74 only");
   constexpr int K = 4, W = kPrepTok + K - 1;
   pdl_trigger();
   const GdnDims& d = p.d;
@@ -220,15 +217,7 @@ __global__ void __launch_bounds__(32 * kPrepWideWarps, LEAN ? 8 : 1)
       u.z *= sc;
       u.w *= sc;
     }
-    if (t0 + j < p.T) {
-      if constexpr (U16) {
-        const __half2 lo = __floats2half2_rn(u.x, u.y), hi = __floats2half2_rn(u.z, u.w);
-        *reinterpret_cast<uint2*>(reinterpret_cast<__half*>(p.u) + int64_t(t0 + j) * CD + ch) =
-            make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
-      } else {
-        *reinterpret_cast<float4*>(p.u + int64_t(t0 + j) * CD + ch) = u;
-      }
-    }
+    if (t0 + j < p.T) *reinterpret_cast<float4*>(p.u + int64_t(t0 + j) * CD + ch) = u;
     r0 = r1;
     r1 = r2;
     r2 = r3;
@@ -706,21 +695,9 @@ __device__ __forceinline__ void split_pack(float a, float b, uint32_t& h, uint32
 // kMode: 0 = U / W / P / diag(γ)Q (scan2), 1 = kScan3 with M on tensor cores, 2 = kScan3 with M in
 // fp32 FMAs (the session-6 form, LILY_GDN_P11 bit 3: a test row that localises an M failure).
 // kOne (P24): products in one bf16 MMA (no lo planes in shared memory, the lo loads skipped).
-// U16 (P80, kMode 0 with kOne): u read as fp16 (gdn_prep_wide_kernel's U16), each value widened to f32 on load.
-template <int kMode, bool kOne = false, bool U16 = false>
+template <int kMode, bool kOne = false>
 __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_constant__ IntraArgs p) {
   constexpr bool kScan3 = kMode != 0;
-  static_assert(!U16 || (kMode == 0 && kOne), "P80: the P24 per-chunk pass only");
-  auto urow4 = [&](int64_t off) {   // u[off .. off + 3] as f32 (off: elements)
-    if constexpr (U16) {
-      const uint2 v = *reinterpret_cast<const uint2*>(reinterpret_cast<const __half*>(p.u) + off);
-      const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&v.x));
-      const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&v.y));
-      return make_float4(lo.x, lo.y, hi.x, hi.y);
-    } else {
-      return *reinterpret_cast<const float4*>(p.u + off);
-    }
-  };
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* qh = reinterpret_cast<bf16*>(smraw);   // [kC][kRS] q̂ hi / lo (v hi / lo after the products), k̂ hi / lo
   bf16* ql = qh + kC * kRS;
@@ -751,9 +728,9 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
     const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
     qv[it] = kv[it] = make_float4(0.f, 0.f, 0.f, 0.f);
     if (r < n) {
-      const int64_t row = int64_t(t0 + r) * CD + khd * kHD + 4 * c4;
-      qv[it] = urow4(row);
-      kv[it] = urow4(row + key_dim);
+      const float* row = p.u + int64_t(t0 + r) * CD + khd * kHD + 4 * c4;
+      qv[it] = *reinterpret_cast<const float4*>(row);
+      kv[it] = *reinterpret_cast<const float4*>(row + key_dim);
     }
   }
   // Warp 0: gates and decays. Lane l owns tokens 2l, 2l+1 (rows past T: g = 0, β = 0, so γ_C = γ_{n−1}).
@@ -861,7 +838,7 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
     for (int it = 0; it < kIt; ++it) {
       const int r = (tid >> 5) + 8 * it, c4 = tid & 31;
       vv[it] = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (r < n) vv[it] = urow4(int64_t(t0 + r) * CD + 2 * key_dim + j * kHD + 4 * c4);
+      if (r < n) vv[it] = *reinterpret_cast<const float4*>(p.u + int64_t(t0 + r) * CD + 2 * key_dim + j * kHD + 4 * c4);
     }
     // Diagonal blocks: thread (block b, column cc) solves (I + A_bb) x = e_cc (x = 0 above the
     // diagonal, so the whole 16×16 block of T is written).
@@ -1966,11 +1943,6 @@ static bool gdn_p24_active() {
   const int p11 = gdn_chunk_p11();
   return gdn_chunk_one() && (p11 & 3) == 3 && p11 != 7 && !(p11 & 16);
 }
-bool gdn_chunked_u16_ok() { return gdn_p24_active(); }
-bool& gdn_u16_enabled() {
-  static bool on = false;
-  return on;
-}
 int& gdn_chunk_p11() {
   static int parts = 3;
   return parts;
@@ -1995,9 +1967,8 @@ bool gdn_prep_wide_ok(const GdnDims& d, const float* conv_w, const float* conv_s
 
 void gdn_prefill_prep(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
                       const float* conv_state, const float* qkv, const float* a, const float* b, int T,
-                      float* work, cudaStream_t s, const __half* qkv16, bool u16) {
+                      float* work, cudaStream_t s, const __half* qkv16) {
   LILY_CHECK(gdn_prefill_ok(d), "gdn prefill: unsupported shapes");
-  LILY_CHECK(!u16 || (qkv16 && gdn_prep_lean_enabled()), "gdn prefill: fp16 u needs P62's inputs and P74's prep");
   float* u = work;
   float* beta = u + int64_t(T) * d.conv_dim;
   float* g = beta + int64_t(T) * d.nv;
@@ -2006,10 +1977,7 @@ void gdn_prefill_prep(const GdnDims& d, const float* conv_w, const float* A_log,
   const int heads = d.conv_dim / kHD;
   if (qkv16) {   // P62
     LILY_CHECK(gdn_prep_wide_ok(d, conv_w, conv_state, qkv16, u), "gdn prefill: fp16 inputs need P41's prep");
-    if (u16)   // P80
-      launch(gdn_prep_wide_kernel<true, true, true>, dim3(grid.x, heads / kPrepWideWarps), dim3(32 * kPrepWideWarps), 0,
-             s, p);
-    else if (gdn_prep_lean_enabled())   // P74
+    if (gdn_prep_lean_enabled())   // P74
       launch(gdn_prep_wide_kernel<true, true>, dim3(grid.x, heads / kPrepWideWarps), dim3(32 * kPrepWideWarps), 0, s, p);
     else
       launch(gdn_prep_wide_kernel<true>, dim3(grid.x, heads / kPrepWideWarps), dim3(32 * kPrepWideWarps), 0, s, p);
@@ -2044,9 +2012,8 @@ int64_t gdn_chunked_workspace_floats(const GdnDims& d, int T) {
          ((d.nv * nch + 63) / 64) * 64 + 2 * rows + 64 + rows * kHD + 64;
 }
 
-void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s, bool u16) {
+void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s) {
   LILY_CHECK(gdn_prefill_ok(d), "gdn prefill: unsupported shapes");
-  LILY_CHECK(!u16 || gdn_chunked_u16_ok(), "gdn prefill: fp16 u needs the P24 per-chunk pass");
   const ChunkBufs b = chunk_bufs(d, T, work);
   const float* u = work;
   const float* beta = u + int64_t(T) * d.conv_dim;
@@ -2062,15 +2029,12 @@ void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s, boo
                                     int(kIntra2Smem)));
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra2_kernel<0, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kIntra2Smem)));
-    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra2_kernel<0, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(kIntra2Smem)));
     attr_set = true;
   }
   const int p11 = gdn_chunk_p11();
   IntraArgs a{d, u, beta, g, T, b, p11 == 7 ? 1 : 0, gdn_p24_active() ? 1 : 0};
   if ((p11 & 24) == 24) launch(gdn_chunk_intra2_kernel<2>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // scan3, FMA M
   else if (p11 & 16) launch(gdn_chunk_intra2_kernel<1>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P11 scan3
-  else if (a.one && u16) launch(gdn_chunk_intra2_kernel<0, true, true>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);
   else if (a.one) launch(gdn_chunk_intra2_kernel<0, true>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P24
   else if (p11 & 1) launch(gdn_chunk_intra2_kernel<0>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P11
   else launch(gdn_chunk_intra_kernel, dim3(b.nch, d.nv), dim3(256), kIntraSmem, s, a);

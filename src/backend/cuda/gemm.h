@@ -98,7 +98,7 @@ void gemm_set_moe_p38(bool on);   // P38: the P34 MoE kernel's wgmma N by the ti
 // P75 (opt-in): the GDN gated norm + conversion (P28, fp16 z) at 5 CTAs per SM, bf16 halves skipped. Returns the
 // old setting.
 bool gemm_set_p75(bool on);
-// P81 (opt-in): the P13 kernel's fp16 output segments (P62) stored as whole 128-byte rows via shared memory (same
+// P81 (default on): the P13 kernel's fp16 output segments (P62) stored as whole 128-byte rows via shared memory (same
 // values). Returns the old setting.
 bool gemm_set_p81(bool on);
 void gemm_set_p70(bool on);   // P70: the fused prefill norm + conversion's 8-bit dot and bf16 halves, cheaper (same bits)

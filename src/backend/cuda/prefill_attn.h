@@ -84,7 +84,7 @@ int64_t gdn_prefill_workspace_floats(const GdnDims& d, int T);
 // qkv16 (P62, optional): the raw inputs as fp16 [T, conv_dim] instead of qkv (P41's kernel; gdn_prep_wide_ok).
 void gdn_prefill_prep(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
                       const float* conv_state, const float* qkv, const float* a, const float* b, int T,
-                      float* work, cudaStream_t s, const __half* qkv16 = nullptr, bool u16 = false);
+                      float* work, cudaStream_t s, const __half* qkv16 = nullptr);
 // Whether the prep runs P41's kernel for these buffers (the one that also reads fp16 inputs, P62).
 bool gdn_prep_wide_ok(const GdnDims& d, const float* conv_w, const float* conv_state, const void* qkv,
                       const float* work);
@@ -107,13 +107,7 @@ void gdn_prefill_scan(const GdnDims& d, const float* norm_w, float* conv_state, 
 // and heads in parallel), then the state over the chunks + the gated RMSNorm (+ conv-state shift).
 // Workspace: gdn_chunked_workspace_floats (includes the prep's part).
 int64_t gdn_chunked_workspace_floats(const GdnDims& d, int T);
-// u16 (P80): the prep wrote u as fp16 (gdn_prefill_prep's u16; only where gdn_chunked_u16_ok()).
-void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s, bool u16 = false);
-// P80 (opt-in, LILY_TRY=P80): with P62's fp16 inputs and P74's prep, u (q̂, k̂, v after the conv, SiLU and the norms)
-// handed from the prep to the per-chunk pass as fp16 instead of f32 (half of its 2 × 134 MB per layer at 4K; values
-// rounded to fp16 once). gdn_chunked_u16_ok: the per-chunk pass that reads it (P24's) is the one that will run.
-bool& gdn_u16_enabled();
-bool gdn_chunked_u16_ok();
+void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s);
 // P11: bit 0 = the per-chunk pass with (I + A)⁻¹ formed by 16×16 blocks and applied by split-bf16
 // MMAs (off: forward substitution, one column per thread); bit 1 = the chunk scan with Δ alone in
 // its first phase, rescheduled loads and an L2 prefetch two chunks ahead. 0 = the P4c kernels.
