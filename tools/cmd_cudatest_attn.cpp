@@ -352,10 +352,7 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
                                     true},
                                    // P74 changes only where the prep keeps its inputs: the outputs must be the same bits.
                                    {"P4c P62, P74 off", {"P74"}, "0", "16", 5, "1", "1", "0", "0", "0", "", false, "3",
-                                    true, "P4c P24, P62 fp16 qkv/z"},
-                                   // P82 only changes how the per-chunk pass stores P and W: the same bits.
-                                   {"P4c P62, P82 (staged P / W)", {}, "0", "16", 5, "1", "1", "0", "0", "0", "", false,
-                                    "3", true, "P4c P24, P62 fp16 qkv/z", "P82"}};
+                                    true, "P4c P24, P62 fp16 qkv/z"}};
   // fp16 cache (default) first; with it the flash knobs bf16kv / bf16 ops do not apply. Then D18
   // off (f32 cache) with every flash form of before.
   const std::vector<Variant> av = {{"kv16 P6 off (per-tok)", {"P6"}, "0", "16", 1},

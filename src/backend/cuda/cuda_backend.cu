@@ -810,7 +810,6 @@ class CudaBackend final : public Backend {
     gdn_chunk_one() = !abl_.has("P24");   // P24: the chunk scan's products in one bf16 MMA (split bf16 off)
     gdn_scan_nb16() = !abl_.has("P27");   // P27: the P24 chunk scan on 16 state columns per CTA
     gdn_scan_halves() = !abl_.has("P36");   // P36: P27 with two column halves per CTA sharing the tiles
-    gdn_chunk_stage() = tried("P82");   // P82 (opt-in): the per-chunk pass's P / W stored as whole row pieces (same bits)
     attn_min_t_ = std::max(1, env_int("LILY_ATTN_PREFILL_MIN_T", 16));
     attn_bf16_kv_ = env_int("LILY_ATTN_BF16KV", 1) != 0;   // flash attention reads a 16-bit copy of the cache
     attn_bf16_ops_ = env_int("LILY_ATTN_BF16", 0) != 0;    // flash MMA operands bf16 (default fp16)

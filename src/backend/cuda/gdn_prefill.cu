@@ -695,15 +695,9 @@ __device__ __forceinline__ void split_pack(float a, float b, uint32_t& h, uint32
 // kMode: 0 = U / W / P / diag(γ)Q (scan2), 1 = kScan3 with M on tensor cores, 2 = kScan3 with M in
 // fp32 FMAs (the session-6 form, LILY_GDN_P11 bit 3: a test row that localises an M failure).
 // kOne (P24): products in one bf16 MMA (no lo planes in shared memory, the lo loads skipped).
-// kStg (P82, kMode 0 with kOne): the bf16 P and W tiles go to global memory through shared memory, 16 bytes per lane
-// and whole 64- / 128-byte row pieces per store instruction, instead of 4-byte pairs from the MMA fragments (8 rows x
-// 16 bytes per instruction; session 30's P78 / P81 for the GEMMs). A warp's P block (16 rows x 32 columns) is staged in
-// T's buffer (not written before the diagonal solves), its W block (16 x 64 per row block) in A's (not read after T
-// is formed). The same values.
-template <int kMode, bool kOne = false, bool kStg = false>
+template <int kMode, bool kOne = false>
 __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_constant__ IntraArgs p) {
   constexpr bool kScan3 = kMode != 0;
-  static_assert(!kStg || (kMode == 0 && kOne), "P82: the P24 per-chunk pass only");
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* qh = reinterpret_cast<bf16*>(smraw);   // [kC][kRS] q̂ hi / lo (v hi / lo after the products), k̂ hi / lo
   bf16* ql = qh + kC * kRS;
@@ -831,25 +825,9 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
           }
         } else {
           *reinterpret_cast<float2*>(Am + i * kAS + s) = make_float2(av[0], av[1]);
-          if constexpr (kStg) {   // P82: row gq + 8r of the warp's 16, 16-byte chunk nt of 4 at nt ^ ((row >> 1) & 3)
-            const int row = gq + 8 * r;
-            const __nv_bfloat162 h = __floats2bfloat162_rn(pv[0], pv[1]);
-            reinterpret_cast<uint32_t*>(Tm)[warp * 256 + row * 16 + ((nt ^ ((row >> 1) & 3)) << 2) + tq] =
-                *reinterpret_cast<const uint32_t*>(&h);
-          } else {
-            store_split2x<kOne>(p.b.Ph + (rb + i) * kC + s, p.b.Pl + (rb + i) * kC + s, pv[0], pv[1]);
-          }
+          store_split2x<kOne>(p.b.Ph + (rb + i) * kC + s, p.b.Pl + (rb + i) * kC + s, pv[0], pv[1]);
         }
       }
-    if constexpr (kStg) {   // the warp's 16 rows x 64 bytes of P: two instructions of 8 rows x 64 bytes
-      __syncwarp();
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const int row = 8 * k + (lane >> 2), cc = lane & 3;
-        const uint4 v = reinterpret_cast<const uint4*>(Tm)[warp * 64 + row * 4 + (cc ^ ((row >> 1) & 3))];
-        *reinterpret_cast<uint4*>(p.b.Ph + (rb + 16 * mt + row) * kC + 32 * nh + 8 * cc) = v;
-      }
-    }
   }
   __syncthreads();   // A complete; q̂ hi / lo free
 
@@ -1011,7 +989,7 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
   // the K part's accumulators start at diag(γ) q̂ (fp32, from the input) and its L is negated, so it
   // comes out as Q~ = diag(γ)Q − M diag(βγ) K, the difference taken in the fp32 accumulator; the 16
   // loads of q̂ per row block are issued together in front of the MMAs.
-  auto tri_product = [&](const float* L, bool qt, auto&& epi, auto&& flush) {
+  auto tri_product = [&](const float* L, bool qt, auto&& epi) {
     const int isw = warp >> 2, pr = warp & 1, ch = (warp >> 1) & 1, lr = lane & 7, q = lane >> 3;
     const bf16* Bh = isw ? kh : qh;
     const bf16* Bl = isw ? kl : ql;
@@ -1070,57 +1048,25 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_intra2_kernel(const __grid_c
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr)
           epi(isw, 16 * mt + gq + 8 * rr, 64 * ch + 8 * nt + 2 * tq, acc[nt][2 * rr], acc[nt][2 * rr + 1]);
-      flush(isw, mt, ch);
     }
   };
 
   // U = (T diag β) V and W = (T diag βγ) K. Rows past T come out zero: their rows of A are zero, so
   // their rows of T are unit rows, times β = 0.
-  // P82: a W warp's 16 rows x 64 columns (128 bytes per row) staged at (warp - 4) · 512 words of A's buffer, 16-byte
-  // chunk c of row r at c ^ (r & 7); then four instructions of 4 rows x 128 bytes.
-  uint32_t* const wst = reinterpret_cast<uint32_t*>(Am) + (warp & 3) * 512;
-  tri_product(
-      Tm, false,
-      [&](int isw, int i, int col, float x0, float x1) {
-        const int64_t o = (rb + i) * kHD + col;
-        if (isw) {
-          if constexpr (kStg) {
-            const int row = i & 15, c8 = (col & 63) >> 3;
-            const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-            wst[row * 32 + ((c8 ^ (row & 7)) << 2) + tq] = *reinterpret_cast<const uint32_t*>(&h);
-          } else {
-            store_split2x<kOne>(p.b.Wh + o, p.b.Wl + o, x0, x1);
-          }
-        } else {
-          *reinterpret_cast<float2*>(p.b.U + o) = make_float2(x0, x1);
-        }
-      },
-      [&](int isw, int mt, int ch) {
-        if constexpr (kStg) {
-          if (isw) {
-            __syncwarp();
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-              const int row = 4 * k + (lane >> 3), cc = lane & 7;
-              const uint4 v = reinterpret_cast<const uint4*>(wst)[row * 8 + (cc ^ (row & 7))];
-              *reinterpret_cast<uint4*>(p.b.Wh + (rb + 16 * mt + row) * kHD + 64 * ch + 8 * cc) = v;
-            }
-            __syncwarp();   // the block is rewritten by the next row block
-          }
-        }
-      });
+  tri_product(Tm, false, [&](int isw, int i, int col, float x0, float x1) {
+    const int64_t o = (rb + i) * kHD + col;
+    if (isw) store_split2x<kOne>(p.b.Wh + o, p.b.Wl + o, x0, x1);
+    else *reinterpret_cast<float2*>(p.b.U + o) = make_float2(x0, x1);
+  });
   if (kScan3) {
     __syncthreads();   // M complete
     // O0 = M diag(β) V and Q~ = diag(γ) Q − M diag(βγ) K (difference in the fp32 accumulator, then
     // split). Rows past T: P, hence M, is zero there and so is q̂.
-    tri_product(
-        Am, true,
-        [&](int isw, int i, int col, float x0, float x1) {
-          const int64_t o = (rb + i) * kHD + col;
-          if (isw) store_split2(p.b.Qh + o, p.b.Ql + o, x0, x1);
-          else *reinterpret_cast<float2*>(p.b.O0 + o) = make_float2(x0, x1);
-        },
-        [](int, int, int) {});
+    tri_product(Am, true, [&](int isw, int i, int col, float x0, float x1) {
+      const int64_t o = (rb + i) * kHD + col;
+      if (isw) store_split2(p.b.Qh + o, p.b.Ql + o, x0, x1);
+      else *reinterpret_cast<float2*>(p.b.O0 + o) = make_float2(x0, x1);
+    });
   }
 }
 
@@ -1997,10 +1943,6 @@ static bool gdn_p24_active() {
   const int p11 = gdn_chunk_p11();
   return gdn_chunk_one() && (p11 & 3) == 3 && p11 != 7 && !(p11 & 16);
 }
-bool& gdn_chunk_stage() {
-  static bool on = false;
-  return on;
-}
 int& gdn_chunk_p11() {
   static int parts = 3;
   return parts;
@@ -2087,15 +2029,12 @@ void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s) {
                                     int(kIntra2Smem)));
     CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra2_kernel<0, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kIntra2Smem)));
-    CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_intra2_kernel<0, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(kIntra2Smem)));
     attr_set = true;
   }
   const int p11 = gdn_chunk_p11();
   IntraArgs a{d, u, beta, g, T, b, p11 == 7 ? 1 : 0, gdn_p24_active() ? 1 : 0};
   if ((p11 & 24) == 24) launch(gdn_chunk_intra2_kernel<2>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // scan3, FMA M
   else if (p11 & 16) launch(gdn_chunk_intra2_kernel<1>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P11 scan3
-  else if (a.one && gdn_chunk_stage()) launch(gdn_chunk_intra2_kernel<0, true, true>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P82
   else if (a.one) launch(gdn_chunk_intra2_kernel<0, true>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P24
   else if (p11 & 1) launch(gdn_chunk_intra2_kernel<0>, dim3(b.nch, d.nv), dim3(256), kIntra2Smem, s, a);   // P11
   else launch(gdn_chunk_intra_kernel, dim3(b.nch, d.nv), dim3(256), kIntraSmem, s, a);

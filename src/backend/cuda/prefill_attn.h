@@ -108,9 +108,6 @@ void gdn_prefill_scan(const GdnDims& d, const float* norm_w, float* conv_state, 
 // Workspace: gdn_chunked_workspace_floats (includes the prep's part).
 int64_t gdn_chunked_workspace_floats(const GdnDims& d, int T);
 void gdn_chunked_intra(const GdnDims& d, int T, float* work, cudaStream_t s);
-// P82 (with P24; opt-in, LILY_TRY=P82): the per-chunk pass's bf16 P and W tiles stored through shared memory as whole
-// row pieces (16 bytes per lane) instead of 4-byte pairs from the MMA fragments. Same bits.
-bool& gdn_chunk_stage();
 // P11: bit 0 = the per-chunk pass with (I + A)⁻¹ formed by 16×16 blocks and applied by split-bf16
 // MMAs (off: forward substitution, one column per thread); bit 1 = the chunk scan with Δ alone in
 // its first phase, rescheduled loads and an L2 prefetch two chunks ahead. 0 = the P4c kernels.
