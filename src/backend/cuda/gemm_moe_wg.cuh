@@ -1216,29 +1216,29 @@ __global__ void __launch_bounds__(512, 1) gemm_moe_down_res_kernel(const __grid_
           __syncwarp();   // the block is rewritten by the next pair
         }
       } else {
-      const int n0 = (by0 + nb) * RW + 64 * wgc + 16 * warp + g;
+        const int n0 = (by0 + nb) * RW + 64 * wgc + 16 * warp + g;
 #pragma unroll
-      for (int jj = 0; jj < NT / 8; ++jj)
+        for (int jj = 0; jj < NT / 8; ++jj)
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const float v0 = acc[4 * jj + 2 * hh], v1 = acc[4 * jj + 2 * hh + 1];
-          const int m0 = 8 * jj + 2 * t, n = n0 + 8 * hh;
-          if constexpr (Y16) {
-            // Lanes g and g ^ 1 swap one value each: the even lane then holds columns n, n + 1 of row m0, the odd
-            // lane columns n - 1, n of row m0 + 1 (P16's fp16 pair store).
-            const float recv = __shfl_xor_sync(0xffffffffu, (g & 1) ? v0 : v1, 4);
-            const int m = m0 + (g & 1);
-            if (m < rows) {
-              const float sc = sfac[m];
-              const float lo = (g & 1) ? recv : v0, hi = (g & 1) ? v1 : recv;
-              __half* hrow = reinterpret_cast<__half*>(a.y) + int64_t(sdst[m]) * a.ldy;
-              *reinterpret_cast<__half2*>(hrow + (n & ~1)) = __halves2half2(sat_half(sc * lo), sat_half(sc * hi));
+          for (int hh = 0; hh < 2; ++hh) {
+            const float v0 = acc[4 * jj + 2 * hh], v1 = acc[4 * jj + 2 * hh + 1];
+            const int m0 = 8 * jj + 2 * t, n = n0 + 8 * hh;
+            if constexpr (Y16) {
+              // Lanes g and g ^ 1 swap one value each: the even lane then holds columns n, n + 1 of row m0, the odd
+              // lane columns n - 1, n of row m0 + 1 (P16's fp16 pair store).
+              const float recv = __shfl_xor_sync(0xffffffffu, (g & 1) ? v0 : v1, 4);
+              const int m = m0 + (g & 1);
+              if (m < rows) {
+                const float sc = sfac[m];
+                const float lo = (g & 1) ? recv : v0, hi = (g & 1) ? v1 : recv;
+                __half* hrow = reinterpret_cast<__half*>(a.y) + int64_t(sdst[m]) * a.ldy;
+                *reinterpret_cast<__half2*>(hrow + (n & ~1)) = __halves2half2(sat_half(sc * lo), sat_half(sc * hi));
+              }
+            } else {
+              if (m0 < rows) a.y[int64_t(sdst[m0]) * a.ldy + n] = sfac[m0] * v0;
+              if (m0 + 1 < rows) a.y[int64_t(sdst[m0 + 1]) * a.ldy + n] = sfac[m0 + 1] * v1;
             }
-          } else {
-            if (m0 < rows) a.y[int64_t(sdst[m0]) * a.ldy + n] = sfac[m0] * v0;
-            if (m0 + 1 < rows) a.y[int64_t(sdst[m0 + 1]) * a.ldy + n] = sfac[m0 + 1] * v1;
           }
-        }
       }
     };
     // One loop instance over the blocks: with block 0 (the scaling) as its own copy ahead of the loop, or the
