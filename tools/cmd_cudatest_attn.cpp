@@ -120,16 +120,8 @@ struct Variant {
   std::string p11 = "3";         // LILY_GDN_P11 (parts of P11: 1 per-chunk pass, 2 chunk scan, 16 scan3, 8 + 16 scan3 with M in FMAs)
   bool f16in = false;            // P62: qkv and z handed to the GDN as fp16 (the cpu reference gets the same rounded values)
   std::string same_as;           // a variant (run earlier on the same case) whose outputs these must equal bit for bit
-  std::string tries;             // opt-in switches (LILY_TRY, added to the environment's) for this variant
 };
 void apply(Backend& gpu, const Variant& v) {
-  static const std::string try0 = [] {
-    const char* e = std::getenv("LILY_TRY");
-    return std::string(e ? e : "");
-  }();
-  const std::string t = v.tries.empty() ? try0 : try0.empty() ? v.tries : try0 + "," + v.tries;
-  if (t.empty()) unsetenv("LILY_TRY");
-  else setenv("LILY_TRY", t.c_str(), 1);
   setenv("LILY_GDN_SCAN_NC", v.scan_nc.c_str(), 1);
   setenv("LILY_GDN_CHUNKED", v.chunked.c_str(), 1);
   setenv("LILY_ATTN_BF16KV", v.bf16kv.c_str(), 1);
