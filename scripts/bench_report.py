@@ -14,12 +14,17 @@ Ratio per length = lily tok/s / baseline tok/s (medians, all optimizations on); 
 arithmetic mean of the per-length ratios over the lengths both engines measured, plus "faster at
 every length" (every compared ratio > 1, and said whether all ten protocol lengths were compared).
 
-Usage: bench_report.py FILE... [--out DIR] [--tag NAME] [--primary llama.cpp]
+With --kernels FILE.md (repeatable; a `lily bench prefill --profile-length` or `lily bench decode` markdown file)
+the report also carries each file's per-op table (time, share, achieved TFLOP/s or GB/s) with the ceiling that file
+measured or assumed (the decode run's device-to-device copy bandwidth, the prefill table's "% of" matrix rate).
+
+Usage: bench_report.py FILE... [--out DIR] [--tag NAME] [--kernels FILE.md]...
 """
 import argparse
 import datetime
 import json
 import pathlib
+import re
 import statistics
 import sys
 
@@ -227,11 +232,59 @@ def markdown(doc):
             lines.append(f"| {','.join(a['ablate'])} | {a['phase']} | {a['length']:,} | {a['all_on_tok_s']:,.1f} | "
                          f"{a['ablated_tok_s']:,.1f} | {a['speedup_from_optimization']:.2f}× |")
         lines.append("")
+    lines += kernels_markdown(doc.get("kernels", []))
     extra = [f"- {name} {k.replace('_', ' ')}: {v}" for name, e in doc["engines"].items() for k, v in e.items()
              if k in ("expert_balance", "workspace_note", "gdn_kernel", "notes") and v]
     if extra or doc["notes"]:
         lines += ["## Notes", ""] + extra + [f"- {n}" for n in doc["notes"]] + [""]
     return "\n".join(lines) + "\n"
+
+
+def kernel_tables(path):
+    """The per-op table(s) of a lily bench markdown file, with its command, commit and ceiling lines."""
+    lines = pathlib.Path(path).read_text().splitlines()
+    meta = {"source": pathlib.Path(path).name, "command": "", "commit": "", "ceilings": [], "tables": []}
+    for ln in lines:
+        m = re.match(r"- (command|commit): (.*)", ln)
+        if m:
+            meta[m.group(1)] = m.group(2).strip().strip("`")
+        elif ln.startswith("- ") and any(k in ln for k in ("copy:", "copy bandwidth", "power limit", "floor")):
+            meta["ceilings"].append(ln[2:])
+    heading = ""
+    i = 0
+    while i < len(lines):
+        ln = lines[i]
+        if ln.startswith("## "):
+            heading = ln[3:].strip()
+        if ln.startswith("| op"):
+            table = []
+            while i < len(lines) and lines[i].startswith("|"):
+                table.append(lines[i])
+                i += 1
+            m = re.search(r"% of ([0-9.,]+)", table[0])
+            if m:
+                meta["ceilings"].append(f"matrix rate ceiling {m.group(1)} TFLOP/s (bf16 tensor cores, H200: the "
+                                        "`--peak-tflops` the run used)")
+            meta["tables"].append({"heading": heading, "rows": table})
+            continue
+        i += 1
+    if not meta["tables"]:
+        raise ValueError(f"{path}: no per-op table (a line starting with '| op')")
+    return meta
+
+
+def kernels_markdown(kernels):
+    if not kernels:
+        return []
+    out = ["## Main kernels: achieved rate against the measured ceilings", ""]
+    for k in kernels:
+        out.append(f"From `{k['source']}` (commit {k['commit'] or '?'}; `{k['command']}`).")
+        out += [""] + [f"- ceiling: {c}" for c in k["ceilings"]] + [""]
+        for t in k["tables"]:
+            if t["heading"]:
+                out += [f"*{t['heading']}*", ""]
+            out += t["rows"] + [""]
+    return out
 
 
 def plot(doc, path):
@@ -299,6 +352,8 @@ def main():
     ap.add_argument("--out", default="docs/benchmarks")
     ap.add_argument("--tag", default="report")
     ap.add_argument("--skip-missing", action="store_true", help="ignore inputs that do not exist or do not parse")
+    ap.add_argument("--kernels", action="append", default=[], metavar="FILE.md",
+                    help="a lily bench markdown file whose per-op table (achieved rates) goes into the report")
     ap.add_argument("--version", action="append", default=[], metavar="ENGINE=VER",
                     help="version of an engine whose output says 'unknown' (e.g. llama.cpp=0c1e57098)")
     args = ap.parse_args()
@@ -318,6 +373,7 @@ def main():
                 raise
             print(f"skipped {p}: {e}", file=sys.stderr)
     doc = build(paths, " ".join(["scripts/bench_report.py"] + sys.argv[1:]), versions)
+    doc["kernels"] = [kernel_tables(k) for k in args.kernels]
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.tag}.json").write_text(json.dumps(doc, indent=1) + "\n")

@@ -1,12 +1,12 @@
 #!/bin/bash
 # One device call: the end-to-end benchmark report (shared/design/BENCHMARK.md). Stages, in order:
 #   build    scripts/device/build.sh (incremental when the machine is warm)
-#   prefill  lily bench prefill, ten lengths, 3 rounds, full-size synthetic model (+ --ablate $ABLATE_PREFILL
-#            at $ABLATE_PREFILL_LENGTHS as a second run when set)
+#   prefill  lily bench prefill, ten lengths, 3 rounds, full-size synthetic model; a 4K per-op profile (kernel
+#            rates; PREFILL_PROFILE=0 skips it); + --ablate $ABLATE_PREFILL at $ABLATE_PREFILL_LENGTHS when set
 #   decode   lily bench decode, ten contexts, 3 rounds (+ --ablate $ABLATE_DECODE at 4K/32K/128K when set)
 #   llama    .baseline/run_llama.sh when present (llama.cpp CUDA, llama-bench JSON)
 #   hf       scripts/device/hf_bench.py (transformers, random bf16 weights) at the lengths that fit
-#   report   scripts/bench_report.py: report.{json,md,png}
+#   report   scripts/bench_report.py: report.{json,md,png} (with the per-op tables of decode.md / prefill_profile.md)
 # Each stage gets a time budget and the whole call respects REPORT_BUDGET seconds (default 540): a stage
 # starts only if its minimum fits in what is left, and gets at most what is left. Results land in $OUT:
 # report.json, report.md, report.png, log.txt and raw.tar.gz (every input JSON/markdown and stage log).
@@ -64,6 +64,14 @@ if has prefill; then
     say "prefill rc=$?: $(grep -c 'tokens ' "$W/prefill.txt") lengths logged"
     grep -E "^bench prefill" "$W/prefill.txt" | tail -14 | tee -a "$LOG"
   else say "prefill: skipped (budget)"; fi
+  if [ "${PREFILL_PROFILE:-1}" = 1 ]; then   # the per-op table (kernel rates) of one 4K prefill, for the report
+    T=$(stage_budget 40 90)
+    if (( T > 0 )); then
+      timeout $(( T + 30 )) "$L" bench prefill --lengths 4096 --rounds 1 --chunk "$CHUNK" --profile-length 4096 \
+        --out "$W" --tag prefill_profile --commit "$COMMIT" >"$W/prefill_profile.txt" 2>&1
+      say "prefill profile rc=$?"
+    fi
+  fi
   if [ -n "$ABLATE_PREFILL" ]; then
     T=$(stage_budget 40 120)
     if (( T > 0 )); then
@@ -147,7 +155,11 @@ fi
 if has report && (( ${#INPUTS[@]} > 0 )); then
   VERS=()   # llama.cpp built from a source archive reports build_commit "unknown"
   [ -s .baseline/LLAMA_COMMIT ] && VERS=(--version "llama.cpp=$(tr -d '[:space:]' <.baseline/LLAMA_COMMIT)")
-  python3 scripts/bench_report.py "${INPUTS[@]}" "${VERS[@]}" --skip-missing --out "$OUT" --tag report >"$W/report.txt" 2>&1
+  KERN=()   # per-op tables (achieved TFLOP/s, GB/s) of the decode sweep and the prefill profile
+  for f in "$W"/decode.md "$W"/prefill_profile.md; do
+    grep -q '^| op' "$f" 2>/dev/null && KERN+=(--kernels "$f")
+  done
+  python3 scripts/bench_report.py "${INPUTS[@]}" "${VERS[@]}" "${KERN[@]}" --skip-missing --out "$OUT" --tag report >"$W/report.txt" 2>&1
   say "report rc=$?"
   grep -E "mean ratio|faster" "$OUT/report.md" | tee -a "$LOG"
 fi

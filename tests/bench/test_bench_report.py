@@ -152,3 +152,61 @@ def test_command_line_writes_three_files(inputs, tmp_path):
     assert "mean ratio **2.00**" in md and "faster at every length: **no**" in md
     pytest.importorskip("matplotlib")
     assert (out / "r.1.png").stat().st_size > 1000
+
+
+KERNEL_MD = """# Decode benchmark (FIXTURE)
+
+- commit: abc1234
+- command: `lily bench decode --contexts 4096`
+- device-to-device copy: 4000 GB/s (read+write); active weights 1.667 GB/token
+
+| context | variant | tok/s (median) |
+|---:|---|---:|
+| 4096 | all on | 100.0 |
+
+## Per-op time, one eager instrumented step at context 4096 (CUDA events)
+
+| op | calls/token | ms/token | share | GB/s |
+|---|---:|---:|---:|---:|
+| moe | 40 | 0.5000 | 50.0% | 2000 |
+| **sum of ops** | | 1.0000 | | |
+
+Expert load balance: FIXTURE
+"""
+
+PREFILL_MD = """# Prefill benchmark (FIXTURE)
+
+- commit: abc1234
+- command: `lily bench prefill --profile-length 4096`
+- GPU board power limit: 700 W (NVML)
+
+| op (prefill of 4096 tokens) | calls | ms | share | useful TFLOP/s | % of 790 |
+|---|---:|---:|---:|---:|---:|
+| moe_prefill.down | 40 | 10.000 | 20.0% | 316.0 | 40.0% |
+"""
+
+
+def test_kernel_tables(inputs, tmp_path):
+    dec = tmp_path / "dec.md"
+    dec.write_text(KERNEL_MD)
+    pre = tmp_path / "pre.md"
+    pre.write_text(PREFILL_MD)
+    k = bench_report.kernel_tables(dec)
+    assert k["commit"] == "abc1234" and k["command"] == "lily bench decode --contexts 4096"
+    assert k["ceilings"] == ["device-to-device copy: 4000 GB/s (read+write); active weights 1.667 GB/token"]
+    assert len(k["tables"]) == 1 and k["tables"][0]["heading"].startswith("Per-op time")
+    assert k["tables"][0]["rows"][2] == "| moe | 40 | 0.5000 | 50.0% | 2000 |" and len(k["tables"][0]["rows"]) == 4
+    p = bench_report.kernel_tables(pre)
+    assert p["ceilings"][0] == "GPU board power limit: 700 W (NVML)" and p["ceilings"][1].startswith(
+        "matrix rate ceiling 790 TFLOP/s")
+    bad = tmp_path / "bad.md"
+    bad.write_text("# nothing\n\n| context | tok/s |\n")
+    with pytest.raises(ValueError, match="no per-op table"):
+        bench_report.kernel_tables(bad)
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_report.py"), *inputs, "--kernels", str(dec),
+                    "--kernels", str(pre), "--out", str(out), "--tag", "k"], check=True, capture_output=True)
+    md = (out / "k.md").read_text()
+    assert "## Main kernels: achieved rate against the measured ceilings" in md
+    assert "| moe_prefill.down | 40 | 10.000 | 20.0% | 316.0 | 40.0% |" in md and "4000 GB/s" in md
+    assert len(json.loads((out / "k.json").read_text())["kernels"]) == 2
