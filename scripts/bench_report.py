@@ -105,15 +105,19 @@ def load_source(path):
     raise ValueError(f"{path}: neither a BENCHMARK.md-shaped JSON nor llama-bench output")
 
 
-def merge(sources):
-    """[(path, results, meta)] -> (results, engines meta, notes). Earlier files win on duplicates."""
+def merge(sources, every=None):
+    """[(path, results, meta)] -> (results, engines meta, notes). Earlier files win on duplicates; `every` (a list)
+    also receives the duplicates (each row with its source), for ablations matched within one file."""
     seen, merged, engines, notes = set(), [], {}, []
     for path, results, meta in sources:
         notes += meta.pop("_errors", [])
         for r in results:
             key = (r["engine"], r["phase"], int(r["length"]), tuple(r.get("ablate", [])))
+            if every is not None:
+                every.append(dict(r, source=str(path)))
             if key in seen:
-                notes.append(f"{path}: duplicate {key} ignored (an earlier file has it)")
+                notes.append(f"{pathlib.Path(path).name}: duplicate {key}: the tables keep the earlier file's row (this "
+                             "one is only the all-on of its own file's ablations)")
                 continue
             seen.add(key)
             merged.append(dict(r, source=str(path)))
@@ -155,18 +159,23 @@ def summarize(results):
     return out
 
 
-def ablations(results):
-    """Each ablated lily variant against the all-on run of the same phase and length."""
+def ablations(results, every=()):
+    """Each ablated lily variant against the all-on run of the same phase and length: the one measured in the same
+    file (the same run, variants alternating: a matched ablation) when `every` holds it, else the report's all-on
+    row (marked matched: False)."""
     rows = []
     for r in results:
         if r["engine"] != "lily" or not r.get("ablate"):
             continue
-        base = table(results, "lily", r["phase"]).get(int(r["length"]))
+        same = [b for b in every if b.get("source") == r.get("source") and b["engine"] == "lily"
+                and b["phase"] == r["phase"] and int(b["length"]) == int(r["length"]) and not b.get("ablate")]
+        base = same[0] if same else table(results, "lily", r["phase"]).get(int(r["length"]))
         if not base:
             continue
         rows.append({"ablate": r["ablate"], "phase": r["phase"], "length": int(r["length"]),
                      "all_on_tok_s": base["tok_s_median"], "ablated_tok_s": r["tok_s_median"],
-                     "speedup_from_optimization": base["tok_s_median"] / r["tok_s_median"]})
+                     "speedup_from_optimization": base["tok_s_median"] / r["tok_s_median"],
+                     "matched": bool(same), "source": pathlib.Path(r.get("source", "")).name})
     return rows
 
 
@@ -226,11 +235,14 @@ def markdown(doc):
         lines.append("")
     if doc["ablations"]:
         lines += ["## Ablations (lily, one optimization off)", "",
-                  "| switched off | phase | length | all on tok/s | without tok/s | speed-up from the optimization |",
-                  "|---|---|---:|---:|---:|---:|"]
+                  "All on and without are medians of the same run (variants alternating per round) unless the row "
+                  "says otherwise.", "",
+                  "| switched off | phase | length | all on tok/s | without tok/s | speed-up from the optimization | run |",
+                  "|---|---|---:|---:|---:|---:|---|"]
         for a in doc["ablations"]:
+            run = a.get("source", "") if a.get("matched", True) else "all on from the main run (not matched)"
             lines.append(f"| {','.join(a['ablate'])} | {a['phase']} | {a['length']:,} | {a['all_on_tok_s']:,.1f} | "
-                         f"{a['ablated_tok_s']:,.1f} | {a['speedup_from_optimization']:.2f}× |")
+                         f"{a['ablated_tok_s']:,.1f} | {a['speedup_from_optimization']:.2f}× | {run} |")
         lines.append("")
     lines += kernels_markdown(doc.get("kernels", []))
     extra = [f"- {name} {k.replace('_', ' ')}: {v}" for name, e in doc["engines"].items() for k, v in e.items()
@@ -331,7 +343,8 @@ def build(paths, command="", versions=None):
     for p in paths:
         results, meta = load_source(p)
         sources.append((p, results, meta))
-    results, engines, notes = merge(sources)
+    every = []
+    results, engines, notes = merge(sources, every)
     for name, ver in (versions or {}).items():
         if name in engines and engines[name].get("commit") in (None, "", "unknown"):
             engines[name]["commit"] = ver
@@ -342,7 +355,7 @@ def build(paths, command="", versions=None):
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return {"date": date, "machine": first.get("machine", "unknown"), "commit": lily.get("commit", ""),
             "command": command, "model": first.get("model", ""), "engines": engines,
-            "results": results, "summary": summarize(results), "ablations": ablations(results),
+            "results": results, "summary": summarize(results), "ablations": ablations(results, every),
             "notes": notes}
 
 
@@ -352,6 +365,7 @@ def main():
     ap.add_argument("--out", default="docs/benchmarks")
     ap.add_argument("--tag", default="report")
     ap.add_argument("--skip-missing", action="store_true", help="ignore inputs that do not exist or do not parse")
+    ap.add_argument("--note", action="append", default=[], metavar="TEXT", help="a line for the report's notes")
     ap.add_argument("--kernels", action="append", default=[], metavar="FILE.md",
                     help="a lily bench markdown file whose per-op table (achieved rates) goes into the report")
     ap.add_argument("--version", action="append", default=[], metavar="ENGINE=VER",
@@ -374,6 +388,7 @@ def main():
             print(f"skipped {p}: {e}", file=sys.stderr)
     doc = build(paths, " ".join(["scripts/bench_report.py"] + sys.argv[1:]), versions)
     doc["kernels"] = [kernel_tables(k) for k in args.kernels]
+    doc["notes"] = list(args.note) + doc["notes"]
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.tag}.json").write_text(json.dumps(doc, indent=1) + "\n")

@@ -205,8 +205,36 @@ def test_kernel_tables(inputs, tmp_path):
         bench_report.kernel_tables(bad)
     out = tmp_path / "out"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_report.py"), *inputs, "--kernels", str(dec),
-                    "--kernels", str(pre), "--out", str(out), "--tag", "k"], check=True, capture_output=True)
+                    "--kernels", str(pre), "--note", "FIXTURE note", "--out", str(out), "--tag", "k"],
+                   check=True, capture_output=True)
     md = (out / "k.md").read_text()
     assert "## Main kernels: achieved rate against the measured ceilings" in md
     assert "| moe_prefill.down | 40 | 10.000 | 20.0% | 316.0 | 40.0% |" in md and "4000 GB/s" in md
-    assert len(json.loads((out / "k.json").read_text())["kernels"]) == 2
+    assert len(json.loads((out / "k.json").read_text())["kernels"]) == 2 and "- FIXTURE note" in md
+
+
+def test_ablation_matched_within_its_run(inputs, tmp_path):
+    # An ablation run with its own all-on row: the speed-up uses that row, not the main sweep's (a matched ablation).
+    abl = tmp_path / "ablate.json"
+    doc = lily_doc("prefill", [], {2048: 3000.0})
+    doc["results"].append({"engine": "lily", "phase": "prefill", "length": 2048, "tok_s_median": 6600.0,
+                           "rounds": 3, "ablate": []})
+    abl.write_text(json.dumps(doc))
+    out = bench_report.build(inputs + [str(abl)])
+    a = [x for x in out["ablations"] if x["length"] == 2048][0]
+    assert a["all_on_tok_s"] == pytest.approx(6600.0) and a["matched"] and a["source"] == "ablate.json"
+    assert a["speedup_from_optimization"] == pytest.approx(2.2)
+    # the main sweep's all-on row stays the table's (the first file wins)
+    assert bench_report.table(out["results"], "lily", "prefill")[2048]["tok_s_median"] == pytest.approx(8000.0)
+    # the fixture's P1 row at 512 has no all-on in its file... it does (lily_prefill.json): matched there too
+    b = [x for x in out["ablations"] if x["length"] == 512][0]
+    assert b["matched"] and b["all_on_tok_s"] == pytest.approx(4000.0)
+
+
+def test_ablation_without_its_own_all_on_is_marked(inputs, tmp_path):
+    abl = tmp_path / "lone.json"
+    abl.write_text(json.dumps(lily_doc("prefill", [], {1024: 3000.0}, ablate_id="P4")))
+    out = bench_report.build(inputs + [str(abl)])
+    a = [x for x in out["ablations"] if x["ablate"] == ["P4"]][0]
+    assert not a["matched"] and a["all_on_tok_s"] == pytest.approx(6000.0)
+    assert "not matched" in bench_report.markdown(out)
