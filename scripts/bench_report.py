@@ -275,8 +275,8 @@ def kernel_tables(path):
                 i += 1
             m = re.search(r"% of ([0-9.,]+)", table[0])
             if m:
-                meta["ceilings"].append(f"matrix rate ceiling {m.group(1)} TFLOP/s (bf16 tensor cores, H200: the "
-                                        "`--peak-tflops` the run used)")
+                meta["ceilings"].append(f"matrix rate ceiling {m.group(1)} TFLOP/s (the bf16 tensor-core rate the run "
+                                        "was given, `--peak-tflops`)")
             meta["tables"].append({"heading": heading, "rows": table})
             continue
         i += 1
