@@ -3,7 +3,7 @@
 #   build    scripts/device/build.sh (incremental when the machine is warm)
 #   prefill  lily bench prefill, ten lengths, 3 rounds, full-size synthetic model; a 4K per-op profile (kernel
 #            rates; PREFILL_PROFILE=0 skips it); + --ablate $ABLATE_PREFILL at $ABLATE_PREFILL_LENGTHS when set
-#   decode   lily bench decode, ten contexts, 3 rounds (+ --ablate $ABLATE_DECODE at 4K/32K/128K when set)
+#   decode   lily bench decode, ten contexts, 3 rounds (+ --ablate $ABLATE_DECODE at $ABLATE_DECODE_CONTEXTS when set)
 #   llama    .baseline/run_llama.sh when present (llama.cpp CUDA, llama-bench JSON)
 #   hf       scripts/device/hf_bench.py (transformers, random bf16 weights) at the lengths that fit
 #   report   scripts/bench_report.py: report.{json,md,png} (with the per-op tables of decode.md / prefill_profile.md)
@@ -16,7 +16,8 @@
 # scripts/bench_report.py can also be rerun anywhere on the JSON files inside raw.tar.gz.
 # Env: STAGES (default build,prefill,decode,llama,hf,report), LENGTHS, ROUNDS, CHUNK, CONFIG (the
 # published config.json, for hf; searched in the usual places when unset), LILY_COMMIT,
-# ABLATE_PREFILL, ABLATE_PREFILL_LENGTHS (default 2048), ABLATE_DECODE, HF_DECODE_TOKENS (128),
+# ABLATE_PREFILL, ABLATE_PREFILL_LENGTHS (default 2048), ABLATE_DECODE, ABLATE_DECODE_CONTEXTS (4096,32768,131072;
+# 64 tokens per measurement), HF_DECODE_TOKENS (128),
 # HF_ROUNDS (3), and per-stage budgets T_PREFILL T_DECODE T_LLAMA T_HF (seconds).
 set -o pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -95,7 +96,10 @@ if has decode; then
   if [ -n "$ABLATE_DECODE" ]; then
     T=$(stage_budget 60 150)
     if (( T > 0 )); then
-      timeout "$T" "$L" bench decode --contexts 4096,32768,131072 --tokens 128 --rounds "$ROUNDS" \
+      # Each measurement decodes N, 32 and 32 + N tokens (the steady ms/token) after a warm-up; D7 off (one split per KV head) takes
+      # minutes per round at 64K and beyond (session 31): leave it out of ABLATE_DECODE_CONTEXTS past 32K.
+      timeout "$T" "$L" bench decode --contexts "${ABLATE_DECODE_CONTEXTS:-4096,32768,131072}" --tokens 64 \
+        --rounds "$ROUNDS" \
         --ablate "$ABLATE_DECODE" --profile-context 0 --out "$W" --tag decode_ablate --commit "$COMMIT" \
         >"$W/decode_ablate.txt" 2>&1
       say "decode ablations rc=$?"
