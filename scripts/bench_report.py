@@ -191,7 +191,10 @@ def markdown(doc):
              f"- command: `{doc['command']}`", ""]
     lines += ["## Engines", "", "| engine | version / commit | command | date | files |", "|---|---|---|---|---|"]
     for name, e in doc["engines"].items():
-        ver = e.get("commit") or e.get("version") or e.get("transformers") or ""
+        # An engine's own version first: a baseline's "commit" may be the lily commit of the script that ran it.
+        ver = e.get("version") or e.get("commit") or e.get("transformers") or ""
+        if e.get("version") and e.get("commit") and e["commit"] not in e["version"]:
+            ver += f" (run by lily {e['commit']})"
         lines.append(f"| {name} | {ver} | `{e.get('command', '')}` | {e.get('date', '')} | "
                      f"{', '.join(pathlib.Path(s).name for s in e['sources'])} |")
     lines.append("")

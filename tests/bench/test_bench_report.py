@@ -238,3 +238,13 @@ def test_ablation_without_its_own_all_on_is_marked(inputs, tmp_path):
     a = [x for x in out["ablations"] if x["ablate"] == ["P4"]][0]
     assert not a["matched"] and a["all_on_tok_s"] == pytest.approx(6000.0)
     assert "not matched" in bench_report.markdown(out)
+
+
+def test_baseline_version_before_the_lily_commit_that_ran_it(inputs, tmp_path):
+    hf = tmp_path / "hf2.json"
+    doc = json.loads(pathlib.Path(inputs[-1]).read_text())
+    doc.update(version="transformers 9.9", commit="abc1234")
+    hf.write_text(json.dumps(doc))
+    md = bench_report.markdown(bench_report.build(inputs[:-1] + [str(hf)]))
+    assert "| transformers | transformers 9.9 (run by lily abc1234) |" in md
+    assert "| lily | abc1234 |" in md
