@@ -148,7 +148,7 @@ int bench_prefill_main(int argc, char** argv) {
              {"cooldown-ms", "0", "idle time before each measured prefill (a board at its power limit recovers; 0 = none)"},
              {"ids", "", "raw int32 token-id file to use as the prompt (default: random ids)"},
              {"seed", "1", "seed of the random prompt ids"},
-             {"ablate", "", "optimization ids; each is measured as its own variant (e.g. P1,P5)"},
+             {"ablate", "", "optimization ids; each is measured as its own variant (e.g. P1,P5; P5 = the whole prompt as one chunk)"},
              {"out", "docs/benchmarks", "directory for the JSON and markdown results"},
              {"tag", "prefill", "file name stem of the results"},
              {"commit", "", "commit recorded in the results", "LILY_COMMIT"}});
@@ -188,17 +188,25 @@ int bench_prefill_main(int argc, char** argv) {
   const bool cuda = backend == "cuda";
   ModelOptions mo;
   mo.max_chunk = o.num("chunk") > 0 ? o.num("chunk") : default_prefill_chunk(cuda ? "cuda" : "cpu");
+  // P5 off (--ablate P5): the whole prompt as one chunk, i.e. a model whose buffers and workspace are sized for the
+  // longest length measured (on cuda a second model on the shared backend: a second copy of the weights).
+  ModelOptions mo_whole = mo;
+  mo_whole.max_chunk = std::max(mo.max_chunk, max_len);
+  auto p5_off = [](const Variant& v) { return std::find(v.off.begin(), v.off.end(), "P5") != v.off.end(); };
   for (size_t v = 0; v < vars.size(); ++v) {
-    if (cuda && v > 0) continue;   // shares variant 0's backend and model
+    if (cuda && v > 0) {   // shares variant 0's backend (and, unless P5 is off, its model)
+      if (p5_off(vars[v])) vars[v].model = std::make_unique<Qwen36>(host, *vars[0].be, mo_whole);
+      continue;
+    }
     BackendOptions bo;
     bo.name = backend;
     bo.threads = o.num("threads");
     bo.ablations.off = vars[v].off;
     vars[v].be = make_backend(bo);
-    vars[v].model = std::make_unique<Qwen36>(host, *vars[v].be, mo);
+    vars[v].model = std::make_unique<Qwen36>(host, *vars[v].be, p5_off(vars[v]) ? mo_whole : mo);
   }
   auto engine = [&](size_t v) -> Qwen36& {
-    Qwen36& m = *vars[cuda ? 0 : v].model;
+    Qwen36& m = *(vars[v].model ? vars[v].model : vars[0].model);
 #ifdef LILY_HAVE_CUDA
     if (cuda) {
       Ablations a;
@@ -435,6 +443,10 @@ int bench_prefill_main(int argc, char** argv) {
      << fmtd("%.2f", load[0]) << " / " << fmtd("%.2f", load[1]) << " / " << fmtd("%.2f", load[2]) << "\n";
   if (nvml.ok()) md << "- GPU board power limit: " << fmtd("%.0f", nvml.power_limit_w()) << " W (NVML)\n";
   if (cooldown_ms > 0) md << "- idle " << cooldown_ms << " ms before each measured prefill (--cooldown-ms)\n";
+  if (std::any_of(vars.begin(), vars.end(), p5_off))
+    md << "- P5 off: the whole prompt as one chunk (a model with buffers and workspace for " << mo_whole.max_chunk
+       << " tokens" << (cuda ? ", a second copy of the weights on the device: the device-memory columns include it" : "")
+       << ")\n";
   if (!skipped.empty())
     md << "- skipped (predicted to exceed --max-seconds " << fmtd("%g", budget_s) << " s): " << int_list(skipped) << "\n";
   if (!ws_note.empty()) md << "- " << ws_note << "\n";

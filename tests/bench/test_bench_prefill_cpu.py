@@ -34,3 +34,19 @@ def test_bench_prefill_cpu_json(lily_bin, tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_report.py"), str(tmp_path / "p.json"),
                           "--out", str(tmp_path), "--tag", "r"], check=True, capture_output=True, text=True)
     assert "## Ablations" in out.stdout
+
+
+def test_bench_prefill_p5_off_is_one_chunk(lily_bin, tmp_path):
+    # --ablate P5: the variant runs a model whose chunk is the longest length (the whole prompt in one forward call).
+    demo = tmp_path / "demo"
+    subprocess.run([lily_bin, "make-demo", "--out", str(demo)], check=True, capture_output=True)
+    cmd = [lily_bin, "bench", "prefill", "--backend", "cpu", "--threads", "2", "--model", str(demo),
+           "--lengths", "16,48", "--rounds", "1", "--chunk", "16", "--ablate", "P5",
+           "--out", str(tmp_path), "--tag", "p5", "--commit", "t"]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    doc = json.loads((tmp_path / "p5.json").read_text())
+    assert doc["chunk"] == 16
+    assert {(r["length"], tuple(r["ablate"])) for r in doc["results"]} == {
+        (16, ()), (48, ()), (16, ("P5",)), (48, ("P5",))}
+    md = (tmp_path / "p5.md").read_text()
+    assert "- P5 off: the whole prompt as one chunk (a model with buffers and workspace for 48 tokens)" in md

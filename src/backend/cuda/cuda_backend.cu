@@ -753,6 +753,7 @@ class CudaBackend final : public Backend {
     p42_ = !abl_.has("P42");   // P42: the prefill MoE's norm + conversion without its unread f32 x
     p72_ = !abl_.has("P72");   // P72: the prefill top-k's slice loads issued at once (+0.7 % at 1K, session 29)
     gdn_prep_wide_enabled() = !abl_.has("P41");   // P41: the GDN prefill prep a warp per head, float4 per lane
+    moe_prefill_set_p3(!abl_.has("P3"));     // P3: the expert M-tile by rows per expert (off: 64 for both GEMMs)
     moe_prefill_set_p40(!abl_.has("P40"));   // P40: the MoE gate/up at M-tile 128 (P34 + P38) from 8 expected rows
     gemm_set_p75(tried("P75"));   // P75 (opt-in): the GDN gated norm + conversion at 5 CTAs per SM (same bits)
     gdn_prep_lean_enabled() = !abl_.has("P74");   // P74: the GDN prefill prep's fp16 window, 8 CTAs per SM (same bits)

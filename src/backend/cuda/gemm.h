@@ -290,6 +290,8 @@ int router16_split(const MoeDev& m, int T);
 bool moe_prefill_ok(const MoeDev& m);
 // P3: the expert M-tile for T tokens (expected rows per expert T·K/E); LILY_MOE_TILE overrides.
 int moe_prefill_tile(const MoeDev& m, int T);
+// P3 off (--ablate P3): M-tile 64 for both expert GEMMs whatever the rows per expert.
+void moe_prefill_set_p3(bool on);
 // P17: the gate/up GEMM can run M-tile 128 on the P15 kernel (fp16 operands, P15 and P17 on).
 bool moe_prefill_p17(const MoeDev& m, bool f16);
 // P40: P17's gate/up at M-tile 128 from 16 expected rows per expert (T >= 512 on this model) instead of 128: with

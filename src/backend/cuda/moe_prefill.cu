@@ -300,10 +300,17 @@ bool moe_prefill_ok(const MoeDev& m) {
          m.gate0.rows == m.I && m.down0.cols == m.I && m.down0.rows == m.H && m.gate0.cols == m.H;
 }
 
+// P3 (default on; --ablate P3): the expert M-tile chosen per chunk from the rows per expert (the rule below, then
+// P17 / P40 / P53 / P55's choices in moe_prefill); off: M-tile 64 for both expert GEMMs at every prompt length (what
+// LILY_MOE_TILE=64 forces). The workspace's tile lists are sized for M-tile 32, so any tile fits.
+bool g_p3 = true;
+void moe_prefill_set_p3(bool on) { g_p3 = on; }
+
 int moe_prefill_tile(const MoeDev& m, int T) {
   const char* v = std::getenv("LILY_MOE_TILE");
   const int forced = v && *v ? std::atoi(v) : 0;
   if (forced == 32 || forced == 64 || forced == 128) return forced;
+  if (!g_p3) return 64;
   // Expected rows per expert; a tile much larger than that is mostly padding, a much smaller one
   // re-reads the expert's weights once per tile.
   const double rows = double(T) * m.K / m.E;
@@ -459,7 +466,7 @@ void moe_prefill(const MoeDev& m, const float* x, int T, float* out, void* work,
     if (v && *v) {
       const int f = std::atoi(v);
       if (f == 32 || f == 64 || f == 128) bm_dn = f;
-    } else if (!(vg && *vg) && bm < 128 && moe_prefill_p17(m, f16) && double(T) * m.K / m.E >= p40_rows() &&
+    } else if (!(vg && *vg) && g_p3 && bm < 128 && moe_prefill_p17(m, f16) && double(T) * m.K / m.E >= p40_rows() &&
                !(bm == 32 && gemm_moe_p53() && double(T) * m.K / m.E < p53_rows())) {
       bm = 128;
     }
