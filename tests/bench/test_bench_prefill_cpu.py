@@ -8,12 +8,17 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 
 
-def test_bench_prefill_cpu_json(lily_bin, tmp_path):
+def bench_cmd(lily_bin, tmp_path):
+    """`lily bench prefill` on the CPU backend over a fresh demo model (the caller adds lengths, rounds, ...)."""
     demo = tmp_path / "demo"
     subprocess.run([lily_bin, "make-demo", "--out", str(demo)], check=True, capture_output=True)
-    cmd = [lily_bin, "bench", "prefill", "--backend", "cpu", "--threads", "2", "--model", str(demo),
-           "--lengths", "16,32", "--rounds", "3", "--decode-tokens", "2", "--ablate", "D1",
-           "--out", str(tmp_path), "--tag", "p", "--commit", 'quote"and\\backslash']
+    return [lily_bin, "bench", "prefill", "--backend", "cpu", "--threads", "2", "--model", str(demo)]
+
+
+def test_bench_prefill_cpu_json(lily_bin, tmp_path):
+    cmd = bench_cmd(lily_bin, tmp_path) + [
+        "--lengths", "16,32", "--rounds", "3", "--decode-tokens", "2", "--ablate", "D1",
+        "--out", str(tmp_path), "--tag", "p", "--commit", 'quote"and\\backslash']
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
     doc = json.loads((tmp_path / "p.json").read_text())
     assert doc["commit"] == 'quote"and\\backslash'
@@ -38,11 +43,9 @@ def test_bench_prefill_cpu_json(lily_bin, tmp_path):
 
 def test_bench_prefill_p5_off_is_one_chunk(lily_bin, tmp_path):
     # --ablate P5: the variant runs a model whose chunk is the longest length (the whole prompt in one forward call).
-    demo = tmp_path / "demo"
-    subprocess.run([lily_bin, "make-demo", "--out", str(demo)], check=True, capture_output=True)
-    cmd = [lily_bin, "bench", "prefill", "--backend", "cpu", "--threads", "2", "--model", str(demo),
-           "--lengths", "16,48", "--rounds", "1", "--chunk", "16", "--ablate", "P5",
-           "--out", str(tmp_path), "--tag", "p5", "--commit", "t"]
+    cmd = bench_cmd(lily_bin, tmp_path) + [
+        "--lengths", "16,48", "--rounds", "1", "--chunk", "16", "--ablate", "P5",
+        "--out", str(tmp_path), "--tag", "p5", "--commit", "t"]
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
     doc = json.loads((tmp_path / "p5.json").read_text())
     assert doc["chunk"] == 16
