@@ -93,6 +93,12 @@ def load_source(path):
             if r.get("error"):          # e.g. an OOM recorded by hf_bench.py: a note, not a table row
                 meta.setdefault("_errors", []).append(f"{r['engine']} {r['phase']} {r['length']}: {r['error']}")
                 continue
+            if not r.get("ablate") and "chunk" in r and "chunk" in meta and r["chunk"] != meta["chunk"]:
+                # a row of a chunk sweep (lily bench prefill --chunks): a tuning record, not a report row
+                meta.setdefault("_errors", []).append(
+                    f"{pathlib.Path(path).name}: {r['engine']} {r['phase']} {r['length']} at chunk {r['chunk']} (a chunk "
+                    f"sweep row) left out: the report's rows run at chunk {meta['chunk']}")
+                continue
             r = dict(r)
             r.setdefault("tok_s_min", r["tok_s_median"])
             r.setdefault("tok_s_max", r["tok_s_median"])

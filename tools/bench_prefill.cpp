@@ -118,6 +118,7 @@ struct Series {
 // on CUDA one backend whose switches are flipped at run time, so the weights are uploaded once.
 struct Variant {
   std::vector<std::string> off;
+  int chunk = 0;   // this variant's prefill chunk (0 = --chunk); set by --chunks, or by P5 off (the longest length)
   std::unique_ptr<Backend> be;
   std::unique_ptr<Qwen36> model;
 };
@@ -149,6 +150,7 @@ int bench_prefill_main(int argc, char** argv) {
              {"ids", "", "raw int32 token-id file to use as the prompt (default: random ids)"},
              {"seed", "1", "seed of the random prompt ids"},
              {"ablate", "", "optimization ids; each is measured as its own variant (e.g. P1,P5; P5 = the whole prompt as one chunk)"},
+             {"chunks", "", "more chunk sizes, each measured as its own variant against --chunk (a tuning sweep of P5)"},
              {"out", "docs/benchmarks", "directory for the JSON and markdown results"},
              {"tag", "prefill", "file name stem of the results"},
              {"commit", "", "commit recorded in the results", "LILY_COMMIT"}});
@@ -183,19 +185,29 @@ int bench_prefill_main(int argc, char** argv) {
   std::vector<Variant> vars(1);
   // "P46+P47+P48": one variant with the three off (until session 24 this took the whole string as one unknown id, so
   // such variants ran with everything on).
-  for (const auto& id : split_list(o.str("ablate"))) vars.push_back(Variant{Ablations::variant(id).off, nullptr, nullptr});
+  for (const auto& id : split_list(o.str("ablate"))) vars.push_back(Variant{Ablations::variant(id).off, 0, nullptr, nullptr});
   const std::string backend = o.str("backend");
   const bool cuda = backend == "cuda";
   ModelOptions mo;
   mo.max_chunk = o.num("chunk") > 0 ? o.num("chunk") : default_prefill_chunk(cuda ? "cuda" : "cpu");
-  // P5 off (--ablate P5): the whole prompt as one chunk, i.e. a model whose buffers and workspace are sized for the
-  // longest length measured (on cuda a second model on the shared backend: a second copy of the weights).
-  ModelOptions mo_whole = mo;
-  mo_whole.max_chunk = std::max(mo.max_chunk, max_len);
+  // Variants with their own chunk: P5 off (--ablate P5) is the whole prompt as one chunk, i.e. a model whose buffers
+  // and workspace are sized for the longest length measured; --chunks adds one variant per chunk size. On cuda each
+  // such variant is a second model on the shared backend: another copy of the weights.
   auto p5_off = [](const Variant& v) { return std::find(v.off.begin(), v.off.end(), "P5") != v.off.end(); };
+  for (Variant& v : vars)
+    if (p5_off(v)) v.chunk = std::max(mo.max_chunk, max_len);
+  for (int ch : parse_int_list(o.str("chunks"), "--chunks")) {
+    if (ch < 1) throw Error("--chunks: " + std::to_string(ch) + " is not a positive chunk size");
+    if (ch != mo.max_chunk) vars.push_back(Variant{{}, ch, nullptr, nullptr});
+  }
+  auto chunk_of = [&](const Variant& v) { return v.chunk > 0 ? v.chunk : mo.max_chunk; };
+  bool own_chunk = false;   // some variant runs with another chunk than --chunk
   for (size_t v = 0; v < vars.size(); ++v) {
-    if (cuda && v > 0) {   // shares variant 0's backend (and, unless P5 is off, its model)
-      if (p5_off(vars[v])) vars[v].model = std::make_unique<Qwen36>(host, *vars[0].be, mo_whole);
+    ModelOptions mv = mo;
+    mv.max_chunk = chunk_of(vars[v]);
+    own_chunk = own_chunk || mv.max_chunk != mo.max_chunk;
+    if (cuda && v > 0) {   // shares variant 0's backend (and, with the same chunk, its model)
+      if (mv.max_chunk != mo.max_chunk) vars[v].model = std::make_unique<Qwen36>(host, *vars[0].be, mv);
       continue;
     }
     BackendOptions bo;
@@ -203,8 +215,16 @@ int bench_prefill_main(int argc, char** argv) {
     bo.threads = o.num("threads");
     bo.ablations.off = vars[v].off;
     vars[v].be = make_backend(bo);
-    vars[v].model = std::make_unique<Qwen36>(host, *vars[v].be, p5_off(vars[v]) ? mo_whole : mo);
+    vars[v].model = std::make_unique<Qwen36>(host, *vars[v].be, mv);
   }
+  auto label = [&](const Variant& v) {
+    std::string s = v.off.empty() ? std::string() : "-" + join_ids(v.off);
+    if (v.chunk > 0 && !p5_off(v)) {
+      if (!s.empty()) s += ' ';
+      s += "chunk " + std::to_string(v.chunk);
+    }
+    return s.empty() ? std::string("all on") : s;
+  };
   auto engine = [&](size_t v) -> Qwen36& {
     Qwen36& m = *(vars[v].model ? vars[v].model : vars[0].model);
 #ifdef LILY_HAVE_CUDA
@@ -444,9 +464,11 @@ int bench_prefill_main(int argc, char** argv) {
   if (nvml.ok()) md << "- GPU board power limit: " << fmtd("%.0f", nvml.power_limit_w()) << " W (NVML)\n";
   if (cooldown_ms > 0) md << "- idle " << cooldown_ms << " ms before each measured prefill (--cooldown-ms)\n";
   if (std::any_of(vars.begin(), vars.end(), p5_off))
-    md << "- P5 off: the whole prompt as one chunk (a model with buffers and workspace for " << mo_whole.max_chunk
-       << " tokens" << (cuda ? ", a second copy of the weights on the device: the device-memory columns include it" : "")
-       << ")\n";
+    md << "- P5 off: the whole prompt as one chunk (a model with buffers and workspace for " << std::max(mo.max_chunk, max_len)
+       << " tokens)\n";
+  if (own_chunk)
+    md << "- variants with another chunk run their own model" << (cuda ? " on the shared backend, each with its own copy of "
+       "the weights on the device: the device-memory columns count every model" : "") << "\n";
   if (!skipped.empty())
     md << "- skipped (predicted to exceed --max-seconds " << fmtd("%g", budget_s) << " s): " << int_list(skipped) << "\n";
   if (!ws_note.empty()) md << "- " << ws_note << "\n";
@@ -474,11 +496,11 @@ int bench_prefill_main(int argc, char** argv) {
        << ", \"cpu_s_median\": " << cs << ", \"host_s_median\": " << hs
        << (jm.empty() ? std::string() : ", \"joules_median\": " + jm + ", \"watts_median\": " + wm) << ", \"peak_host_bytes\": " << peak_host[L]
        << ", \"peak_device_bytes\": " << mm.peak << ", \"state_device_bytes\": " << mm.state
-       << ", \"rest_device_bytes\": " << mm.rest << ", \"rounds\": " << rounds
+       << ", \"rest_device_bytes\": " << mm.rest << ", \"rounds\": " << rounds << ", \"chunk\": " << chunk_of(vars[v])
        << (phase[0] == 'd' ? ", \"tokens\": " + std::to_string(N) : std::string()) << ", \"ablate\": " << ab << "}";
     first = false;
     auto mib = [](double b) { return b > 0 ? fmtd("%.0f", b / 1048576.0) : std::string(); };
-    md << "| " << phase << " | " << L << " | " << (vars[v].off.empty() ? std::string("all on") : "-" + join_ids(vars[v].off)) << " | "
+    md << "| " << phase << " | " << L << " | " << label(vars[v]) << " | "
        << fmtd("%.1f", med) << " | " << fmtd("%.1f", mn) << " | " << fmtd("%.1f", mx) << " | " << fmtd("%.3f", cs)
        << " | " << fmtd("%.4f", hs) << " | " << jm << " | " << wm << " | " << fmtd("%.0f", peak_host[L] / 1048576.0) << " | " << mib(mm.peak) << " | " << mib(mm.state) << " | "
        << mib(mm.rest) << " |\n";
