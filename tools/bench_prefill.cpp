@@ -139,7 +139,7 @@ int bench_prefill_main(int argc, char** argv) {
              {"threads", "0", "CPU threads (0 = all cores)", "LILY_THREADS"},
              {"lengths", "256,512,1024,2048,4096,8192,16384,32768,65536,131072", "prompt lengths"},
              {"rounds", "3", "rounds (variants alternate order in each round)"},
-             {"chunk", "0", "prefill chunk size in tokens (P5); 0 = 4096 on cuda, 512 on cpu"},
+             {"chunk", "0", "prefill chunk size in tokens (P5); 0 = 16384 on cuda, 512 on cpu"},
              {"warmup-max", "8192", "warm-up prefill (discarded) of min(L, this) tokens per length and variant; 0 = L"},
              {"max-seconds", "0", "time budget: skip a length whose predicted time would exceed it (0 = none)"},
              {"balance-tokens", "4096", "expert load balance over one untimed prefill of this many tokens (cuda; 0 = none)"},

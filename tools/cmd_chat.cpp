@@ -37,6 +37,7 @@ int chat_main(int argc, char** argv) {
   if (!o.parse(argc, argv)) return 0;
   ModelLoadOptions mo;
   mo.dir = o.str("model");
+  mo.max_context = std::max(0, o.num("ctx"));
   mo.backend = o.str("backend");
   mo.threads = o.num("threads");
   mo.progress = !o.flag("quiet");

@@ -38,7 +38,7 @@ int run_main(int argc, char** argv) {
              {"n", "16", "number of tokens to generate", "", false, 'n'},
              {"backend", "cpu", "cpu | cuda", "LILY_BACKEND"},
              {"threads", "0", "CPU threads (0 = all cores)", "LILY_THREADS"},
-             {"chunk", "0", "prefill chunk size in tokens (0 = 4096 on cuda, 512 on cpu)"},
+             {"chunk", "0", "prefill chunk size in tokens (0 = 16384 on cuda, 512 on cpu)"},
              {"ctx", "0", "context capacity (0 = prompt + n)"},
              {"dump-logits", "", "write f32 logits [rows, vocab] here (+ .json sidecar)"},
              {"ablate", "", "comma-separated optimization ids to switch off (e.g. D2,P1)"},

@@ -29,7 +29,7 @@ int serve_main(int argc, char** argv) {
              {"snapshot-every", "-1",
               "also snapshot every N prompt tokens (0 = only turn boundaries; -1 = max(2048, the prefill chunk))", ""},
              {"no-prefix-cache", "false", "never reuse earlier requests' state (every request cold)", "", true},
-             {"chunk", "0", "prefill chunk size in tokens (0 = 4096 on cuda, 512 on cpu)", ""},
+             {"chunk", "0", "prefill chunk size in tokens (0 = 16384 on cuda, 512 on cpu)", ""},
              {"device-sampling", "auto", "decode loop with sampling on the backend (D2): auto (cuda) | on | off", ""},
              {"max-tokens", "0", "default max_tokens when a request gives none (0 = until the context is full)", ""},
              {"host", "127.0.0.1", "address to bind", ""},
@@ -95,6 +95,7 @@ int serve_main(int argc, char** argv) {
     mo.backend = o.str("backend");
     mo.threads = o.num("threads");
     mo.chunk = o.num("chunk");
+    mo.max_context = std::max(0, o.num("ctx"));
     mo.progress = !o.flag("quiet");
     mo.ablate = o.str("ablate");
     auto loaded = load_model(mo);
@@ -104,8 +105,9 @@ int serve_main(int argc, char** argv) {
       throw Error("--ctx " + std::to_string(eo.ctx) + " exceeds the model's max_position_embeddings " +
                   std::to_string(loaded->max_position_embeddings()));
     eo.cache_bytes = int64_t(o.real("cache-mb") * (1 << 20));
-    // A snapshot point also cuts the prefill there: by default never more often than the chunk (on cuda
-    // 4,096: a 2,048-token chunk runs at 36.7K tok/s, a 4,096 one at 42.6K, session 10's call 6).
+    // A snapshot point also cuts the prefill there: by default never more often than the chunk (on cuda a
+    // 2,048-token chunk ran at 36.7K tok/s, a 4,096 one at 42.6K in session 10's call 6; 16,384 is the chunk since
+    // session 32).
     eo.snapshot_every = o.num("snapshot-every") >= 0 ? o.num("snapshot-every") : std::max(2048, loaded->lm().max_chunk());
     eo.prefix_reuse = !o.flag("no-prefix-cache");
     const std::string ds = o.str("device-sampling");

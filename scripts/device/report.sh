@@ -29,7 +29,7 @@ mkdir -p "$OUT" "$W"
 STAGES=${STAGES:-build,prefill,decode,llama,hf,report}
 LENGTHS=${LENGTHS:-256,512,1024,2048,4096,8192,16384,32768,65536,131072}
 ROUNDS=${ROUNDS:-3}
-CHUNK=${CHUNK:-4096}
+CHUNK=${CHUNK:-0}   # 0 = the backend's default (16384 on cuda since session 32)
 BUDGET=${REPORT_BUDGET:-540}
 COMMIT=${LILY_COMMIT:-$(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo unknown)}
 T0=$(date +%s)

@@ -50,6 +50,9 @@ timeout 240 "$L" cuda-check --layers 4 --tokens 64 --prompt 300 --chunk 128 --fo
 el "prefill in one 4,096-token chunk (P17/P18: gate/up at M-tile 128 on the 4-warpgroup kernel; P19, P21), routing followed"
 timeout 240 "$L" cuda-check --layers 2 --tokens 8 --prompt 4100 --chunk 4096 --follow-routing 2>&1 | tail -8 |
   tee "$OUT/check_prefill_4096.txt"
+el "prefill in one 16,384-token chunk (the cuda default chunk since session 32; attention over a whole chunk), routing followed"
+timeout 300 "$L" cuda-check --layers 4 --tokens 8 --prompt 16400 --chunk 16384 --follow-routing 2>&1 | tail -8 |
+  tee "$OUT/check_prefill_16384.txt"
 if [ -n "$LONGCHECK" ]; then
   el "same, prompt 700 in chunks of 512 (T >= 256: P7 skinny projections on the GEMM)"
   timeout 240 "$L" cuda-check --layers 4 --tokens 32 --prompt 700 --chunk 512 --cpu-emulate fp16 2>&1 |
@@ -67,7 +70,7 @@ el "kernel benches"
 timeout 100 "$L" cuda-test-gemm --bench >"$OUT/bench_gemm.txt" 2>&1; tail -25 "$OUT/bench_gemm.txt"
 timeout 100 "$L" cuda-test-attn --bench >"$OUT/bench_attn.txt" 2>&1; grep -E "T= 4096|pos0" "$OUT/bench_attn.txt" | head -20
 el "bench prefill"
-timeout 150 "$L" bench prefill --synthetic --lengths ${PLENGTHS:-4096,32768} --rounds ${BROUNDS:-1} --chunk 4096 --ablate "${PABL:-P4c}" \
+timeout 150 "$L" bench prefill --synthetic --lengths ${PLENGTHS:-4096,32768} --rounds ${BROUNDS:-1} --ablate "${PABL:-P4c}" \
   --out "$OUT" --tag prefill-quick --commit "${LILY_COMMIT:-unknown}" 2>&1 | grep -v "^bench:" | tail -30
 el "bench decode"
 timeout 200 "$L" bench decode --contexts ${DCONTEXTS:-4096,131072} --tokens 128 --rounds ${BROUNDS:-1} --ablate "${DABL:-${DIDS//,/+}}" \

@@ -28,6 +28,7 @@ class LoadedQwen36 : public LoadedModel {
     ModelOptions mo;
     if (o.chunk < 0) throw Error("prefill chunk must be >= 0 (0 = the backend's default), got " + std::to_string(o.chunk));
     mo.max_chunk = o.chunk > 0 ? o.chunk : default_prefill_chunk(backend_->name());
+    if (o.chunk == 0 && o.max_context > 0) mo.max_chunk = std::min(mo.max_chunk, o.max_context);   // no unused workspace
     model_ = std::make_unique<Qwen36>(host_, *backend_, mo);
     lm_ = make_qwen36_lm(*model_);
     if (tok_->vocab_size() > model_->config().vocab_size)

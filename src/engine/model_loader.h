@@ -13,7 +13,8 @@ struct ModelLoadOptions {
   std::string dir;
   std::string backend = "cpu";
   int threads = 0;
-  int chunk = 0;              // prefill chunk (P5); 0 = default_prefill_chunk(backend)
+  int chunk = 0;              // prefill chunk (P5); 0 = default_prefill_chunk(backend), at most max_context
+  int max_context = 0;        // the context the caller will use, when known (> 0): no default chunk beyond it
   bool progress = true;
   std::string ablate;         // comma-separated optimization ids to switch off
 };
