@@ -41,39 +41,36 @@ def test_bench_prefill_cpu_json(lily_bin, tmp_path):
     assert "## Ablations" in out.stdout
 
 
+def run_small(lily_bin, tmp_path, tag, *args):
+    """`lily bench prefill` at 16 and 48 tokens, one round, chunk 16, plus `args`; returns its JSON document."""
+    cmd = bench_cmd(lily_bin, tmp_path) + ["--lengths", "16,48", "--rounds", "1", "--chunk", "16", *args,
+                                           "--out", str(tmp_path), "--tag", tag, "--commit", "t"]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    doc = json.loads((tmp_path / f"{tag}.json").read_text())
+    assert doc["chunk"] == 16
+    return doc
+
+
 def test_bench_prefill_p5_off_is_one_chunk(lily_bin, tmp_path):
     # --ablate P5: the variant runs a model whose chunk is the longest length (the whole prompt in one forward call).
-    cmd = bench_cmd(lily_bin, tmp_path) + [
-        "--lengths", "16,48", "--rounds", "1", "--chunk", "16", "--ablate", "P5",
-        "--out", str(tmp_path), "--tag", "p5", "--commit", "t"]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
-    doc = json.loads((tmp_path / "p5.json").read_text())
-    assert doc["chunk"] == 16
-    assert {(r["length"], tuple(r["ablate"])) for r in doc["results"]} == {
-        (16, ()), (48, ()), (16, ("P5",)), (48, ("P5",))}
-    md = (tmp_path / "p5.md").read_text()
-    assert "- P5 off: the whole prompt as one chunk (a model with buffers and workspace for 48 tokens)" in md
+    doc = run_small(lily_bin, tmp_path, "p5", "--ablate", "P5")
     assert {(r["length"], tuple(r["ablate"]), r["chunk"]) for r in doc["results"]} == {
         (16, (), 16), (48, (), 16), (16, ("P5",), 48), (48, ("P5",), 48)}
+    md = (tmp_path / "p5.md").read_text()
+    assert "- P5 off: the whole prompt as one chunk (a model with buffers and workspace for 48 tokens)" in md
 
 
 def test_bench_prefill_chunk_sweep(lily_bin, tmp_path):
     # --chunks: each extra chunk size is its own variant (its own model), matched against --chunk in the same rounds;
     # the report leaves those rows out (they are a tuning record, not the engine's configuration).
-    cmd = bench_cmd(lily_bin, tmp_path) + [
-        "--lengths", "16,48", "--rounds", "1", "--chunk", "16", "--chunks", "16,32,48",
-        "--out", str(tmp_path), "--tag", "ch", "--commit", "t"]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
-    doc = json.loads((tmp_path / "ch.json").read_text())
-    assert doc["chunk"] == 16
+    doc = run_small(lily_bin, tmp_path, "ch", "--chunks", "16,32,48")
     assert sorted((r["length"], r["chunk"]) for r in doc["results"]) == [
         (16, 16), (16, 32), (16, 48), (48, 16), (48, 32), (48, 48)]
     assert all(r["ablate"] == [] for r in doc["results"])
     md = (tmp_path / "ch.md").read_text()
     assert "| prefill | 48 | chunk 32 |" in md and "| prefill | 48 | all on |" in md
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_report.py"), str(tmp_path / "ch.json"),
-                          "--out", str(tmp_path), "--tag", "r"], check=True, capture_output=True, text=True)
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_report.py"), str(tmp_path / "ch.json"),
+                    "--out", str(tmp_path), "--tag", "r"], check=True, capture_output=True, text=True)
     rep = json.loads((tmp_path / "r.json").read_text())
-    lily = [r for r in rep["results"] if r["engine"] == "lily"]
-    assert sorted(r["length"] for r in lily) == [16, 48]
+    assert sorted(r["length"] for r in rep["results"] if r["engine"] == "lily") == [16, 48]
     assert "at chunk 32 (a chunk sweep row) left out" in (tmp_path / "r.md").read_text()
