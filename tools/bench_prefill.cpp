@@ -274,6 +274,7 @@ int bench_prefill_main(int argc, char** argv) {
   };
   // One measurement: fresh state (allocated and zeroed outside the timing), prompt of L tokens;
   // the clock stops when forward() has returned the last token's logits to the host.
+  std::vector<float> measured_logits;   // the last measured prefill's last-token logits
   auto measure = [&](Qwen36& m, int L, int n_dec, Series* pre, Series* dec) {
     const double before = dev_bytes(m.backend());
     auto st = m.new_state(L + n_dec + 1);
@@ -283,6 +284,7 @@ int bench_prefill_main(int argc, char** argv) {
     timed(m.backend(), L, pre, [&] {
       m.forward(*st, std::span<const int32_t>(ids.data(), size_t(L)), logits.data(), false);
     });
+    if (pre) measured_logits = logits;
     const double after = dev_bytes(m.backend());
     mem.peak = std::max(mem.peak, after);
     mem.state = std::max(mem.state, state);
@@ -294,6 +296,14 @@ int bench_prefill_main(int argc, char** argv) {
   };
 
   std::map<std::pair<int, size_t>, Series> pre, dec;
+  // Each variant's last-token logits against variant 0's (same prompt, fresh state): a chunk variant must agree
+  // (another chunk only moves where the prompt is cut); an ablation may differ by its own rounding.
+  struct Agree {
+    double cosine = 0;
+    bool argmax_same = false;
+  };
+  std::map<std::pair<int, size_t>, Agree> agree;
+  std::map<size_t, std::vector<float>> last_logits;
   std::map<int, double> peak_host;
   std::map<int, Mem> mem_at;
   std::vector<int> done, skipped;
@@ -318,7 +328,18 @@ int bench_prefill_main(int argc, char** argv) {
       for (size_t k = 0; k < vars.size(); ++k) {
         const size_t v = r % 2 ? vars.size() - 1 - k : k;
         measure(engine(v), L, N, &pre[{L, v}], &dec[{L, v}]);
+        last_logits[v] = measured_logits;
       }
+    for (size_t v = 1; v < vars.size(); ++v) {
+      const std::vector<float>&a = last_logits[0], &b = last_logits[v];
+      double ab = 0, aa = 0, bb = 0;
+      for (size_t i = 0; i < a.size(); ++i) ab += double(a[i]) * b[i], aa += double(a[i]) * a[i], bb += double(b[i]) * b[i];
+      const Agree g{ab / std::sqrt(std::max(aa * bb, 1e-300)),
+                    std::max_element(a.begin(), a.end()) - a.begin() == std::max_element(b.begin(), b.end()) - b.begin()};
+      agree[{L, v}] = g;
+      std::fprintf(stderr, "bench prefill: %6d tokens  %s: last-token logits vs %s cosine %.6f, argmax %s\n", L,
+                   label(vars[v]).c_str(), label(vars[0]).c_str(), g.cosine, g.argmax_same ? "same" : "DIFFERENT");
+    }
     peak_host[L] = peak_rss_bytes();
     mem_at[L] = mem;
     done.push_back(L);
@@ -473,6 +494,13 @@ int bench_prefill_main(int argc, char** argv) {
     md << "- skipped (predicted to exceed --max-seconds " << fmtd("%g", budget_s) << " s): " << int_list(skipped) << "\n";
   if (!ws_note.empty()) md << "- " << ws_note << "\n";
   if (!balance.empty()) md << "- expert load balance: " << balance << "\n";
+  if (!agree.empty()) {
+    md << "- last-token logits of each variant vs " << label(vars[0]) << " (same prompt, last round):";
+    for (const auto& [k, g] : agree)
+      md << " " << label(vars[k.second]) << " at " << k.first << ": cosine " << fmtd("%.6f", g.cosine) << ", argmax "
+         << (g.argmax_same ? "same" : "DIFFERENT") << ";";
+    md << "\n";
+  }
   md << "\n| phase | length | variant | tok/s (median) | min | max | CPU s (median) | host s (median) | J (median) | W (median) | peak host MiB | peak device MiB "
      << "| state MiB | rest MiB |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   bool first = true;
@@ -497,6 +525,9 @@ int bench_prefill_main(int argc, char** argv) {
        << (jm.empty() ? std::string() : ", \"joules_median\": " + jm + ", \"watts_median\": " + wm) << ", \"peak_host_bytes\": " << peak_host[L]
        << ", \"peak_device_bytes\": " << mm.peak << ", \"state_device_bytes\": " << mm.state
        << ", \"rest_device_bytes\": " << mm.rest << ", \"rounds\": " << rounds << ", \"chunk\": " << chunk_of(vars[v])
+       << (phase[0] == 'p' && agree.count({L, v}) ? ", \"logits_cosine_vs_first\": " + fmtd("%.6f", agree[{L, v}].cosine) +
+                                                      ", \"argmax_same_as_first\": " + (agree[{L, v}].argmax_same ? "true" : "false")
+                                                : std::string())
        << (phase[0] == 'd' ? ", \"tokens\": " + std::to_string(N) : std::string()) << ", \"ablate\": " << ab << "}";
     first = false;
     auto mib = [](double b) { return b > 0 ? fmtd("%.0f", b / 1048576.0) : std::string(); };

@@ -69,6 +69,11 @@ def test_bench_prefill_chunk_sweep(lily_bin, tmp_path):
     assert all(r["ablate"] == [] for r in doc["results"])
     md = (tmp_path / "ch.md").read_text()
     assert "| prefill | 48 | chunk 32 |" in md and "| prefill | 48 | all on |" in md
+    # Another chunk only moves where the prompt is cut: the last-token logits agree with the --chunk run's.
+    for r in doc["results"]:
+        if r["chunk"] != 16:
+            assert r["logits_cosine_vs_first"] >= 0.9999 and r["argmax_same_as_first"], r
+    assert "chunk 48 at 48: cosine" in md
     subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_report.py"), str(tmp_path / "ch.json"),
                     "--out", str(tmp_path), "--tag", "r"], check=True, capture_output=True, text=True)
     rep = json.loads((tmp_path / "r.json").read_text())
