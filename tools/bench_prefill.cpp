@@ -274,7 +274,6 @@ int bench_prefill_main(int argc, char** argv) {
   };
   // One measurement: fresh state (allocated and zeroed outside the timing), prompt of L tokens;
   // the clock stops when forward() has returned the last token's logits to the host.
-  std::vector<float> measured_logits;   // the last measured prefill's last-token logits
   auto measure = [&](Qwen36& m, int L, int n_dec, Series* pre, Series* dec) {
     const double before = dev_bytes(m.backend());
     auto st = m.new_state(L + n_dec + 1);
@@ -284,7 +283,6 @@ int bench_prefill_main(int argc, char** argv) {
     timed(m.backend(), L, pre, [&] {
       m.forward(*st, std::span<const int32_t>(ids.data(), size_t(L)), logits.data(), false);
     });
-    if (pre) measured_logits = logits;
     const double after = dev_bytes(m.backend());
     mem.peak = std::max(mem.peak, after);
     mem.state = std::max(mem.state, state);
@@ -328,7 +326,7 @@ int bench_prefill_main(int argc, char** argv) {
       for (size_t k = 0; k < vars.size(); ++k) {
         const size_t v = r % 2 ? vars.size() - 1 - k : k;
         measure(engine(v), L, N, &pre[{L, v}], &dec[{L, v}]);
-        last_logits[v] = measured_logits;
+        last_logits[v] = logits;   // the prefill's last-token logits (the greedy decode after it has its own)
       }
     for (size_t v = 1; v < vars.size(); ++v) {
       const std::vector<float>&a = last_logits[0], &b = last_logits[v];
