@@ -194,8 +194,9 @@ int bench_prefill_main(int argc, char** argv) {
   // and workspace are sized for the longest length measured; --chunks adds one variant per chunk size. On cuda each
   // such variant is a second model on the shared backend: another copy of the weights.
   auto p5_off = [](const Variant& v) { return std::find(v.off.begin(), v.off.end(), "P5") != v.off.end(); };
+  const int whole_chunk = std::max(mo.max_chunk, max_len);
   for (Variant& v : vars)
-    if (p5_off(v)) v.chunk = std::max(mo.max_chunk, max_len);
+    if (p5_off(v)) v.chunk = whole_chunk;
   for (int ch : parse_int_list(o.str("chunks"), "--chunks")) {
     if (ch < 1) throw Error("--chunks: " + std::to_string(ch) + " is not a positive chunk size");
     if (ch != mo.max_chunk) vars.push_back(Variant{{}, ch, nullptr, nullptr});
@@ -301,7 +302,7 @@ int bench_prefill_main(int argc, char** argv) {
     bool argmax_same = false;
   };
   std::map<std::pair<int, size_t>, Agree> agree;
-  std::map<size_t, std::vector<float>> last_logits;
+  std::vector<std::vector<float>> last_logits(vars.size());
   std::map<int, double> peak_host;
   std::map<int, Mem> mem_at;
   std::vector<int> done, skipped;
@@ -483,8 +484,7 @@ int bench_prefill_main(int argc, char** argv) {
   if (nvml.ok()) md << "- GPU board power limit: " << fmtd("%.0f", nvml.power_limit_w()) << " W (NVML)\n";
   if (cooldown_ms > 0) md << "- idle " << cooldown_ms << " ms before each measured prefill (--cooldown-ms)\n";
   if (std::any_of(vars.begin(), vars.end(), p5_off))
-    md << "- P5 off: the whole prompt as one chunk (a model with buffers and workspace for " << std::max(mo.max_chunk, max_len)
-       << " tokens)\n";
+    md << "- P5 off: the whole prompt as one chunk (a model with buffers and workspace for " << whole_chunk << " tokens)\n";
   if (own_chunk)
     md << "- variants with another chunk run their own model" << (cuda ? " on the shared backend, each with its own copy of "
        "the weights on the device: the device-memory columns count every model" : "") << "\n";

@@ -226,7 +226,7 @@ def test_ablation_matched_within_its_run(inputs, tmp_path):
     assert a["speedup_from_optimization"] == pytest.approx(2.2)
     # the main sweep's all-on row stays the table's (the first file wins)
     assert bench_report.table(out["results"], "lily", "prefill")[2048]["tok_s_median"] == pytest.approx(8000.0)
-    # the fixture's P1 row at 512 has no all-on in its file... it does (lily_prefill.json): matched there too
+    # the fixture's P1 row at 512 has its all-on in its own file (lily_prefill.json): matched there too
     b = [x for x in out["ablations"] if x["length"] == 512][0]
     assert b["matched"] and b["all_on_tok_s"] == pytest.approx(4000.0)
 
