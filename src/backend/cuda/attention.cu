@@ -635,6 +635,7 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
     if (PM != 2) load_k(p0, kr);
     uint4 vr[4][4];
     if (PM >= 1) load_v(p0, vr);
+    trace_stamp_after_nd(pa.tr, 5, kr[0][0].x);
     float sc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int ks = 0; ks < 16; ++ks) {
@@ -642,6 +643,7 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
       mma_f16_16816(sc, u4w(kr[0][i], w), u4w(kr[1][i], w), u4w(kr[0][i], w + 1), u4w(kr[1][i], w + 1),
                     qw[i][w], qw[i][w + 1]);
     }
+    trace_stamp_after_nd(pa.tr, 6, __float_as_uint(sc[0]));
     if (PM == 2 && p0 + 16 * NW < hi) load_k(p0 + 16 * NW, kr);
     if (PM == 0) load_v(p0, vr);   // issued before the softmax math
     // sc: (pos g, head 2t), (pos g, head 2t+1), (pos g+8, head 2t), (pos g+8, head 2t+1).
@@ -662,6 +664,7 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
     l1 = fmaf(l1, c1, e1 + e3);
     // P^T fragments: rows (pos) g / g+8, cols (heads) 2t, 2t+1 -> transposed: head g, pos 2t, 2t+1 (+8).
     const uint32_t pb0 = movmatrix_trans(pack_h2(e0, e1)), pb1 = movmatrix_trans(pack_h2(e2, e3));
+    trace_stamp_after_nd(pa.tr, 7, vr[3][3].w ^ pb1);
 #pragma unroll
     for (int mt = 0; mt < 16; ++mt) {
       const int q = mt >> 2, w = mt & 3;
@@ -674,6 +677,7 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
                     __byte_perm(v2, v3, 0x7632), pb0, pb1);
     }
   }
+  trace_stamp_after_nd(pa.tr, 8, __float_as_uint(acc[15][3]));
   // Row sums over the 8 lane groups; then the warps of the CTA combine as in attn_split_kernel.
 #pragma unroll
   for (int o = 4; o < 32; o <<= 1) {
@@ -791,6 +795,7 @@ __global__ void __launch_bounds__(32 * kMergeWarps) attn_merge_warps_kernel(Attn
     a0 = fmaf(a0, corr, v.x * f);
     a1 = fmaf(a1, corr, v.y * f);
   };
+  if (eg & 2) trace_stamp_after_nd(tr, 9, __float_as_uint(bml[0].y));
   if (eg & 2) {
     // D68: the warp's slices of the whole grid (not just the ns filled at this length) loaded kMergeBatch at a time,
     // the first batch issued with the position load that gives ns (before any instruction uses it); rows past ns
@@ -818,6 +823,7 @@ __global__ void __launch_bounds__(32 * kMergeWarps) attn_merge_warps_kernel(Attn
     sml[warp][0] = m;
     sml[warp][1] = l;
   }
+  trace_stamp_after_nd(tr, 10, __float_as_uint(a1));
   __syncthreads();
   if (threadIdx.x < 64) {
     float M = -FLT_MAX;

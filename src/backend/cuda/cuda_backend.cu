@@ -1651,8 +1651,10 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
       "m = S^T k reduced (barrier 3)", "S updated, o reduced (barrier 4)", "past cluster barrier 1",
       "y written (warp 0)", "conv state written", "", "", "", "", "", ""};
   static const char* attn_names[kTracePhases] = {"entry", "past PDL wait", "q ready (split)", "end (thread 0)",
-                                                 "KV loop done (split)", "", "", "", "", "", "", "", "", "", "",
-                                                 ""};
+                                                 "KV loop done (split)", "K rows arrived (warp 0)",
+                                                 "scores done (warp 0)", "V rows arrived, P ready (warp 0)",
+                                                 "P V done (warp 0)", "merge: first partials arrived (warp 0)",
+                                                 "merge: slices folded (warp 0)", "", "", "", "", ""};
   static const char* gemv_names[8] = {"entry", "past PDL wait", "x staged, norm folded (after the barrier)",
                                       "end (thread 0)", "x arrived (thread 0)", "x in shared memory (thread 0)",
                                       "x all arrived (thread 0)", "router row copied (thread 0, D39)"};

@@ -317,6 +317,18 @@ __device__ __forceinline__ void trace_stamp_nd(unsigned long long* tr, int phase
     tr[size_t(cta) * kTracePhases + phase] = t;
   }
 }
+// trace_stamp_after for 2D / 3D grids.
+__device__ __forceinline__ void trace_stamp_after_nd(unsigned long long* tr, int phase, uint32_t bits) {
+  const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (tr && threadIdx.x == 0 && cta < unsigned(kTraceCtas)) {
+    unsigned long long t;
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0x7fc00001;\n@p mov.u64 %0, 0;\n@!p mov.u64 %0, %%globaltimer;\n}"
+        : "=l"(t)
+        : "r"(bits));
+    tr[size_t(cta) * kTracePhases + phase] = t;
+  }
+}
 
 // One float4 (4 of the 32 values of a chunk, f = its index 0..7 within the chunk; the chunk's 8
 // float4s are held by 8 consecutive lanes) staged for dot8_q4: the chunk's plain sum, reduced over
