@@ -408,7 +408,6 @@ struct AttnPrepArgs {
                                       // loop done, 3 end), null = off
   int cw4;                            // D66: combine_warps_v4 instead of combine_warps (same bits)
   int qfirst;                         // D67 (FP): the q / k / v loads issued first after the wait
-  int kvfirst;                        // D71: D43's K / V prefetch issued before D13's (o_proj) prefetch
 };
 // RMSNorm (weight nw) and partial RoPE (64 dims, pairs (l, l + 32)) of one 256-wide head, lane l
 // holding dims l + 32j in y[j].
@@ -501,7 +500,7 @@ __global__ void __launch_bounds__(256) attn_prep_rows_kernel(AttnDims d, const f
 }
 
 constexpr int kKvPrefetchRows = 16 * kMmaDecWarps;   // D43: positions of a slice prefetched before the wait
-template <int PM, bool FP, bool KE = false>
+template <int PM, bool FP>
 __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(AttnDims d, const __half* kc,
                                                                              const __half* vc, int pos0,
                                                                              const int32_t* pos_dev,
@@ -511,7 +510,7 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
   extern __shared__ float sm[];   // [NW][HPB][hd] acc, then [NW][HPB] (m, l); with FP first the queries [HPB][hd]
   trace_stamp_nd(pa.tr, 0);
   if (!pa.late) pdl_trigger();
-  if (FP && !pa.kvfirst) l2_prefetch(pa.pf);
+  if constexpr (FP) l2_prefetch(pa.pf);
   if (pa.kv_prefetch) {
     // D43: the rows of earlier positions were written by earlier steps; the position read here may be a
     // step stale before the wait, which only changes what is prefetched (L2 is the point of coherence).
@@ -525,7 +524,6 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
       asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row), "r"(hd * 2) : "memory");
     }
   }
-  if (FP && pa.kvfirst) l2_prefetch(pa.pf);   // D71: behind the K / V rows in this SM's bulk-copy queue
   pdl_wait();
   trace_stamp_nd(pa.tr, 1);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -552,6 +550,62 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
   const SplitSlice sl = split_slice<HPB>(d, pos_a, pos_p, tt, h0, hd, part);
   const int lo = sl.lo, hi = sl.hi;
   if (lo >= hi) return;
+  if constexpr (FP) {
+    const int pos = cur_pos(pos_a, pos_p);
+    const float inv = powf(d.theta, -float(2 * lane) / float(d.rot_dim));
+    float sn, cs;
+    sincosf(float(pos) * inv, &sn, &cs);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int hl = 2 * warp + hh;
+      float y[8];
+      if (pa.qfirst) prep_head_done(xq[hh], ssq[hh], pa.qn, d.eps, cs, sn, y);
+      else prep_head_lanes(pa.q + int64_t(h0 + hl) * 2 * hd, pa.qn, d.eps, cs, sn, y);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sm[hl * hd + lane + 32 * j] = y[j] * rsqrtf(float(hd));
+    }
+    if (warp == 0 && lo <= pos && pos < hi && pa.qfirst) {
+      float y[8];
+      prep_head_done(xk, ssk, pa.kn, d.eps, cs, sn, y);
+      const int64_t row = (int64_t(pos) * d.kv_heads + kvh) * hd;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        kv_store(pa.kc + row + lane + 32 * j, y[j]);
+        kv_store(pa.vc + row + lane + 32 * j, xv[j]);
+      }
+    } else if (warp == 0 && lo <= pos && pos < hi) {
+      float y[8];
+      prep_head_lanes(pa.k + int64_t(kvh) * hd, pa.kn, d.eps, cs, sn, y);
+      const int64_t row = (int64_t(pos) * d.kv_heads + kvh) * hd;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        kv_store(pa.kc + row + lane + 32 * j, y[j]);
+        kv_store(pa.vc + row + lane + 32 * j, pa.v[int64_t(kvh) * hd + lane + 32 * j]);
+      }
+    }
+    __syncthreads();
+  }
+  // Q^T fragments: head g, dims 32i + 8t + [0, 8) for i < 8, times log2 e, as fp16 pairs.
+  const float kLog2e = 1.4426950408889634f;
+  uint32_t qw[8][4];
+  {
+    const float* qh = FP ? sm + g * hd + 8 * t : qbuf + (int64_t(tt) * d.heads + h0 + g) * hd + 8 * t;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float4 a = *reinterpret_cast<const float4*>(qh + 32 * i);
+      const float4 b = *reinterpret_cast<const float4*>(qh + 32 * i + 4);
+      qw[i][0] = pack_h2(a.x * kLog2e, a.y * kLog2e);
+      qw[i][1] = pack_h2(a.z * kLog2e, a.w * kLog2e);
+      qw[i][2] = pack_h2(b.x * kLog2e, b.y * kLog2e);
+      qw[i][3] = pack_h2(b.z * kLog2e, b.w * kLog2e);
+    }
+  }
+  if constexpr (FP) __syncthreads();   // every warp holds its fragments before sm is reused
+  trace_stamp_nd(pa.tr, 2);
+  float acc[16][4];
+#pragma unroll
+  for (int mt = 0; mt < 16; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+  float m0 = -FLT_MAX, m1 = -FLT_MAX, l0 = 0.f, l1 = 0.f;   // heads 2t, 2t+1
   const int64_t rs = int64_t(d.kv_heads) * hd;            // halves per cache row
   const __half* kb = kc + int64_t(kvh) * hd;
   const __half* vb = vc + int64_t(kvh) * hd;
@@ -575,98 +629,12 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
       for (int q = 0; q < 4; ++q) vr[r][q] = __ldcs(src + 8 * q);
     }
   };
-  // D72: the warp's first step's K / V rows are loaded now, with the position known, instead of after the query
-  // preparation. Every row but the new position's was written by an earlier step; that one (written by warp 0
-  // of this slice's CTA below) is taken from shared memory after the preparation's barrier.
-  static_assert(!KE || (FP && PM == 2), "D72: the fused-prep instance with K one step ahead");
-  const bool early = KE && lo + 16 * warp < hi;   // launched only with pa.qfirst
-  uint4 kr[2][8], vr[4][4];
-  __shared__ alignas(16) __half knew[KE ? hd : 8], vnew[KE ? hd : 8];
-  if (early) {
-    load_k(lo + 16 * warp, kr);
-    load_v(lo + 16 * warp, vr);
-  }
-  if constexpr (FP) {
-    const int pos = cur_pos(pos_a, pos_p);
-    const float inv = powf(d.theta, -float(2 * lane) / float(d.rot_dim));
-    float sn, cs;
-    sincosf(float(pos) * inv, &sn, &cs);
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int hl = 2 * warp + hh;
-      float y[8];
-      if (pa.qfirst) prep_head_done(xq[hh], ssq[hh], pa.qn, d.eps, cs, sn, y);
-      else prep_head_lanes(pa.q + int64_t(h0 + hl) * 2 * hd, pa.qn, d.eps, cs, sn, y);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) sm[hl * hd + lane + 32 * j] = y[j] * rsqrtf(float(hd));
-    }
-    if (warp == 0 && lo <= pos && pos < hi && pa.qfirst) {
-      float y[8];
-      prep_head_done(xk, ssk, pa.kn, d.eps, cs, sn, y);
-      const int64_t row = (int64_t(pos) * d.kv_heads + kvh) * hd;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        kv_store(pa.kc + row + lane + 32 * j, y[j]);
-        kv_store(pa.vc + row + lane + 32 * j, xv[j]);
-        if (KE) {   // D72: the same fp16 values for the warp that loaded this row early
-          kv_store(knew + lane + 32 * j, y[j]);
-          kv_store(vnew + lane + 32 * j, xv[j]);
-        }
-      }
-    } else if (warp == 0 && lo <= pos && pos < hi) {
-      float y[8];
-      prep_head_lanes(pa.k + int64_t(kvh) * hd, pa.kn, d.eps, cs, sn, y);
-      const int64_t row = (int64_t(pos) * d.kv_heads + kvh) * hd;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        kv_store(pa.kc + row + lane + 32 * j, y[j]);
-        kv_store(pa.vc + row + lane + 32 * j, pa.v[int64_t(kvh) * hd + lane + 32 * j]);
-      }
-    }
-    __syncthreads();
-    if (early) {   // D72: the new position's row, if it is in this warp's first step
-      const int p0 = lo + 16 * warp;
-      if (p0 <= pos && pos < p0 + 16) {
-        const uint4* kn4 = reinterpret_cast<const uint4*>(knew);
-        const uint4* vn4 = reinterpret_cast<const uint4*>(vnew);
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-          if (p0 + g + 8 * r == pos)
-#pragma unroll
-            for (int i = 0; i < 8; ++i) kr[r][i] = kn4[t + 4 * i];
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-          if (p0 + 2 * t + (r & 1) + 8 * (r >> 1) == pos)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) vr[r][q] = vn4[g + 8 * q];
-      }
-    }
-  }
-  // Q^T fragments: head g, dims 32i + 8t + [0, 8) for i < 8, times log2 e, as fp16 pairs.
-  const float kLog2e = 1.4426950408889634f;
-  uint32_t qw[8][4];
-  {
-    const float* qh = FP ? sm + g * hd + 8 * t : qbuf + (int64_t(tt) * d.heads + h0 + g) * hd + 8 * t;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float4 a = *reinterpret_cast<const float4*>(qh + 32 * i);
-      const float4 b = *reinterpret_cast<const float4*>(qh + 32 * i + 4);
-      qw[i][0] = pack_h2(a.x * kLog2e, a.y * kLog2e);
-      qw[i][1] = pack_h2(a.z * kLog2e, a.w * kLog2e);
-      qw[i][2] = pack_h2(b.x * kLog2e, b.y * kLog2e);
-      qw[i][3] = pack_h2(b.z * kLog2e, b.w * kLog2e);
-    }
-  }
-  if constexpr (FP) __syncthreads();   // every warp holds its fragments before sm is reused
-  trace_stamp_nd(pa.tr, 2);
-  float acc[16][4];
-#pragma unroll
-  for (int mt = 0; mt < 16; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
-  float m0 = -FLT_MAX, m1 = -FLT_MAX, l0 = 0.f, l1 = 0.f;   // heads 2t, 2t+1
-  if (PM == 2 && !early && lo + 16 * warp < hi) load_k(lo + 16 * warp, kr);
+  uint4 kr[2][8];
+  if (PM == 2 && lo + 16 * warp < hi) load_k(lo + 16 * warp, kr);
   for (int p0 = lo + 16 * warp; p0 < hi; p0 += 16 * NW) {
     if (PM != 2) load_k(p0, kr);
-    if (PM >= 1 && !(early && p0 == lo + 16 * warp)) load_v(p0, vr);
+    uint4 vr[4][4];
+    if (PM >= 1) load_v(p0, vr);
     trace_stamp_after_nd(pa.tr, 5, kr[0][0].x);
     float sc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -978,16 +946,6 @@ bool& attn_combine_v4_enabled() {
   return on;
 }
 
-bool& attn_kv_first_enabled() {
-  static bool on = false;
-  return on;
-}
-
-bool& attn_k_early_enabled() {
-  static bool on = false;
-  return on;
-}
-
 bool& attn_q_first_enabled() {
   static bool on = true;
   return on;
@@ -1066,8 +1024,7 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void
     static bool attr_set = false;
     if (!attr_set) {
       for (auto kern : {attn_split_mma_kernel<0, false>, attn_split_mma_kernel<1, false>, attn_split_mma_kernel<2, false>,
-                        attn_split_mma_kernel<0, true>, attn_split_mma_kernel<1, true>, attn_split_mma_kernel<2, true>,
-                        attn_split_mma_kernel<2, true, true>})
+                        attn_split_mma_kernel<0, true>, attn_split_mma_kernel<1, true>, attn_split_mma_kernel<2, true>})
         CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
       attr_set = true;
     }
@@ -1084,9 +1041,6 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void
     pa.tr = T == 1 ? tr[0] : nullptr;
     pa.cw4 = attn_combine_v4_enabled() ? 1 : 0;
     pa.qfirst = fused_prep && attn_q_first_enabled() ? 1 : 0;
-    // D72: its own instance (the first step's K / V rows loaded before the query preparation; needs D67's loads).
-    if (fused_prep && pm == 2 && pa.qfirst && attn_k_early_enabled()) kern = attn_split_mma_kernel<2, true, true>;
-    pa.kvfirst = attn_kv_first_enabled() ? 1 : 0;
     launch(kern, dim3(splits, d.kv_heads, T), dim3(32 * kMmaDecWarps), smem, s, d,
            static_cast<const __half*>(kc), static_cast<const __half*>(vc), pos0, pos_dev, (const float*)qbuf, part, pa);
     CUDA_LAUNCH_CHECK();

@@ -741,8 +741,6 @@ class CudaBackend final : public Backend {
     attn_merge_early_parts_enabled() = !abl_.has("D68");   // D68: the merge's partials loaded before its slice count
     attn_combine_v4_enabled() = !abl_.has("D66");   // D66: the split-KV combine, 4 dims per thread (same bits)
     attn_q_first_enabled() = !abl_.has("D67");   // D67: the split-KV q / k / v and position loads first after the wait
-    attn_kv_first_enabled() = tried("D71");   // D71 (opt-in): the split-KV K / V prefetch before the o_proj prefetch
-    attn_k_early_enabled() = tried("D72");    // D72 (opt-in): the split-KV first K / V rows loaded before the q prep
     gemm_set_moe_p43(!abl_.has("P43"));   // P43: the MoE down GEMM walked N tile fastest
     gemm_set_moe_p46(!abl_.has("P46"));   // P46: the MoE down GEMM's unpacking in one LOP3 fewer per pair
     gemm_set_moe_p47(!abl_.has("P47"));   // P47: the MoE down GEMM's odd pairs unpacked in place

@@ -177,8 +177,6 @@ bool& attn_mma_decode_enabled();
 // D43: the D20 kernel's CTAs prefetch their K / V rows into L2 before the PDL wait (ablation D43).
 bool& attn_kv_prefetch_enabled();
 bool& attn_combine_v4_enabled();   // D66: the D20 kernel's cross-warp combine with 4 dims per thread (same bits)
-bool& attn_kv_first_enabled();     // D71: the D20 kernel's K / V prefetch before its D13 (o_proj) prefetch
-bool& attn_k_early_enabled();      // D72: the D20 kernel's first K / V rows loaded before its query preparation
 bool& attn_q_first_enabled();      // D67: the D20 kernel's q / k / v loads issued first after its PDL wait
 bool& attn_merge_early_gate_enabled();   // D56: the merge's output gate loaded with the partials
 bool& attn_merge_early_parts_enabled();   // D68: the merge's partials loaded before its slice count is known
