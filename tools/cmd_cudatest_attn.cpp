@@ -320,7 +320,7 @@ struct Tally {
 // `variant`: only the variants whose name contains it; `repeat`: each GDN case-variant run (and counted) that
 // many times on the GPU (the intermittent-failure hunt: one CPU reference, many GPU runs).
 int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, const std::string& only,
-              const std::string& variant, int repeat) {
+              const std::string& variant, int repeat, const std::vector<int>& attn_extra) {
   std::mt19937_64 g(seed);
   const std::vector<int> Ts = {1, 16, 63, 64, 65, 300, 1024};
   const std::vector<Variant> gv = {{"P4 off (decode kernel)", {"P4"}},
@@ -473,37 +473,43 @@ int run_tests(Backend& cpu, Backend& gpu, const ModelConfig& c, uint64_t seed, c
           }
       }
     }
+  // --attn-T: longer attention cases (one chunk of T tokens, e.g. the CUDA default prefill chunk of 16,384) at
+  // pos0 0 and 2000 only, after the standard ones.
+  std::vector<std::pair<int, int>> acases;
   for (int T : Ts)
-    for (int pos0 : {0, 100, 2000}) {
-      if (only == "gdn") break;
-      const AttnIO io = make_attn_io(c, T, pos0, g);
-      const AttnOut ref = run_attn(cpu, c, io, T);
-      const int64_t rows = int64_t(pos0 + 2 * T) * c.num_key_value_heads * hd;   // written cache floats
-      for (size_t vi = 0; vi < av.size(); ++vi) {
-        if (!variant.empty() && av[vi].name.find(variant) == std::string::npos) continue;
-        apply(gpu, av[vi]);
-        const AttnOut got = run_attn(gpu, c, io, T);
-        Err eo = compare(ref.o[0], got.o[0], hd);
-        eo.merge(compare(ref.o[1], got.o[1], hd));
-        Err ek = compare(ref.kc, got.kc, hd, rows);
-        ek.merge(compare(ref.vc, got.vc, hd, rows));
-        const bool kv16 = gpu.kv_type() == KvType::f16;
-        const bool ok = within(eo, av[vi].tol) && within(ek, kv16 ? 4 : 0);
-        Err all = eo;
-        all.merge(ek);
-        at[vi].worst.merge(all);
-        at[vi].cases++;
-        at[vi].fails += !ok;
-        const bool counted = !av[vi].diag;
-        char line[256];
-        std::snprintf(line, sizeof line, "attn T=%4d pos0=%4d %-21s o %.1e/%.1e  cache %.1e/%.1e  %s%s", T, pos0,
-                      av[vi].name.c_str(), eo.rel_rms, eo.worst_row, ek.rel_rms, ek.worst_row, ok ? "PASS" : "FAIL",
-                      counted ? "" : " (diagnostic, not counted)");
-        std::printf("%s\n", line);
-        std::fflush(stdout);
-        if (!ok && counted) failed.push_back(line);
-      }
+    for (int pos0 : {0, 100, 2000}) acases.push_back({T, pos0});
+  for (int T : attn_extra)
+    for (int pos0 : {0, 2000}) acases.push_back({T, pos0});
+  for (const auto& [T, pos0] : acases) {
+    if (only == "gdn") break;
+    const AttnIO io = make_attn_io(c, T, pos0, g);
+    const AttnOut ref = run_attn(cpu, c, io, T);
+    const int64_t rows = int64_t(pos0 + 2 * T) * c.num_key_value_heads * hd;   // written cache floats
+    for (size_t vi = 0; vi < av.size(); ++vi) {
+      if (!variant.empty() && av[vi].name.find(variant) == std::string::npos) continue;
+      apply(gpu, av[vi]);
+      const AttnOut got = run_attn(gpu, c, io, T);
+      Err eo = compare(ref.o[0], got.o[0], hd);
+      eo.merge(compare(ref.o[1], got.o[1], hd));
+      Err ek = compare(ref.kc, got.kc, hd, rows);
+      ek.merge(compare(ref.vc, got.vc, hd, rows));
+      const bool kv16 = gpu.kv_type() == KvType::f16;
+      const bool ok = within(eo, av[vi].tol) && within(ek, kv16 ? 4 : 0);
+      Err all = eo;
+      all.merge(ek);
+      at[vi].worst.merge(all);
+      at[vi].cases++;
+      at[vi].fails += !ok;
+      const bool counted = !av[vi].diag;
+      char line[256];
+      std::snprintf(line, sizeof line, "attn T=%4d pos0=%4d %-21s o %.1e/%.1e  cache %.1e/%.1e  %s%s", T, pos0,
+                    av[vi].name.c_str(), eo.rel_rms, eo.worst_row, ek.rel_rms, ek.worst_row, ok ? "PASS" : "FAIL",
+                    counted ? "" : " (diagnostic, not counted)");
+      std::printf("%s\n", line);
+      std::fflush(stdout);
+      if (!ok && counted) failed.push_back(line);
     }
+  }
   apply(gpu, Variant{"default", {}});
   int fails = 0;
   std::printf("\nsummary (worst over cases: rel rms / worst row)\n");
@@ -723,6 +729,7 @@ int cudatest_attn_main(int argc, char** argv) {
              {"only", "", "test only the 'gdn' or the 'attn' cases (--bench: also 'p11')"},
              {"variant", "", "test only the variants whose name contains this"},
              {"repeat", "1", "run each GDN case-variant this many times on the GPU (each counted)"},
+             {"attn-T", "", "extra attention cases: these token counts (comma-separated) in one chunk, at pos0 0 and 2000"},
              {"threads", "0", "cpu threads"}});
   if (!o.parse(argc, argv)) return 0;
 #ifdef LILY_HAVE_CUDA
@@ -738,7 +745,9 @@ int cudatest_attn_main(int argc, char** argv) {
   auto cpu = make_backend(cpu_opt);
   const int repeat = int(o.i64("repeat"));
   LILY_CHECK(repeat >= 1, "cuda-test-attn: --repeat must be >= 1");
-  return run_tests(*cpu, *gpu, c, seed, o.str("only"), o.str("variant"), repeat);
+  const std::vector<int> attn_extra = o.str("attn-T").empty() ? std::vector<int>{} : parse_int_list(o.str("attn-T"), "--attn-T");
+  for (int T : attn_extra) LILY_CHECK(T >= 1 && T <= 65536, "cuda-test-attn: --attn-T values must be in 1..65536");
+  return run_tests(*cpu, *gpu, c, seed, o.str("only"), o.str("variant"), repeat, attn_extra);
 #else
   throw Error("cuda-test-attn: this build has no CUDA backend");
 #endif
