@@ -50,9 +50,15 @@ timeout 240 "$L" cuda-check --layers 4 --tokens 64 --prompt 300 --chunk 128 --fo
 el "prefill in one 4,096-token chunk (P17/P18: gate/up at M-tile 128 on the 4-warpgroup kernel; P19, P21), routing followed"
 timeout 240 "$L" cuda-check --layers 2 --tokens 8 --prompt 4100 --chunk 4096 --follow-routing 2>&1 | tail -8 |
   tee "$OUT/check_prefill_4096.txt"
-el "prefill in one 16,384-token chunk (the cuda default chunk since session 32; attention over a whole chunk), routing followed"
-# (--vocab 4096: the CPU reference's lm_head at every position of 16K tokens would take minutes; session 32 call 3)
-timeout 300 "$L" cuda-check --layers 4 --vocab 4096 --tokens 8 --prompt 16400 --chunk 16384 --follow-routing 2>&1 | tail -8 |
+# The cuda default chunk since session 32 is 16,384 tokens. Its attention over a whole chunk against the cpu, as a
+# kernel case (the 4-layer model check at 16,400 tokens ran past 290 s on the cpu reference, session 33 calls 1-2),
+# then one GDN layer and its MoE over 16,400 tokens at model level (--vocab 4096: the cpu's lm_head at every position
+# of 16K tokens would take minutes).
+el "attention over one 16,384-token chunk (the default prefill path) against the cpu, at pos0 0 and 2000"
+timeout 240 "$L" cuda-test-attn --only attn --attn-T 16384 --variant "kv16 flash (T>=16)" >"$OUT/test_attn_16384.txt" 2>&1
+el "cuda-test-attn --attn-T 16384 rc=$?"; grep -E "T=16384|cuda-test-attn:" "$OUT/test_attn_16384.txt"
+el "prefill in one 16,384-token chunk, one GDN layer and its MoE, routing followed"
+timeout 240 "$L" cuda-check --layers 1 --vocab 4096 --tokens 4 --prompt 16400 --chunk 16384 --follow-routing 2>&1 | tail -8 |
   tee "$OUT/check_prefill_16384.txt"
 if [ -n "$LONGCHECK" ]; then
   el "same, prompt 700 in chunks of 512 (T >= 256: P7 skinny projections on the GEMM)"
