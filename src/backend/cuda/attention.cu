@@ -402,7 +402,7 @@ struct AttnPrepArgs {
   const float *q, *k, *v, *qn, *kn;   // projections [heads][2hd] (query | gate), [kv][hd], [kv][hd]; norm weights
   __half *kc, *vc;                    // the cache (written at the new position)
   L2Prefetch pf;                      // D13: the next launch's weights (o_proj), as the prep kernel did
-  int kv_prefetch;                    // D43: prefetch this CTA's K / V rows into L2 before the PDL wait
+  int kv_prefetch;                    // D43: prefetch this CTA's K / V rows into L2 before the PDL wait (2: D73)
   int late;                           // pdl_late_mask() & kLateSplit: trigger after the KV loop
   unsigned long long* tr;             // investigation aid: trace stamps (0 entry, 1 past wait, 2 q ready, 4 KV
                                       // loop done, 3 end), null = off
@@ -519,9 +519,21 @@ __global__ void __launch_bounds__(32 * kMmaDecWarps, 2) attn_split_mma_kernel(At
     const int2 b = split_bounds(d, pos0, pos_dev, blockIdx.z);
     const int64_t rs = int64_t(d.kv_heads) * hd;
     const int n = min(b.y - b.x, kKvPrefetchRows);
-    for (int i = int(threadIdx.x); i < 2 * n; i += int(blockDim.x)) {
-      const __half* row = (i & 1 ? vc : kc) + (int64_t(b.x + (i >> 1)) * rs + int64_t(blockIdx.y) * hd);
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row), "r"(hd * 2) : "memory");
+    if (pa.kv_prefetch == 2) {
+      // D73: two bulk prefetches per CTA instead of 2n of one row each: the CTA of KV head y takes the y-th share of
+      // the positions with every KV head's rows (contiguous: [pos][kv head][hd]); the slice's other CTAs take the
+      // rest. The same bytes in all.
+      const int p0 = b.x + n * int(blockIdx.y) / d.kv_heads, p1 = b.x + n * (int(blockIdx.y) + 1) / d.kv_heads;
+      if (threadIdx.x < 2 && p1 > p0) {
+        const __half* base = (threadIdx.x ? vc : kc) + int64_t(p0) * rs;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base), "r"(uint32_t((p1 - p0) * rs * 2))
+                     : "memory");
+      }
+    } else {
+      for (int i = int(threadIdx.x); i < 2 * n; i += int(blockDim.x)) {
+        const __half* row = (i & 1 ? vc : kc) + (int64_t(b.x + (i >> 1)) * rs + int64_t(blockIdx.y) * hd);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row), "r"(hd * 2) : "memory");
+      }
     }
   }
   pdl_wait();
@@ -946,6 +958,11 @@ bool& attn_combine_v4_enabled() {
   return on;
 }
 
+bool& attn_kv_prefetch_bulk_enabled() {
+  static bool on = false;
+  return on;
+}
+
 bool& attn_q_first_enabled() {
   static bool on = true;
   return on;
@@ -1036,7 +1053,7 @@ void attention(const AttnDims& d, const float* q_norm, const float* k_norm, void
     AttnPrepArgs pa{};
     if (fused_prep) pa = AttnPrepArgs{q, k, v, q_norm, k_norm, static_cast<__half*>(kc), static_cast<__half*>(vc),
                                       pf ? *pf : L2Prefetch{}, 0, 0, nullptr};
-    pa.kv_prefetch = T == 1 && attn_kv_prefetch_enabled() ? 1 : 0;
+    pa.kv_prefetch = T == 1 && attn_kv_prefetch_enabled() ? (attn_kv_prefetch_bulk_enabled() ? 2 : 1) : 0;
     pa.late = T == 1 && (pdl_late_mask() & kLateSplit) ? 1 : 0;
     pa.tr = T == 1 ? tr[0] : nullptr;
     pa.cw4 = attn_combine_v4_enabled() ? 1 : 0;

@@ -177,6 +177,7 @@ bool& attn_mma_decode_enabled();
 // D43: the D20 kernel's CTAs prefetch their K / V rows into L2 before the PDL wait (ablation D43).
 bool& attn_kv_prefetch_enabled();
 bool& attn_combine_v4_enabled();   // D66: the D20 kernel's cross-warp combine with 4 dims per thread (same bits)
+bool& attn_kv_prefetch_bulk_enabled();   // D73: D43's prefetch as two bulk copies per CTA (every KV head's rows)
 bool& attn_q_first_enabled();      // D67: the D20 kernel's q / k / v loads issued first after its PDL wait
 bool& attn_merge_early_gate_enabled();   // D56: the merge's output gate loaded with the partials
 bool& attn_merge_early_parts_enabled();   // D68: the merge's partials loaded before its slice count is known
