@@ -11,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include "backend/cpu/dot8.h"
 #include "backend/cpu/gemm_emulate.h"
 #include "backend/cpu/qmatmul.h"
 #include "core/common.h"
@@ -20,6 +21,7 @@ namespace lily {
 namespace {
 
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
 inline float silu(float x) { return x * sigmoid(x); }
 inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
@@ -262,36 +264,77 @@ void CpuBackend::attention(const ModelConfig& c, const AttnWeights& w, KvCache& 
   }
   const float scale = 1.0f / std::sqrt(float(hd));
   const int group = nh / nkv;
-  pool_.parallel_for(int64_t(T) * nh, [&](int64_t i0, int64_t i1) {
+  // Queries in blocks of TB tokens x HB heads of one KV group, so that each cached K / V row is read once per
+  // block (prefill: 8 tokens x the group's heads; decode: one token and head per item, as many items as heads),
+  // over keys in blocks of KB with an online softmax (the scores buffer stays KB wide at any context).
+  constexpr int KB = 128, kMaxRows = 64;
+  const int TB = T >= 8 ? 8 : 1, HB = T >= 8 && group * TB <= kMaxRows ? group : 1;
+  const int ntb = (T + TB - 1) / TB, nhb = nh / HB;
+  pool_.parallel_for(int64_t(ntb) * nhb, [&](int64_t i0, int64_t i1) {
     thread_local std::vector<float> qv_buf, sc_buf, acc_buf;
-    float* qv = scratch(qv_buf, hd);
-    float* sc = scratch(sc_buf, pos0 + T);
-    float* acc = scratch(acc_buf, hd);
+    float* qv = scratch(qv_buf, int64_t(kMaxRows) * hd);
+    float* sc = scratch(sc_buf, int64_t(kMaxRows) * KB);
+    float* acc = scratch(acc_buf, int64_t(kMaxRows) * hd);
+    float m[kMaxRows];
+    double l[kMaxRows];
+    int lim[kMaxRows];   // keys [0, lim) are visible to row r (causal)
     for (int64_t i = i0; i < i1; ++i) {
-      const int t = int(i / nh), h = int(i % nh), g = h / group;
-      const float* qg = q + int64_t(t) * nh * 2 * hd + int64_t(h) * 2 * hd;   // [query | gate]
-      rmsnorm_row(qg, w.q_norm.data, hd, eps, qv);
-      rope(qv, pos0 + t);
-      const int n = pos0 + t + 1;   // causal
-      float mx = -INFINITY;
-      for (int s = 0; s < n; ++s) {
-        const float* ks = kc + (int64_t(s) * nkv + g) * hd;
-        float d = 0;
-        for (int e = 0; e < hd; ++e) d += qv[e] * ks[e];
-        sc[s] = d * scale;
-        mx = std::max(mx, sc[s]);
+      // Token blocks zig-zag (first, last, second, ...): a thread's contiguous range mixes short and long spans.
+      const int64_t slot = i / nhb;
+      const int tb = int(slot % 2 == 0 ? slot / 2 : ntb - 1 - slot / 2);
+      const int h0 = int(i % nhb) * HB, g = h0 / group;
+      const int t0 = tb * TB, t1 = std::min(T, t0 + TB), R = (t1 - t0) * HB;
+      for (int r = 0; r < R; ++r) {   // row r: token t0 + r / HB, head h0 + r % HB
+        const int t = t0 + r / HB, h = h0 + r % HB;
+        rmsnorm_row(q + int64_t(t) * nh * 2 * hd + int64_t(h) * 2 * hd, w.q_norm.data, hd, eps, qv + int64_t(r) * hd);
+        rope(qv + int64_t(r) * hd, pos0 + t);
+        m[r] = -INFINITY;
+        l[r] = 0.0;
+        lim[r] = pos0 + t + 1;
       }
-      double den = 0;
-      for (int s = 0; s < n; ++s) den += (sc[s] = std::exp(sc[s] - mx));
-      std::fill(acc, acc + hd, 0.0f);
-      for (int s = 0; s < n; ++s) {
-        const float p = float(sc[s] / den);
-        const float* vs = vc + (int64_t(s) * nkv + g) * hd;
-        for (int e = 0; e < hd; ++e) acc[e] += p * vs[e];
+      std::fill(acc, acc + int64_t(R) * hd, 0.0f);
+      const int n_hi = pos0 + t1;
+      for (int s0 = 0; s0 < n_hi; s0 += KB) {
+        const int s1 = std::min(n_hi, s0 + KB);
+        for (int s = s0; s < s1; ++s) {
+          const float* ks = kc + (int64_t(s) * nkv + g) * hd;
+          for (int r = 0; r < R; ++r)
+            sc[r * KB + (s - s0)] = s < lim[r] ? dot8(qv + int64_t(r) * hd, ks, hd) * scale : -INFINITY;
+        }
+        for (int r = 0; r < R; ++r) {
+          if (s0 >= lim[r]) continue;
+          float* sr = sc + r * KB;
+          const int se = std::min(s1, lim[r]) - s0;
+          float bm = -INFINITY;
+          for (int j = 0; j < se; ++j) bm = std::max(bm, sr[j]);
+          if (bm > m[r]) {   // a new running max: rescale what was summed so far
+            const float corr = std::exp(m[r] - bm);
+            l[r] *= corr;
+            float* ar = acc + int64_t(r) * hd;
+            for (int e = 0; e < hd; ++e) ar[e] *= corr;
+            m[r] = bm;
+          }
+          double bs = 0;
+          for (int j = 0; j < se; ++j) bs += (sr[j] = std::exp(sr[j] - m[r]));
+          l[r] += bs;
+        }
+        for (int s = s0; s < s1; ++s) {
+          const float* vs = vc + (int64_t(s) * nkv + g) * hd;
+          for (int r = 0; r < R; ++r) {
+            if (s >= lim[r]) continue;
+            const float p = sc[r * KB + (s - s0)];
+            float* ar = acc + int64_t(r) * hd;
+            for (int e = 0; e < hd; ++e) ar[e] += p * vs[e];
+          }
+        }
       }
-      const float* gate = qg + hd;
-      float* out = o + int64_t(t) * nh * hd + int64_t(h) * hd;
-      for (int e = 0; e < hd; ++e) out[e] = acc[e] * sigmoid(gate[e]);
+      for (int r = 0; r < R; ++r) {
+        const int t = t0 + r / HB, h = h0 + r % HB;
+        const float* gate = q + int64_t(t) * nh * 2 * hd + int64_t(h) * 2 * hd + hd;
+        float* out = o + int64_t(t) * nh * hd + int64_t(h) * hd;
+        const float inv = float(1.0 / l[r]);
+        for (int e = 0; e < hd; ++e) out[e] = acc[int64_t(r) * hd + e] * inv * sigmoid(gate[e]);
+      }
     }
   });
 }

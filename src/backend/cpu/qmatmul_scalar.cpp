@@ -2,22 +2,12 @@
 // used on CPUs without AVX2 and for shapes the SIMD kernels do not cover.
 #include <cstring>
 
+#include "backend/cpu/dot8.h"
 #include "backend/cpu/simd_qmatmul.h"
 
 namespace lily::qmm {
 
 namespace {
-
-// Σ_k a[k]·b[k] over n elements with 8 independent partial sums, so the loop is not bound by the
-// latency of one add chain and compilers can map the lanes onto whatever vector unit exists.
-inline float dot8(const float* a, const float* b, int64_t n) {
-  float p[8] = {};
-  int64_t k = 0;
-  for (; k + 8 <= n; k += 8)
-    for (int i = 0; i < 8; ++i) p[i] += a[k + i] * b[k + i];
-  for (; k < n; ++k) p[0] += a[k] * b[k];
-  return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
-}
 
 // Affine rows: Σ_k (s·q_k + b)·x_k = s·Σ_k q_k·x_k + b·Σ_k x_k per group. Codes are unpacked once
 // into floats per chunk of a group and reused for every token of the block; the bias costs one
