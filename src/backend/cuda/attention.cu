@@ -405,7 +405,8 @@ struct AttnPrepArgs {
   int kv_prefetch;                    // D43: prefetch this CTA's K / V rows into L2 before the PDL wait (2: D73)
   int late;                           // pdl_late_mask() & kLateSplit: trigger after the KV loop
   unsigned long long* tr;             // investigation aid: trace stamps (0 entry, 1 past wait, 2 q ready, 4 KV
-                                      // loop done, 3 end), null = off
+                                      // loop done, 3 end; warp 0: 5 K rows arrived, 6 scores, 7 V rows and P,
+                                      // 8 P·V done), null = off
   int cw4;                            // D66: combine_warps_v4 instead of combine_warps (same bits)
   int qfirst;                         // D67 (FP): the q / k / v loads issued first after the wait
 };

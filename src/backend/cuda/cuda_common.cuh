@@ -298,15 +298,16 @@ __device__ __forceinline__ void trace_stamp(unsigned long long* tr, int phase) {
 // The same, taken only once `bits` (a loaded value) has arrived: the timer read is predicated on a compare
 // with it, so the warp waits for the load there (an empty asm with the value as input emits no instruction
 // and so does not wait).
+__device__ __forceinline__ unsigned long long globaltimer_after(uint32_t bits) {
+  unsigned long long t;
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0x7fc00001;\n@p mov.u64 %0, 0;\n@!p mov.u64 %0, %%globaltimer;\n}"
+      : "=l"(t)
+      : "r"(bits));
+  return t;
+}
 __device__ __forceinline__ void trace_stamp_after(unsigned long long* tr, int phase, uint32_t bits) {
-  if (tr && threadIdx.x == 0) {
-    unsigned long long t;
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0x7fc00001;\n@p mov.u64 %0, 0;\n@!p mov.u64 %0, %%globaltimer;\n}"
-        : "=l"(t)
-        : "r"(bits));
-    tr[blockIdx.x * kTracePhases + phase] = t;
-  }
+  if (tr && threadIdx.x == 0) tr[blockIdx.x * kTracePhases + phase] = globaltimer_after(bits);
 }
 // The same for 2D / 3D grids (CTAs by linear index, the first kTraceCtas).
 __device__ __forceinline__ void trace_stamp_nd(unsigned long long* tr, int phase) {
@@ -320,14 +321,8 @@ __device__ __forceinline__ void trace_stamp_nd(unsigned long long* tr, int phase
 // trace_stamp_after for 2D / 3D grids.
 __device__ __forceinline__ void trace_stamp_after_nd(unsigned long long* tr, int phase, uint32_t bits) {
   const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  if (tr && threadIdx.x == 0 && cta < unsigned(kTraceCtas)) {
-    unsigned long long t;
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0x7fc00001;\n@p mov.u64 %0, 0;\n@!p mov.u64 %0, %%globaltimer;\n}"
-        : "=l"(t)
-        : "r"(bits));
-    tr[size_t(cta) * kTracePhases + phase] = t;
-  }
+  if (tr && threadIdx.x == 0 && cta < unsigned(kTraceCtas))
+    tr[size_t(cta) * kTracePhases + phase] = globaltimer_after(bits);
 }
 
 // One float4 (4 of the 32 values of a chunk, f = its index 0..7 within the chunk; the chunk's 8
