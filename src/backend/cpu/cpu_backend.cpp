@@ -21,7 +21,6 @@ namespace lily {
 namespace {
 
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-
 inline float silu(float x) { return x * sigmoid(x); }
 inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
