@@ -541,14 +541,15 @@ class CudaBackend final : public Backend {
             fd.wo == last.wo.data)
           dec.router_logits = d39_logits_;
       } else if (!capturing_) {
-        D39Fold fd{nullptr, nullptr, m.router.data, m.shared_gate.data, dec.norm.w, last.wo.data, m.E + 1, m.H,
+        D39Fold fd{nullptr, nullptr, nullptr, m.router.data, m.shared_gate.data, dec.norm.w, last.wo.data, m.E + 1, m.H,
                    last.wo.cols};
         const int64_t nq = int64_t(fd.n) * (m.H + last.wo.cols);
         fd.q = static_cast<float*>(alloc_bytes(nq * 4));
         cuda::build_router_fold(m.router, m.shared_gate, dec.norm.w, last.wo, fd.q, s_);
-        if (d75_try_) {   // D75: an fp16 copy for the variants that name it (kept whatever the ablations later)
-          fd.q16 = static_cast<__half*>(alloc_bytes(nq * 2));
-          cuda::router_fold_to_f16(fd.q, fd.q16, nq, s_);
+        if (d76_try_) {   // D76: an int16 copy for the variants that name it (kept whatever the ablations later)
+          fd.qi = static_cast<int16_t*>(alloc_bytes(nq * 2));
+          fd.qscale = static_cast<float*>(alloc_bytes(nq / 64 * 4));
+          cuda::router_fold_to_i16(fd.q, fd.qi, fd.qscale, nq, s_);
         }
         d39_folds_[last.w1] = fd;
       }
@@ -797,9 +798,8 @@ class CudaBackend final : public Backend {
     cap_splits_ = splits_;
     attn_mma_decode_enabled() = !abl_.has("D20");   // D20: tensor-core split-KV decode (fp16 cache)
     attn_kv_prefetch_enabled() = !abl_.has("D43");   // D43: D20's K / V rows prefetched pre-wait
-    gemv_lb4_enabled() = tried("D74");   // D74 (opt-in): the GEMVs after the MoE at 64 registers (one CTA beside it)
-    d75_try_ = trial.has("D75");
-    d75_ = tried("D75");   // D75 (opt-in): D39's folded router rows read as fp16
+    d76_try_ = trial.has("D76");
+    d76_ = tried("D76");   // D76 (opt-in): D39's folded router rows read as int16 codes with a scale per 64
     attn_kv_prefetch_bulk_enabled() = tried("D73");   // D73 (opt-in): that prefetch as 2 bulk copies per CTA, not 128
     attn_mma_pipe_mode() = abl_.has("D25") ? 0 : 2;  // D25: D20's V rows with its K rows, K one step ahead
     kv16_ = !abl_.has("D18");           // D18: fp16 KV cache (off = f32); applies to caches allocated later
@@ -960,12 +960,14 @@ class CudaBackend final : public Backend {
       const D39Fold& f = it->second;
       if (!p || p == it->first || p == f.router || p == f.sg || p == f.w2 || p == f.wo) {
         float* q = f.q;
-        __half* q16 = f.q16;
+        int16_t* qi = f.qi;
+        float* qscale = f.qscale;
         it = d39_folds_.erase(it);
         d39_last_ = {};
         d39_in_ = {};
         free(q);
-        if (q16) free(q16);
+        if (qi) free(qi);
+        if (qscale) free(qscale);
       } else {
         ++it;
       }
@@ -1557,7 +1559,8 @@ class CudaBackend final : public Backend {
   // and what they fold.
   struct D39Fold {
     float* q;
-    __half* q16;   // D75: q as fp16 (built with the fold when LILY_TRY names D75), or null
+    int16_t* qi;    // D76: q as int16 codes (built with the fold when LILY_TRY names D76), or null
+    float* qscale;  // D76: their scales, one per 64 values
     const void* router;
     const void* sg;
     const float* w2;
@@ -1576,7 +1579,7 @@ class CudaBackend final : public Backend {
     const float* w1 = nullptr;   // its layer's input norm gain (the fold's key)
   };
   bool d39_ = true;
-  bool d75_ = false, d75_try_ = false;   // D75 (opt-in): the fold's rows read as fp16
+  bool d76_ = false, d76_try_ = false;   // D76 (opt-in): the fold's rows read as int16 codes + scales
   std::unordered_map<const float*, D39Fold> d39_folds_;
   D39In d39_in_;
   D39Last d39_last_;
@@ -1587,7 +1590,10 @@ class CudaBackend final : public Backend {
   GemvRouterRows d39_rows(const D39Fold& f, bool a_part) const {
     GemvRouterRows r;
     r.q = f.q;
-    if (d75_ && f.q16) r.q16 = f.q16;   // D75
+    if (d76_ && f.qi) {   // D76
+      r.qi = f.qi;
+      r.qscale = f.qscale;
+    }
     r.qstride = int64_t(f.H) + f.C;
     r.qoff = a_part ? f.H : 0;
     r.cols = a_part ? f.C : f.H;

@@ -43,7 +43,8 @@ void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s, co
 // (row b · x, x as loaded: the raw h when a norm is folded, plus add[b]); `used` says whether it ran.
 struct GemvRouterRows {
   const float* q = nullptr;     // row b at q + b · qstride + qoff, cols floats
-  const __half* q16 = nullptr;  // D75: the same rows as fp16 (used instead of q when set)
+  const int16_t* qi = nullptr;  // D76: the same rows as int16 codes (used instead of q when set), same indexing,
+  const float* qscale = nullptr;   // times qscale[(b · qstride + qoff + c) / 64] for column c (64-value groups)
   int64_t qstride = 0, qoff = 0;
   int cols = 0;
   const float* add = nullptr;   // [n] added (the in-projection's Q_h·h), or null
@@ -59,10 +60,8 @@ void build_router_fold(const QMat& router, const QMat& shared_gate, const float*
                        cudaStream_t s);
 // D14: the 4-/8-bit decode GEMV batch fits in one wave of CTAs (process-wide switch, ablation D14).
 bool& gemv_one_wave_enabled();
-// D74 (opt-in): the decode GEMVs with a folded norm (the launches after the MoE) at 64 registers.
-bool& gemv_lb4_enabled();
-// D75 (opt-in): D39's folded router rows as fp16 (half the bytes; fp32 products and sums).
-void router_fold_to_f16(const float* q, __half* q16, int64_t n, cudaStream_t s);
+// D76 (opt-in): D39's folded router rows as int16 codes with an fp32 scale per 64 values (n floats of q, n % 64 == 0).
+void router_fold_to_i16(const float* q, int16_t* qi, float* qscale, int64_t n, cudaStream_t s);
 // True when the specialised 4-bit decode kernel handles this matrix.
 bool gemv_fast_ok(const QMat& w);
 // True when gemv_batch runs this matrix on a kernel that can fold a GemvNorm (T == 1 only).

@@ -52,10 +52,8 @@ __device__ __forceinline__ int find_job(const GemvLaunch& L) {
 // with this launch's x as loaded (the raw residual h when a norm is folded: before its gain), plus L.rt.add[b]
 // if set, into L.rt.out[b]. The row goes to shared memory before the PDL wait (cp.async; each thread reads back
 // only what it copied: no barrier), after the x staging area (cols floats more of dynamic shared memory).
-// MINB (D74): 4 caps the kernel at 64 registers, so that one of its CTAs fits on an SM beside the persistent MoE's
-// two (2 x 256 x 96 registers) and enters, loads its first rows and waits there before the MoE ends.
-template <int CPL, int R, bool X16 = false, bool RT = false, int MINB = 3>   // X16 (D24): x as int16 per 32 values, dp2a
-__global__ void __launch_bounds__(256, MINB) gemv_q4_kernel(const __grid_constant__ GemvLaunch L) {
+template <int CPL, int R, bool X16 = false, bool RT = false>   // X16 (D24): x as int16 per 32 values, dp2a
+__global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__ GemvLaunch L) {
   static_assert(!RT || X16, "D39: the int16 register-staged kernel");
   using XR = XRegs<CPL, 256>;
   extern __shared__ float4 sm4[];
@@ -93,13 +91,19 @@ __global__ void __launch_bounds__(256, MINB) gemv_q4_kernel(const __grid_constan
   l2_prefetch(L.pf);
   load(cur, bj);   // weights never change: safe before the wait
   if constexpr (RT) {
-    if (has_r && L.rt.q16) {   // D75: the row as fp16, 8 bytes per float4 of x
-      const uint2* qr = reinterpret_cast<const uint2*>(L.rt.q16 + int64_t(rrow) * L.rt.qstride + L.rt.qoff);
+    if (has_r && L.rt.qi) {   // D76: the row as int16 codes (8 bytes per float4 of x) and its group's scale
+      const int64_t ro = int64_t(rrow) * L.rt.qstride + L.rt.qoff;
+      const uint2* qr = reinterpret_cast<const uint2*>(L.rt.qi + ro);
+      const float* sr = L.rt.qscale + ro / 64;
       uint2* qh = reinterpret_cast<uint2*>(qs);
+      float* sh = reinterpret_cast<float*>(qh + cols / 4);
 #pragma unroll
       for (int k = 0; k < CPL; ++k) {
-        const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(qh + XR::index(k)));
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(sa), "l"(qr + XR::index(k)) : "memory");
+        const int c = XR::index(k);
+        const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(qh + c));
+        const uint32_t ss = static_cast<uint32_t>(__cvta_generic_to_shared(sh + c));
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(sa), "l"(qr + c) : "memory");
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(ss), "l"(sr + c / 16) : "memory");
       }
       asm volatile("cp.async.commit_group;" ::: "memory");
     } else if (has_r) {
@@ -146,14 +150,16 @@ __global__ void __launch_bounds__(256, MINB) gemv_q4_kernel(const __grid_constan
       if (has_r) {
         asm volatile("cp.async.wait_group 0;" ::: "memory");   // this thread's own copies of the row
         if (L.trace) trace_stamp(L.trace, 7);
-        if (L.rt.q16) {   // D75
+        if (L.rt.qi) {   // D76
           const uint2* qh = reinterpret_cast<const uint2*>(qs);
+          const float* sh = reinterpret_cast<const float*>(qh + cols / 4);
 #pragma unroll
           for (int k = 0; k < CPL; ++k) {
-            const uint2 u = qh[XR::index(k)];
-            const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
-            const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
-            part += a.x * xr.v[k].x + a.y * xr.v[k].y + b.x * xr.v[k].z + b.y * xr.v[k].w;
+            const int c = XR::index(k);
+            const uint2 u = qh[c];
+            const float d = float(int16_t(u.x & 0xffffu)) * xr.v[k].x + float(int(u.x) >> 16) * xr.v[k].y +
+                            float(int16_t(u.y & 0xffffu)) * xr.v[k].z + float(int(u.y) >> 16) * xr.v[k].w;
+            part += sh[c] * d;
           }
         } else {
 #pragma unroll
@@ -446,13 +452,13 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
   L.trace = std::exchange(gemv_trace_next(), nullptr);
   // D39: router-row dots on the int16 register-staged kernel (x16 needs D21's staging).
   GemvRouterRows& rt = gemv_router_next();
-  const bool use_rt = !Q8 && (rt.q || rt.q16) && x16 && L.stage_regs && rt.cols == CPL * 1024;
+  const bool use_rt = !Q8 && (rt.q || rt.qi) && x16 && L.stage_regs && rt.cols == CPL * 1024;
   if (use_rt) {
     L.rt = rt;
     rt.used = true;
   }
   rt.q = nullptr;
-  rt.q16 = nullptr;
+  rt.qi = nullptr;
   if (norm) {   // D9: the first launch of the batch writes the normalised x
     L.norm = *norm;
     L.norm_out = norm_written ? nullptr : const_cast<float*>(jobs[0].x);
@@ -484,21 +490,13 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
   } else {
     const int smem = CPL * 1024 * 4 + CPL * 32 * 4;
     // D39: one CTA per router row at least (the CTAs past the jobs' rows only compute theirs).
-    // D74 (opt-in): the launches after the MoE (a folded norm) at 64 registers, one CTA beside the MoE's two.
-    const bool lb4 = norm && gemv_lb4_enabled();
     if (use_rt) {
-      if (lb4)
-        launch(gemv_q4_kernel<CPL, R, true, true, 4>, dim3(std::max(nb, L.rt.n)), dim3(256), smem + CPL * 1024 * 4, s,
-               L);
-      else
-        launch(gemv_q4_kernel<CPL, R, true, true>, dim3(std::max(nb, L.rt.n)), dim3(256), smem + CPL * 1024 * 4, s, L);
+      launch(gemv_q4_kernel<CPL, R, true, true>, dim3(std::max(nb, L.rt.n)), dim3(256), smem + CPL * 1024 * 4, s, L);
       CUDA_LAUNCH_CHECK();
       return;
     }
     // D24: int16 x and dp2a (needs D21's register staging).
-    if (x16 && L.stage_regs && lb4)
-      launch(gemv_q4_kernel<CPL, R, true, false, 4>, dim3(nb), dim3(256), smem, s, L);
-    else if (x16 && L.stage_regs)
+    if (x16 && L.stage_regs)
       launch(gemv_q4_kernel<CPL, R, true>, dim3(nb), dim3(256), smem, s, L);
     else launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   }
@@ -630,11 +628,6 @@ unsigned long long*& gemv_trace_next() {
   return p;
 }
 
-bool& gemv_lb4_enabled() {
-  static bool on = false;
-  return on;
-}
-
 bool& gemv_one_wave_enabled() {
   static bool on = true;
   return on;
@@ -709,13 +702,22 @@ __global__ void __launch_bounds__(256) router_fold_kernel(QMat wr, QMat wsg, con
       if (e0 + r < n) q[int64_t(e0 + r) * (H + C) + H + c] = acc[r];
 }
 
-__global__ void router_fold_f16_kernel(const float* q, __half* q16, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    q16[i] = __float2half_rn(q[i]);
+// D76: each group of 64 values of q as int16 codes times one fp32 scale (max |q| / 32767; round to nearest).
+__global__ void router_fold_i16_kernel(const float* q, int16_t* qi, float* qscale, int64_t groups) {
+  const int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (g >= groups) return;
+  const float* v = q + g * 64;
+  float m = 0.f;
+  for (int i = 0; i < 64; ++i) m = fmaxf(m, fabsf(v[i]));
+  const float sc = m / 32767.f, inv = m > 0.f ? 32767.f / m : 0.f;
+  for (int i = 0; i < 64; ++i) qi[g * 64 + i] = int16_t(max(-32767, min(32767, __float2int_rn(v[i] * inv))));
+  qscale[g] = sc;
 }
 
-void router_fold_to_f16(const float* q, __half* q16, int64_t n, cudaStream_t s) {
-  router_fold_f16_kernel<<<int((std::min<int64_t>(n, 1 << 22) + 255) / 256), 256, 0, s>>>(q, q16, n);
+void router_fold_to_i16(const float* q, int16_t* qi, float* qscale, int64_t n, cudaStream_t s) {
+  LILY_CHECK(n % 64 == 0, "router fold int16: a whole number of 64-value groups");
+  const int64_t groups = n / 64;
+  router_fold_i16_kernel<<<int((groups + 255) / 256), 256, 0, s>>>(q, qi, qscale, groups);
   CUDA_LAUNCH_CHECK();
 }
 
