@@ -4,7 +4,7 @@
 # prefill GEMM held back (decode-path changes alone), with everything on (prefill paths at chunk 128),
 # on the demo model; on a decode failure, the same check with each decode id off; then the kernel
 # benches and one round of bench decode / bench prefill (ablating DABL, default all of DIDS together;
-# PABL for prefill). Logs to $OUT. Usage: session_check.sh [nobench]
+# PABL for prefill). Logs to $OUT. Usage: [QUICK=1] [SKIP16K=1] session_check.sh [nobench]
 DIDS=${DIDS:-D9,D10,D11,D12,D13,D14,D31,D33}
 source "$(dirname "$0")/lib.sh"
 for t in gemm attn sample; do
@@ -54,12 +54,14 @@ timeout 240 "$L" cuda-check --layers 2 --tokens 8 --prompt 4100 --chunk 4096 --f
 # kernel case (the 4-layer model check at 16,400 tokens ran past 290 s on the cpu reference, session 33 calls 1-2),
 # then one GDN layer and its MoE over 16,400 tokens at model level (--vocab 4096: the cpu's lm_head at every position
 # of 16K tokens would take minutes).
+if [ -z "$SKIP16K" ]; then   # SKIP16K=1: not these two (~4 min; prefill paths only)
 el "attention over one 16,384-token chunk (the default prefill path) against the cpu, at pos0 0 and 2000"
 timeout 240 "$L" cuda-test-attn --only attn --attn-T 16384 --variant "kv16 flash (T>=16)" >"$OUT/test_attn_16384.txt" 2>&1
 el "cuda-test-attn --attn-T 16384 rc=$?"; grep -E "T=16384|cuda-test-attn:" "$OUT/test_attn_16384.txt"
 el "prefill in one 16,384-token chunk, one GDN layer and its MoE, routing followed"
 timeout 240 "$L" cuda-check --layers 1 --vocab 4096 --tokens 4 --prompt 16400 --chunk 16384 --follow-routing 2>&1 | tail -8 |
   tee "$OUT/check_prefill_16384.txt"
+fi
 if [ -n "$LONGCHECK" ]; then
   el "same, prompt 700 in chunks of 512 (T >= 256: P7 skinny projections on the GEMM)"
   timeout 240 "$L" cuda-check --layers 4 --tokens 32 --prompt 700 --chunk 512 --cpu-emulate fp16 2>&1 |
