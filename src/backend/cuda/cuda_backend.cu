@@ -546,7 +546,7 @@ class CudaBackend final : public Backend {
         const int64_t nq = int64_t(fd.n) * (m.H + last.wo.cols);
         fd.q = static_cast<float*>(alloc_bytes(nq * 4));
         cuda::build_router_fold(m.router, m.shared_gate, dec.norm.w, last.wo, fd.q, s_);
-        if (d76_try_) {   // D76: an int16 copy for the variants that name it (kept whatever the ablations later)
+        {   // D76: the int16 copy (both kept: a benchmark alternates variants with and without D76 on one model)
           fd.qi = static_cast<int16_t*>(alloc_bytes(nq * 2));
           fd.qscale = static_cast<float*>(alloc_bytes(nq / 64 * 4));
           cuda::router_fold_to_i16(fd.q, fd.qi, fd.qscale, nq, s_);
@@ -798,8 +798,7 @@ class CudaBackend final : public Backend {
     cap_splits_ = splits_;
     attn_mma_decode_enabled() = !abl_.has("D20");   // D20: tensor-core split-KV decode (fp16 cache)
     attn_kv_prefetch_enabled() = !abl_.has("D43");   // D43: D20's K / V rows prefetched pre-wait
-    d76_try_ = trial.has("D76");
-    d76_ = tried("D76");   // D76 (opt-in): D39's folded router rows read as int16 codes with a scale per 64
+    d76_ = !abl_.has("D76");   // D76: D39's folded router rows read as int16 codes with an fp32 scale per 64
     attn_kv_prefetch_bulk_enabled() = tried("D73");   // D73 (opt-in): that prefetch as 2 bulk copies per CTA, not 128
     attn_mma_pipe_mode() = abl_.has("D25") ? 0 : 2;  // D25: D20's V rows with its K rows, K one step ahead
     kv16_ = !abl_.has("D18");           // D18: fp16 KV cache (off = f32); applies to caches allocated later
@@ -1559,7 +1558,7 @@ class CudaBackend final : public Backend {
   // and what they fold.
   struct D39Fold {
     float* q;
-    int16_t* qi;    // D76: q as int16 codes (built with the fold when LILY_TRY names D76), or null
+    int16_t* qi;    // D76: q as int16 codes (built with the fold)
     float* qscale;  // D76: their scales, one per 64 values
     const void* router;
     const void* sg;
@@ -1579,7 +1578,7 @@ class CudaBackend final : public Backend {
     const float* w1 = nullptr;   // its layer's input norm gain (the fold's key)
   };
   bool d39_ = true;
-  bool d76_ = false, d76_try_ = false;   // D76 (opt-in): the fold's rows read as int16 codes + scales
+  bool d76_ = true;   // D76: the fold's rows read as int16 codes + scales
   std::unordered_map<const float*, D39Fold> d39_folds_;
   D39In d39_in_;
   D39Last d39_last_;

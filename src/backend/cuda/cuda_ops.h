@@ -60,7 +60,7 @@ void build_router_fold(const QMat& router, const QMat& shared_gate, const float*
                        cudaStream_t s);
 // D14: the 4-/8-bit decode GEMV batch fits in one wave of CTAs (process-wide switch, ablation D14).
 bool& gemv_one_wave_enabled();
-// D76 (opt-in): D39's folded router rows as int16 codes with an fp32 scale per 64 values (n floats of q, n % 64 == 0).
+// D76: D39's folded router rows as int16 codes with an fp32 scale per 64 values (n floats of q, n % 64 == 0).
 void router_fold_to_i16(const float* q, int16_t* qi, float* qscale, int64_t n, cudaStream_t s);
 // True when the specialised 4-bit decode kernel handles this matrix.
 bool gemv_fast_ok(const QMat& w);
