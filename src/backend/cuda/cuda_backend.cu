@@ -719,9 +719,11 @@ class CudaBackend final : public Backend {
     abl_.merge_env();
     skip_.clear();
     moep_flags_ = 0;
+    pf_skip_abl_ = 0;
     for (const std::string& id : abl_.off) {
       if (id.rfind("skip=", 0) == 0 && id.size() > 5) skip_.push_back(id.substr(5));
       if (id.rfind("moep=", 0) == 0) moep_flags_ = std::atoi(id.c_str() + 5);   // D19 experiments
+      if (id.rfind("pfskip=", 0) == 0) pf_skip_abl_ |= std::atoi(id.c_str() + 7);   // D13 off for some launch kinds
     }
     gemv_x16_enabled() = !abl_.has("D24");      // D24: int16 x, dp2a in the 4-bit decode kernels
     fast_ = !abl_.has("D1");
@@ -782,7 +784,9 @@ class CudaBackend final : public Backend {
     // Tuning aid: late PDL triggers (a mask of cuda_ops.h's kLate* bits; none paid in session 17, see CUDA.md).
     pdl_late_mask() = env_int("LILY_PDL_LATE", 0);
     prefetch_ = !abl_.has("D13");               // D13: L2 prefetch of the next launch's weights
-    pf_skip_ = env_int("LILY_PF_SKIP", 0);      // tuning aid: D13 off for some launch kinds (unit_prefetch)
+    // Tuning aid: D13 off for some launch kinds (unit_prefetch's mask), from LILY_PF_SKIP or the ablation id
+    // `pfskip=N` (so that `bench --ablate pfskip=N` alternates it with the defaults).
+    pf_skip_ = env_int("LILY_PF_SKIP", 0) | pf_skip_abl_;
     gemv_one_wave_enabled() = !abl_.has("D14");  // D14: one wave of CTAs per decode GEMV batch
     // D15 (router as one 8-CTA cluster) and D16 (its L2 prefetch of the chosen experts) were measured
     // slower than the D10 router and removed (docs/CUDA.md, "D15-D17").
@@ -1504,6 +1508,7 @@ class CudaBackend final : public Backend {
   bool fast_ = true, batch_ = true, fuse_add_ = true, pack_gqa_ = true, fold_norm_ = true, fuse_router_ = true;
   int splits_ = 0;
   int pf_skip_ = 0;
+  int pf_skip_abl_ = 0;   // `pfskip=N` ablation ids
   int short_splits_ = 0, short_len_ = 0, cap_splits_ = 0;   // D44
   bool d41_ = true;
   bool kv16_ = true;
