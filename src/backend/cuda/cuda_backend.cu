@@ -447,23 +447,10 @@ class CudaBackend final : public Backend {
     pf_add(mine, w.conv1d.data, w.conv1d.n * 4);
     const L2Prefetch pf = unit_prefetch(mine, T, 1);
     if (T == 1) gdn_trace_next() = trace_slot("gdn");
-    // D77 (opt-in): the step also writes copies of y for the out-projection's CTAs to spread their reads over.
-    GemvXRep xrep;
-    const int64_t ydim = int64_t(d.nv) * d.dv;
-    if (T == 1 && d77_ && xrep_n_ > 1) {
-      const int64_t stride = (ydim + 63) / 64 * 64;
-      if ((!xrep_ || xrep_floats_ < (xrep_n_ - 1) * stride) && !capturing_) {   // no allocation inside a capture
-        if (xrep_) free(xrep_);
-        xrep_floats_ = (xrep_n_ - 1) * stride;
-        xrep_ = static_cast<float*>(alloc_bytes(xrep_floats_ * 4));
-      }
-      if (xrep_ && xrep_floats_ >= (xrep_n_ - 1) * stride) xrep = GemvXRep{y, xrep_, xrep_n_, stride};
-    }
     timed("gdn", bytes, [&] {
       cuda::gdn(d, w.conv1d.data, w.A_log.data, w.dt_bias.data, w.norm.data, st.conv, st.S, qkv, z, a, b, T, y, s_,
-                &pf, xrep.n > 1 ? &xrep : nullptr);
+                &pf);
     });
-    gemv_xrep_next() = xrep;
   }
   void attention(const ModelConfig& c, const AttnWeights& w, KvCache& kv, int pos0, const int32_t* pos_dev,
                  const float* q, const float* k, const float* v, int T, float* o) override {
@@ -816,8 +803,6 @@ class CudaBackend final : public Backend {
     attn_mma_decode_enabled() = !abl_.has("D20");   // D20: tensor-core split-KV decode (fp16 cache)
     attn_kv_prefetch_enabled() = !abl_.has("D43");   // D43: D20's K / V rows prefetched pre-wait
     d76_ = !abl_.has("D76");   // D76: D39's folded router rows read as int16 codes with an fp32 scale per 64
-    d77_ = tried("D77");   // D77 (opt-in): the GDN step writes copies of y; the out-projection's CTAs read one each
-    xrep_n_ = std::max(1, std::min(64, env_int("LILY_XREP_N", 8)));
     attn_kv_prefetch_bulk_enabled() = tried("D73");   // D73 (opt-in): that prefetch as 2 bulk copies per CTA, not 128
     attn_mma_pipe_mode() = abl_.has("D25") ? 0 : 2;  // D25: D20's V rows with its K rows, K one step ahead
     kv16_ = !abl_.has("D18");           // D18: fp16 KV cache (off = f32); applies to caches allocated later
@@ -1599,10 +1584,6 @@ class CudaBackend final : public Backend {
   };
   bool d39_ = true;
   bool d76_ = true;   // D76: the fold's rows read as int16 codes + scales
-  bool d77_ = false;   // D77 (opt-in): copies of the GDN step's y for the out-projection's CTAs
-  int xrep_n_ = 8;     // D77: copies in all (LILY_XREP_N, a tuning aid)
-  float* xrep_ = nullptr;
-  int64_t xrep_floats_ = 0;
   std::unordered_map<const float*, D39Fold> d39_folds_;
   D39In d39_in_;
   D39Last d39_last_;

@@ -54,17 +54,6 @@ struct GemvRouterRows {
   bool early_add = false;       // D53: add[b] read by thread 0 right after the PDL wait (with x), not after the barrier
 };
 GemvRouterRows& gemv_router_next();
-// D77: copies of a decode GEMV's x written by its producer next to x itself, so that the GEMV's CTAs (which all read
-// the whole of x right after its PDL wait) spread their reads over n addresses instead of one: CTA b reads copy
-// b % n (copy 0 = base itself, copy c > 0 at rep + (c - 1) · stride). Used by the next decode GEMV launch whose jobs
-// all read base; then cleared.
-struct GemvXRep {
-  const float* base = nullptr;
-  const float* rep = nullptr;
-  int n = 1;
-  int64_t stride = 0;
-};
-GemvXRep& gemv_xrep_next();
 // Q for one layer: rows e < E from the 8-bit router, row E from the shared-expert gate, each times w2
 // (the post-mixer norm gain), then times W_o (4-bit, H × C) for the a part. q: (E + 1) × (H + C) floats.
 void build_router_fold(const QMat& router, const QMat& shared_gate, const float* w2, const QMat& wo, float* q,
@@ -131,8 +120,7 @@ bool& moe_lean_act_enabled();   // D63: the persistent MoE's down activations st
 bool& gdn_mbar_enabled();   // D60: D12's Σo² exchange on an mbarrier (st.async) instead of a cluster barrier
 void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
          const float* norm_w, float* conv_state, float* S, const float* qkv, const float* z,
-         const float* a, const float* b, int T, float* y, cudaStream_t s, const L2Prefetch* pf = nullptr,
-         const GemvXRep* yrep = nullptr);   // D77 (decode step only): also write y's copies
+         const float* a, const float* b, int T, float* y, cudaStream_t s, const L2Prefetch* pf = nullptr);
 
 // ---- attention.cu --------------------------------------------------------------------------
 struct AttnDims {

@@ -24,9 +24,6 @@ struct GdnArgs {
   L2Prefetch pf;   // D13: the next launch's weights
   unsigned long long* tr;   // investigation aid (decode kernel): trace stamps, null = off
   int late;                 // pdl_late_mask() & kLateGdn (decode kernel): trigger after the state update
-  float* yrep;              // D77 (decode kernel): copies c = 1 .. yrep_n - 1 of y at yrep + (c - 1) · yrep_stride
-  int yrep_n;
-  int64_t yrep_stride;
 };
 
 // NR > 0: each thread keeps its NR = dk/rq state values in registers for all T tokens (one read
@@ -333,9 +330,7 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
   if (warp == 0) {
     float tot = 0.f;
     for (int q = 0; q < P; ++q) tot += MB ? ssq_all[head0 + q] : PUSH ? ssq_all[q] : *cluster.map_shared_rank(&ssq, head0 + q);
-    const float yv = o * rsqrtf(tot / float(d.dv) + d.eps) * nw * siluf_(zv);
-    g.y[j * d.dv + col] = yv;
-    for (int c = 1; c < g.yrep_n; ++c) g.yrep[(c - 1) * g.yrep_stride + j * d.dv + col] = yv;   // D77
+    g.y[j * d.dv + col] = o * rsqrtf(tot / float(d.dv) + d.eps) * nw * siluf_(zv);
   }
   trace_stamp(g.tr, 8);
   // New conv state = the last 3 raw inputs: shared q/k channels spread over the cluster's CTAs in
@@ -385,15 +380,14 @@ bool& gdn_push_enabled() {
 
 void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float* dt_bias,
          const float* norm_w, float* conv_state, float* S, const float* qkv, const float* z,
-         const float* a, const float* b, int T, float* y, cudaStream_t s, const L2Prefetch* pf,
-         const GemvXRep* yrep) {
+         const float* a, const float* b, int T, float* y, cudaStream_t s, const L2Prefetch* pf) {
   const int ratio = d.nv / d.nk;
   LILY_CHECK(d.nv % d.nk == 0 && ratio <= 8, "gdn: value heads must be a multiple (<= 8x) of key heads");
   LILY_CHECK(d.kconv >= 1 && d.dv <= 512, "gdn: unsupported conv kernel or value head size");
   int rq = 1;
   while (rq * 2 * d.dv <= 512 && d.dk % (rq * 2) == 0) rq *= 2;
   GdnArgs g{d, conv_w, A_log, dt_bias, norm_w, conv_state, S, qkv, z, a, b, T, rq, y, pf ? *pf : L2Prefetch{},
-            std::exchange(gdn_trace_next(), nullptr), (pdl_late_mask() & kLateGdn) ? 1 : 0, nullptr, 1, 0};
+            std::exchange(gdn_trace_next(), nullptr), (pdl_late_mask() & kLateGdn) ? 1 : 0};
   const int nch = 2 * d.dk + d.dv;
   const size_t smem = sizeof(float) * (2 * d.dk + d.dv + rq * d.dv + (d.kconv - 1) * nch + 32);
   cudaLaunchConfig_t cfg{};
@@ -422,11 +416,6 @@ void gdn(const GdnDims& d, const float* conv_w, const float* A_log, const float*
                      : (late ? gdn_decode_kernel<false, true> : gdn_decode_kernel<false, false>);
     if (push && late && gdn_early_state_enabled())
       kern = gdn_mbar_enabled() ? gdn_decode_kernel<true, true, true, true> : gdn_decode_kernel<true, true, true>;
-    if (yrep && yrep->n > 1 && yrep->base == y) {   // D77
-      g.yrep = const_cast<float*>(yrep->rep);
-      g.yrep_n = yrep->n;
-      g.yrep_stride = yrep->stride;
-    }
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, g));
     return;
   }

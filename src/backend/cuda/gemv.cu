@@ -31,9 +31,6 @@ struct GemvLaunch {
   unsigned long long* trace;   // investigation aid: phase stamps (trace_stamp)
   GemvRouterRows rt;    // D39: router rows (gemv_q4_kernel<.., RT> only)
   int late;             // pdl_late_mask(): trigger the dependents after x staging instead of at entry
-  const float* xrep;    // D77: copies of x (every job's x or the folded norm's h): CTA b reads copy b % xrep_n
-  int xrep_n;
-  int64_t xrep_stride;
 };
 
 // Epilogue of one output: y, plus the folded residual add (D9).
@@ -130,12 +127,7 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     XR g = xr;
     pdl_wait();
     trace_stamp(L.trace, 1);
-    const float* xsrc = L.norm.w ? L.norm.h : jb.x;
-    if (L.xrep_n > 1) {   // D77: this CTA's copy of x
-      const int c = int(blockIdx.x % unsigned(L.xrep_n));
-      if (c) xsrc = L.xrep + (c - 1) * L.xrep_stride;
-    }
-    xr.load(xsrc, cols / 4);
+    xr.load(L.norm.w ? L.norm.h : jb.x, cols / 4);
     // The residual values of the first group, read with x (not after the dot: one round trip less).
     const int rq = bj * 8 * R + warp * R;
 #pragma unroll
@@ -467,17 +459,6 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
   }
   rt.q = nullptr;
   rt.qi = nullptr;
-  {   // D77: the producer's copies of x, when every job reads that x (register staging only)
-    GemvXRep& xr = gemv_xrep_next();
-    bool same = xr.n > 1 && xr.base && L.stage_regs;
-    for (const GemvJob& j : jobs) same = same && (norm ? norm->h : j.x) == xr.base;
-    if (same) {
-      L.xrep = xr.rep;
-      L.xrep_n = xr.n;
-      L.xrep_stride = xr.stride;
-    }
-    xr = GemvXRep{};
-  }
   if (norm) {   // D9: the first launch of the batch writes the normalised x
     L.norm = *norm;
     L.norm_out = norm_written ? nullptr : const_cast<float*>(jobs[0].x);
@@ -637,11 +618,6 @@ bool& gemv_x16_enabled() {
   static bool on = true;
   return on;
 }
-GemvXRep& gemv_xrep_next() {
-  static GemvXRep r;
-  return r;
-}
-
 GemvRouterRows& gemv_router_next() {
   static GemvRouterRows r;
   return r;
