@@ -546,11 +546,10 @@ class CudaBackend final : public Backend {
         const int64_t nq = int64_t(fd.n) * (m.H + last.wo.cols);
         fd.q = static_cast<float*>(alloc_bytes(nq * 4));
         cuda::build_router_fold(m.router, m.shared_gate, dec.norm.w, last.wo, fd.q, s_);
-        {   // D76: the int16 copy (both kept: a benchmark alternates variants with and without D76 on one model)
-          fd.qi = static_cast<int16_t*>(alloc_bytes(nq * 2));
-          fd.qscale = static_cast<float*>(alloc_bytes(nq / 64 * 4));
-          cuda::router_fold_to_i16(fd.q, fd.qi, fd.qscale, nq, s_);
-        }
+        // D76: the int16 copy (both kept: a benchmark alternates variants with and without D76 on one model).
+        fd.qi = static_cast<int16_t*>(alloc_bytes(nq * 2));
+        fd.qscale = static_cast<float*>(alloc_bytes(nq / 64 * 4));
+        cuda::router_fold_to_i16(fd.q, fd.qi, fd.qscale, nq, s_);
         d39_folds_[last.w1] = fd;
       }
     }
