@@ -24,15 +24,16 @@ if [[ ,$IDS =~ ,P ]]; then   # prefill ids: the deciding prefill check too (one 
   el "cuda-check prefill 4100/4096: $(grep -o 'cuda-check: [A-Z]*.*top-1 [0-9.]*%' "$OUT/check_prefill_4096.txt" | tail -1)"
 fi
 for id in ${IDS//,/ }; do
+  f=${id//=/}   # file names without '=' (the device tool returns such files only inside a tarball)
   if [[ $id == P* ]]; then
     timeout 300 "$L" bench prefill --synthetic --lengths "${PLENGTHS:-4096,32768}" --chunk 4096 --rounds "${ROUNDS:-3}" \
-      --ablate "$id" --out "$OUT" --tag "ab_$id" --commit "$C" >"$OUT/ab_$id.txt" 2>&1
+      --ablate "$id" --out "$OUT" --tag "ab_$f" --commit "$C" >"$OUT/ab_$f.txt" 2>&1
   else
     timeout 240 "$L" bench decode --synthetic --contexts "${CONTEXTS:-4096,32768,131072}" --tokens 128 \
-      --rounds "${ROUNDS:-3}" --ablate "$id" --out "$OUT" --tag "ab_$id" --commit "$C" >"$OUT/ab_$id.txt" 2>&1
+      --rounds "${ROUNDS:-3}" --ablate "$id" --out "$OUT" --tag "ab_$f" --commit "$C" >"$OUT/ab_$f.txt" 2>&1
   fi
   el "A/B $id rc=$?"
-  grep -E "^\| [0-9]+ \|" "$OUT/ab_$id.md"
+  grep -E "^\| [0-9]+ \|" "$OUT/ab_$f.md"
 done
 LILY_KERNEL_TRACE=1 timeout 120 "$L" bench decode --synthetic --contexts 4096 --tokens 64 --rounds 1 --out "$OUT" \
   --tag trace --commit "$C" >"$OUT/trace.txt" 2>&1
