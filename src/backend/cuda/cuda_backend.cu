@@ -172,6 +172,7 @@ class CudaBackend final : public Backend {
     persist_ctr_ = static_cast<int*>(alloc_bytes(4096));   // D19: counters (64 B), tagged logits
     d39_logits_ = static_cast<float*>(alloc_bytes(4 * 2 * 1028));   // D39: E + 1 logits (E <= 1024), Q_h·h
     d39_lh_ = d39_logits_ + 1028;
+    d78_tags_ = static_cast<unsigned long long*>(alloc_bytes(8 * 1028));   // D78: {tag, logit} words, zeroed
   }
   ~CudaBackend() override {
     if (exec_) cudaGraphExecDestroy(exec_);
@@ -379,10 +380,20 @@ class CudaBackend final : public Backend {
         auto f = in.w1 && in.h == h ? d39_folds_.find(in.w1) : d39_folds_.end();
         GemvRouterRows& rt = gemv_router_next();
         rt = {};
-        if (d39_ && pend_.size() == 1 && in.attached && f != d39_folds_.end() && f->second.wo == wo.data)
+        bool tagged = false;
+        if (d39_ && pend_.size() == 1 && in.attached && f != d39_folds_.end() && f->second.wo == wo.data) {
           rt = d39_rows(f->second, true);
+          // D78: tagged words too, numbered by the persistent MoE's tickets (its grid must be known).
+          const int grid = cuda::moe_persist_grid();
+          if (d78_ && persist_ && grid > 0 && f->second.n <= 1028) {
+            rt.tagged = d78_tags_;
+            rt.gen = reinterpret_cast<const unsigned long long*>(persist_ctr_ + 8);
+            rt.gen_div = grid;
+            tagged = true;
+          }
+        }
         flush_mm();
-        d39_last_ = {wo, h, rt.used, in.h == h ? in.w1 : nullptr};
+        d39_last_ = {wo, h, rt.used, in.h == h ? in.w1 : nullptr, tagged && rt.used};
         rt = {};
         return;
       }
@@ -539,7 +550,10 @@ class CudaBackend final : public Backend {
         const D39Fold& fd = f->second;
         if (last.attached && fd.router == m.router.data && fd.sg == m.shared_gate.data && fd.w2 == dec.norm.w &&
             fd.wo == last.wo.data)
+        {
           dec.router_logits = d39_logits_;
+          if (last.tagged) dec.router_tagged = d78_tags_;   // D78
+        }
       } else if (!capturing_) {
         D39Fold fd{nullptr, nullptr, nullptr, m.router.data, m.shared_gate.data, dec.norm.w, last.wo.data, m.E + 1, m.H,
                    last.wo.cols};
@@ -802,6 +816,8 @@ class CudaBackend final : public Backend {
     attn_mma_decode_enabled() = !abl_.has("D20");   // D20: tensor-core split-KV decode (fp16 cache)
     attn_kv_prefetch_enabled() = !abl_.has("D43");   // D43: D20's K / V rows prefetched pre-wait
     d76_ = !abl_.has("D76");   // D76: D39's folded router rows read as int16 codes with an fp32 scale per 64
+    d78_ = tried("D78");   // D78 (opt-in until measured): the MoE picks before its PDL wait from tagged logits
+    moe_w17_early_enabled() = tried("D79");   // D79 (opt-in, with D78): warps 1..7's first routed rows before the wait
     attn_kv_prefetch_bulk_enabled() = tried("D73");   // D73 (opt-in): that prefetch as 2 bulk copies per CTA, not 128
     attn_mma_pipe_mode() = abl_.has("D25") ? 0 : 2;  // D25: D20's V rows with its K rows, K one step ahead
     kv16_ = !abl_.has("D18");           // D18: fp16 KV cache (off = f32); applies to caches allocated later
@@ -1580,7 +1596,10 @@ class CudaBackend final : public Backend {
     const float* h = nullptr;
     bool attached = false;   // it completed the router logits in d39_logits_
     const float* w1 = nullptr;   // its layer's input norm gain (the fold's key)
+    bool tagged = false;         // D78: it also wrote the logits as tagged words (d78_tags_)
   };
+  bool d78_ = false;
+  unsigned long long* d78_tags_ = nullptr;
   bool d39_ = true;
   bool d76_ = true;   // D76: the fold's rows read as int16 codes + scales
   std::unordered_map<const float*, D39Fold> d39_folds_;

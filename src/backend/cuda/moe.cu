@@ -38,6 +38,8 @@ struct MoeArgs {
   unsigned long long* trace;   // investigation aid: D19 phase timestamps [CTA][kTracePhases]
   const float* rlog;       // D39: unscaled router logits [E] + shared gate, from the previous launch
   int lean_act;            // D63 (D31 instances): stage_down_act_lean for the down activations
+  const unsigned long long* rtag;   // D78: the logits as {tag, value} words (tag = launch number + 1), or null
+  int w17_early;           // D79 (with D78): warps 1..7 load their first routed rows before their PDL wait
 };
 
 // D19 phase timestamp (thread 0 of each CTA; only with a trace buffer).
@@ -912,14 +914,6 @@ __device__ __forceinline__ unsigned long long ld_acquire_gpu64(const unsigned lo
   asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ unsigned long long ld_relaxed_gpu64(const unsigned long long* p) {
-  unsigned long long v;
-  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_relaxed_gpu64(unsigned long long* p, unsigned long long v) {
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
 __device__ __forceinline__ void grid_arrive64(unsigned long long* c) {
   if (threadIdx.x == 0) {
     __threadfence();
@@ -984,7 +978,10 @@ __device__ __forceinline__ void route_weights(const MoeArgs& a, int K, const int
 // W0 (D50, with RL): warp 0 loads the 257 logits straight into registers after the PDL wait and picks at once
 // (select_topk_regs) while warps 1..7 stage x alone (3 float4s per thread; named barrier 3 among them, 4 to tell
 // warp 0); warp 0 then waits for the staging only to scale the routing weights by the norm scale.
-template <bool F, bool EP, bool RL, bool W0 = false>
+// TG (D78, with W0): warp 0 takes the logits as tagged words (a.rtag, written by the previous launch) before its
+// PDL wait, polling until every word carries this launch's tag, picks, and loads its first routed rows; only then
+// does it pass the wait. With a.w17_early (D79) warps 1..7 also load their first routed rows before their wait.
+template <bool F, bool EP, bool RL, bool W0 = false, bool TG = false>
 __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNorm& nrm, int* ctr) {
   extern __shared__ float4 smp[];
   __shared__ float lg[256];
@@ -1054,18 +1051,48 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
   l2_prefetch(a.pf);   // D13: the next launch's weights
   const float* xin = NW ? nrm.h : a.x;
   float ns = 1.f;
+  static_assert(!TG || W0, "D78 only in the D50 instance");
   if constexpr (W0) {
     if (warp == 0) {   // D50: the logits into registers, the picks at once
-      pdl_wait();
-      trace_mark(a, 1);
-      const float4* r4 = reinterpret_cast<const float4*>(a.rlog);
-      const float4 l0 = __ldcg(r4 + 2 * lane), l1 = __ldcg(r4 + 2 * lane + 1);
-      const float sgl = lane == 0 ? __ldcg(a.rlog + E) : 0.f;
-      trace_mark(a, 5);
-      const float v[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+      float v[8], sgl = 0.f;
+      if constexpr (TG) {   // D78: before the wait, from the tagged words
+        __syncwarp();       // s_gen (thread 0's ticket)
+        const uint32_t want = uint32_t(s_gen + 1);
+        const unsigned long long* tw = a.rtag + 8 * lane;
+        unsigned long long w[9];
+        uint32_t miss = 0x1ffu;   // words not yet carrying this launch's tag (word 8: lane 0's shared gate)
+        if (lane != 0) miss = 0xffu;
+        for (;;) {
+#pragma unroll
+          for (int j = 0; j < 9; ++j)
+            if (miss & (1u << j)) w[j] = ld_relaxed_gpu64(j < 8 ? tw + j : a.rtag + E);
+#pragma unroll
+          for (int j = 0; j < 9; ++j)
+            if ((miss & (1u << j)) && uint32_t(w[j] >> 32) == want) miss &= ~(1u << j);
+          if (!__any_sync(0xffffffffu, miss != 0)) break;
+          __nanosleep(64);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = __uint_as_float(uint32_t(w[j]));
+        if (lane == 0) sgl = __uint_as_float(uint32_t(w[8]));
+        trace_mark(a, 5);
+      } else {
+        pdl_wait();
+        trace_mark(a, 1);
+        const float4* r4 = reinterpret_cast<const float4*>(a.rlog);
+        const float4 l0 = __ldcg(r4 + 2 * lane), l1 = __ldcg(r4 + 2 * lane + 1);
+        sgl = lane == 0 ? __ldcg(a.rlog + E) : 0.f;
+        trace_mark(a, 5);
+        v[0] = l0.x, v[1] = l0.y, v[2] = l0.z, v[3] = l0.w, v[4] = l1.x, v[5] = l1.y, v[6] = l1.z, v[7] = l1.w;
+      }
       float mine, top;
       select_topk_regs(v, K, sid, &mine, &top, (blockIdx.x * nwc) / I, a.trace);
       trace_mark(a, 12);
+      if constexpr (TG) {   // D78: this warp's first routed rows, then the wait
+        if (gw < items) load_routed(cur, gw);
+        pdl_wait();
+        trace_mark(a, 1);
+      }
       named_bar_sync(4, kPersistThreads);   // warps 1..7 have staged x and their shares of Σx²
       trace_mark(a, 2);
       ns = fold_norm_scale(red + 1, nwc - 1, H, nrm.eps, nrm.h, nrm.w, nullptr);
@@ -1074,7 +1101,7 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
       if (blockIdx.x < nR && lane == 0) atomicAdd(&tk[1], 1ull);   // counted as the other instances do
       trace_mark(a, 13);
       named_bar_arrive(2, kPersistThreads);
-      if (gw < items) load_routed(cur, gw);
+      if (!TG && gw < items) load_routed(cur, gw);
     } else {   // warps 1..7: x (float4 t + 224k of H / 4 = 512) with the norm gain, staged as int16
       const int t = int(threadIdx.x) - 32;
       float4 xg[3], xv[3];
@@ -1082,6 +1109,11 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
       for (int k = 0; k < 3; ++k) {
         const int idx = t + 224 * k;
         if (idx < H / 4) xg[k] = reinterpret_cast<const float4*>(nrm.w)[idx];
+      }
+      const bool w17 = TG && a.w17_early;   // D79: the first routed rows before the wait
+      if (w17) {
+        named_bar_sync(1, kPersistThreads);
+        if (gw < items) load_routed(cur, gw);
       }
       pdl_wait();
       float ss = 0.f;
@@ -1120,8 +1152,10 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
         }
       }
       named_bar_arrive(4, kPersistThreads);
-      named_bar_sync(1, kPersistThreads);
-      if (gw < items) load_routed(cur, gw);
+      if (!w17) {
+        named_bar_sync(1, kPersistThreads);
+        if (gw < items) load_routed(cur, gw);
+      }
       if (sr < Is) {   // D39: the shared row while the routed rows load and warp 0 finishes its picks
         float r[2];
         shr.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r);
@@ -1347,6 +1381,11 @@ __global__ void __maxnreg__(kRlRegs)
     moe_persist_rlw0_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
   moe_persist_body<true, true, true, true>(a, nrm, ctr);
 }
+// D78: the same, the logits taken as tagged words and the picks made before the PDL wait.
+__global__ void __maxnreg__(kRlRegs)
+    moe_persist_rlw0t_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
+  moe_persist_body<true, true, true, true, true>(a, nrm, ctr);
+}
 __global__ void __launch_bounds__(kPersistThreads, 2)
     moe_persist_rl_free_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
   moe_persist_body<true, true, true>(a, nrm, ctr);
@@ -1373,6 +1412,21 @@ bool& moe_w0_pick_enabled() {
   static bool on = true;
   return on;
 }
+bool& moe_w17_early_enabled() {
+  static bool on = false;
+  return on;
+}
+namespace {
+int g_persist_grid = -1;   // the persistent MoE grid once sized (moe()); D78's producers divide tickets by it
+bool rl_free_enabled() {
+  static const bool v = [] {
+    const char* e = std::getenv("LILY_D39_REGS");
+    return e && *e && std::atoi(e) == 0;
+  }();
+  return v;
+}
+}  // namespace
+int moe_persist_grid() { return g_persist_grid; }
 
 bool& moe_early_pick_enabled() {
   static bool on = true;
@@ -1471,6 +1525,7 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
                             reinterpret_cast<const void*>(moe_persist_kernel<true, true>),
                             reinterpret_cast<const void*>(moe_persist_rl_kernel),
                             reinterpret_cast<const void*>(moe_persist_rlw0_kernel),
+                            reinterpret_cast<const void*>(moe_persist_rlw0t_kernel),
                             reinterpret_cast<const void*>(moe_persist_rl_free_kernel)}) {
         int n = 0;
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kPersistThreads, smem));
@@ -1478,6 +1533,7 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
       }
       grid = per_sm * sms;
       grid_smem = smem;
+      g_persist_grid = grid;
     }
     // D31: the default configuration's own instance (moe_persist_kernel<true>).
     const bool special = moe_persist_special_enabled() && a.stage_regs && a.xq16 && m.H == 2048 && m.E == 256 &&
@@ -1489,12 +1545,13 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
       // D39: the logits from the launches before (the shared rows on warps 1..7 of the first 74 CTAs).
       const bool rl = early && dec->router_logits && int64_t(grid) * (kPersistThreads / 32 - 1) >= m.Is;
       a.rlog = rl ? dec->router_logits : nullptr;
-      static const bool rl_free = [] {
-        const char* v = std::getenv("LILY_D39_REGS");
-        return v && *v && std::atoi(v) == 0;
-      }();
+      const bool w0 = rl && moe_w0_pick_enabled();
+      a.rtag = w0 && dec->router_tagged && !rl_free_enabled() ? dec->router_tagged : nullptr;   // D78
+      a.w17_early = a.rtag && moe_w17_early_enabled() ? 1 : 0;                                  // D79
+      const bool rl_free = rl_free_enabled();
       launch(rl && rl_free ? moe_persist_rl_free_kernel
-             : rl && moe_w0_pick_enabled() ? moe_persist_rlw0_kernel
+             : a.rtag    ? moe_persist_rlw0t_kernel
+             : w0        ? moe_persist_rlw0_kernel
              : rl        ? moe_persist_rl_kernel
              : early     ? moe_persist_kernel<true, true>
              : special ? moe_persist_kernel<true>
