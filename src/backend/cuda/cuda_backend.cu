@@ -817,7 +817,8 @@ class CudaBackend final : public Backend {
     attn_kv_prefetch_enabled() = !abl_.has("D43");   // D43: D20's K / V rows prefetched pre-wait
     d76_ = !abl_.has("D76");   // D76: D39's folded router rows read as int16 codes with an fp32 scale per 64
     d78_ = tried("D78");   // D78 (opt-in until measured): the MoE picks before its PDL wait from tagged logits
-    moe_w17_early_enabled() = tried("D79");   // D79 (opt-in, with D78): warps 1..7's first routed rows before the wait
+    moe_w17_early_enabled() = tried("D79");
+    moe_down_split_enabled() = tried("D80");   // D80 (opt-in, with D78): the MoE's down stage as its own launch   // D79 (opt-in, with D78): warps 1..7's first routed rows before the wait
     attn_kv_prefetch_bulk_enabled() = tried("D73");   // D73 (opt-in): that prefetch as 2 bulk copies per CTA, not 128
     attn_mma_pipe_mode() = abl_.has("D25") ? 0 : 2;  // D25: D20's V rows with its K rows, K one step ahead
     kv16_ = !abl_.has("D18");           // D18: fp16 KV cache (off = f32); applies to caches allocated later
@@ -1183,7 +1184,10 @@ class CudaBackend final : public Backend {
       p.dec.pf = unit_prefetch(mine, p.T, 4);
       p.dec.pf_down = prefetch_ && p.T == 1;
     }
-    if (p.T == 1 && p.dec.persist) p.dec.trace = trace_slot("moe.persist");
+    if (p.T == 1 && p.dec.persist) {
+      p.dec.trace = trace_slot("moe.persist");
+      if (p.dec.router_tagged && cuda::moe_down_split_enabled()) p.dec.trace_down = trace_slot("moe.down");   // D80
+    }
     const MoeDecode* dec = &p.dec;
     const int T = p.T;
     if (profiling_ && !capturing_ && p.dec.persist && T == 1 && cuda::moe_persist_ok(p.m, T, fast_)) {
@@ -1641,7 +1645,7 @@ class CudaBackend final : public Backend {
   bool profiling_ = false, hold_ = false;
   std::vector<std::string> skip_;   // "skip=" ids (see skipped)
   int moep_flags_ = 0;              // "moep=N": MoeDecode::flags
-  static constexpr int kTraceSlots = 224;   // traced launches per step (40 MoE + 81 GEMV + 30 GDN + 20 attention)
+  static constexpr int kTraceSlots = 264;   // traced launches per step (40 MoE (+ 40 D80 down) + 81 GEMV + 30 GDN + 20 attention)
   unsigned long long* trace_buf_ = nullptr;
   bool trace_on_ = false;
   int trace_call_ = 0;

@@ -162,6 +162,8 @@ bool& moe_w0_pick_enabled();
 // D79 (with D78): warps 1..7 of D78's MoE instance load their first routed rows before their PDL wait, once warp 0
 // has picked their slot (process-wide switch, off by default; ablation id D79 = on for an A/B).
 bool& moe_w17_early_enabled();
+// D80 (with D78): the decode MoE's down stage as a launch of its own after the gate/up launch (process-wide switch).
+bool& moe_down_split_enabled();
 // D28: at T == 1 on the D20 path, the attention prep (q/k norms, RoPE, KV append) runs inside the
 // split-KV kernel (off: the separate prep kernel).
 bool& attn_prep_fused_enabled();
@@ -229,6 +231,7 @@ struct MoeDecode {
   // Investigation aid (cuda_tools::set_kernel_trace): the D19 kernel's CTAs write %globaltimer at
   // each phase boundary here, [CTA][kTracePhases]; null = off.
   unsigned long long* trace = nullptr;
+  unsigned long long* trace_down = nullptr;   // D80: the down launch's own slot
   // Experiment switches of the D19 kernel (ablation ids "moep=N", bits): 1 releases PDL dependents
   // only at the end, 16 takes 2 down rows per warp (128 CTAs), 64 uses the self-resetting counters
   // instead of tickets (separate memory; both schemes stay consistent when launches alternate), 128

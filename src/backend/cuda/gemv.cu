@@ -184,6 +184,22 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
       }
       part = warp_sum(part);
       if (lane == 0) rred[warp] = part;
+      // D78: the logit is published as soon as every warp has its part (warp 0 waits on named barrier 1, the other
+      // warps arrive and go on staging x), not after the staging barrier: the MoE after this launch polls for it.
+      if (tagged) {
+        if (warp == 0) {
+          named_bar_sync(1, 256);
+          if (has_r && lane == 0) {
+            float v = !L.rt.add ? 0.f : L.rt.early_add ? radd : __ldcg(L.rt.add + rrow);
+#pragma unroll
+            for (int w = 0; w < 8; ++w) v += rred[w];
+            L.rt.out[rrow] = v;
+            st_relaxed_gpu64(L.rt.tagged + rrow, (uint64_t(tag) << 32) | __float_as_uint(v));
+          }
+        } else {
+          named_bar_arrive(1, 256);
+        }
+      }
     }
     if (L.norm.w) {
       const float ss = warp_sum(xr.apply_gain(g));
@@ -207,12 +223,11 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
   }
   __syncthreads();
   if constexpr (RT) {
-    if (has_r && threadIdx.x == 0) {
+    if (has_r && threadIdx.x == 0 && !tagged) {
       float v = !L.rt.add ? 0.f : L.rt.early_add ? radd : __ldcg(L.rt.add + rrow);
 #pragma unroll
       for (int w = 0; w < 8; ++w) v += rred[w];
       L.rt.out[rrow] = v;
-      if (tagged) st_relaxed_gpu64(L.rt.tagged + rrow, (uint64_t(tag) << 32) | __float_as_uint(v));   // D78
     }
   }
   float nscale = 1.f;

@@ -446,21 +446,22 @@ __device__ __forceinline__ void stage_down_act(const float* act, int S, int imax
 // (t >> 7) + 2k, position r = t & 127 in it, so its chunk cc = r >> 3 and float4 f = r & 7 are fixed): the addresses
 // are one base plus constants, the slot's index needs no signed division, the step's division runs without a branch
 // around it, and the chunk's sum and step are stored by all its 8 lanes (they hold the same values).
-template <int S>
+template <int S, int NT = 256>   // NT threads (a multiple of 128): slot s0 + (NT / 128)·k per step k
 __device__ __forceinline__ void stage_down_act_lean(const float* act, float4* sm4, float* xsum, const float* slot_scale) {
-  constexpr int kN = (S * 128 + 255) / 256;
+  static_assert(NT % 128 == 0, "whole slots per step");
+  constexpr int kN = (S * 128 + NT - 1) / NT, kSl = NT / 128;
   const int t = int(threadIdx.x), r = t & 127, s0 = t >> 7, cc = r >> 3, f = r & 7;
   const float4* a4 = reinterpret_cast<const float4*>(act);
   float4 vr[kN];
 #pragma unroll
   for (int k = 0; k < kN; ++k)
-    vr[k] = t + 256 * k < S * 128 ? __ldcg(a4 + t + 256 * k) : make_float4(0.f, 0.f, 0.f, 0.f);
+    vr[k] = t + NT * k < S * 128 ? __ldcg(a4 + t + NT * k) : make_float4(0.f, 0.f, 0.f, 0.f);
   uint2* w = reinterpret_cast<uint2*>(reinterpret_cast<uint4*>(sm4) + s0 * 64 + cc + (f >> 1) * 16) + (f & 1);
   float* xd = reinterpret_cast<float*>(sm4 + S * 64);
 #pragma unroll
   for (int k = 0; k < kN; ++k) {
-    if (t + 256 * k >= S * 128) break;   // uniform per warp (multiples of 128)
-    const int sl = s0 + 2 * k;
+    if (t + NT * k >= S * 128) break;   // uniform per warp (multiples of 128)
+    const int sl = s0 + kSl * k;
     float4 v = vr[k];
     const float sk = slot_scale[sl];
     v.x *= sk;
@@ -468,7 +469,7 @@ __device__ __forceinline__ void stage_down_act_lean(const float* act, float4* sm
     v.z *= sk;
     v.w *= sk;
     float sum, m;
-    w[k * 2 * 64 * 2] = q16_lean(v, sum, m);   // slot + 2: 128 uint4 = 256 uint2 further
+    w[k * kSl * 64 * 2] = q16_lean(v, sum, m);   // slot + kSl: 64·kSl uint4 further
     xsum[sl * 16 + cc] = sum;
     xd[sl * 16 + cc] = m * (1.f / 32767.f);
   }
@@ -630,8 +631,6 @@ __device__ __forceinline__ void cswap_desc(uint64_t& a, uint64_t& b) {
   a = hi;
   b = lo;
 }
-__device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 // The lane's 8 composites sorted in descending order (19-comparator network); tr (investigation aid): thread 0
 // stamps phase 15 once they are sorted.
 __device__ __forceinline__ void sort8_desc(uint64_t (&c)[8], unsigned long long* tr) {
@@ -981,7 +980,9 @@ __device__ __forceinline__ void route_weights(const MoeArgs& a, int K, const int
 // TG (D78, with W0): warp 0 takes the logits as tagged words (a.rtag, written by the previous launch) before its
 // PDL wait, polling until every word carries this launch's tag, picks, and loads its first routed rows; only then
 // does it pass the wait. With a.w17_early (D79) warps 1..7 also load their first routed rows before their wait.
-template <bool F, bool EP, bool RL, bool W0 = false, bool TG = false>
+// DS (D80, with TG): the down stage is a launch of its own (moe_down_pdl_kernel): this kernel ends after the
+// gate/up rows, and lets its dependents start once warp 0 has the logits (thread 0's ticket is taken by then).
+template <bool F, bool EP, bool RL, bool W0 = false, bool TG = false, bool DS = false>
 __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNorm& nrm, int* ctr) {
   extern __shared__ float4 smp[];
   __shared__ float lg[256];
@@ -1052,6 +1053,7 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
   const float* xin = NW ? nrm.h : a.x;
   float ns = 1.f;
   static_assert(!TG || W0, "D78 only in the D50 instance");
+  static_assert(!DS || TG, "D80 only in the D78 instance");
   if constexpr (W0) {
     if (warp == 0) {   // D50: the logits into registers, the picks at once
       float v[8], sgl = 0.f;
@@ -1076,6 +1078,7 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
         for (int j = 0; j < 8; ++j) v[j] = __uint_as_float(uint32_t(w[j]));
         if (lane == 0) sgl = __uint_as_float(uint32_t(w[8]));
         trace_mark(a, 5);
+        if constexpr (DS) pdl_trigger();   // D80: the down launch may start (the first trigger counts for the CTA)
       } else {
         pdl_wait();
         trace_mark(a, 1);
@@ -1310,6 +1313,7 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
   if (SP && !(a.flags & 2048)) grid_arrive64_release(&tk[2]);   // D33 (off: moep bit 2048, the fence form)
   else if (tickets) grid_arrive64(&tk[2]);
   else grid_arrive(&ctr[1]);
+  if constexpr (DS) return;   // D80: counted as the other instances are (launches alternate), then done
   // 4. down projections: this CTA's output rows (R per warp: 2 in 128 CTAs with flag 16, else 1 in
   // 256 CTAs) and the residual values they add to are loaded before the wait.
   auto down = [&](auto rtag) {
@@ -1386,6 +1390,139 @@ __global__ void __maxnreg__(kRlRegs)
     moe_persist_rlw0t_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
   moe_persist_body<true, true, true, true, true>(a, nrm, ctr);
 }
+// D80: D78's instance without its down stage, and that stage as a launch of its own.
+__global__ void __maxnreg__(kRlRegs)
+    moe_persist_rlw0td_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
+  moe_persist_body<true, true, true, true, true, true>(a, nrm, ctr);
+}
+// D80: the down projections of the 8 routed experts and the shared expert (I = 512 each) for kDsRows output rows
+// per CTA of kDsThreads threads, plus the residual. Its CTA fits on an SM beside the gate/up launch's two (2 × 256
+// threads × 96 registers leave 16,384 registers: 128 threads × 128), so it enters while they run: it reads the launch
+// number from the tickets (every gate/up CTA took one before letting this launch start), picks the experts from
+// D78's tagged logits itself, and copies its rows' codes, scales and biases to shared memory (cp.async) before its
+// PDL wait. After the wait: the activations staged as int16 per 32 values (as the persistent kernel's down stage,
+// same arithmetic and order: the same bits), the dots, h updated.
+constexpr int kDsThreads = 128, kDsRows = 16, kDsSlots = 9;
+constexpr size_t kDsCodeU4 = size_t(kDsRows) * kDsSlots * 16;   // 16 uint4 (512 codes) per row and slot
+constexpr size_t kDsSbU4 = size_t(kDsRows) * kDsSlots * 2;      // 8 scales + 8 biases (bf16) per row and slot
+constexpr size_t kDsActU4 = size_t(kDsSlots) * 64;              // int16 activations (stage_down_act_lean)
+constexpr size_t kDsSmem = (kDsCodeU4 + kDsSbU4 + kDsActU4) * 16 + kDsSlots * 16 * 4 * 2;
+__global__ void __launch_bounds__(kDsThreads, 1) moe_down_pdl_kernel(const __grid_constant__ MoeArgs a, int* ctr,
+                                                                     int gen_div) {
+  extern __shared__ uint4 sds[];
+  uint4* sc4 = sds;                        // [row][slot][16]
+  uint4* sb4 = sc4 + kDsCodeU4;            // [row][slot][2]: scales, biases
+  float4* act4 = reinterpret_cast<float4*>(sb4 + kDsSbU4);
+  // Then the chunks' steps (xd, [slot][16] floats at act4 + S·64, where stage_down_act_lean puts them) and sums.
+  float* dsum = reinterpret_cast<float*>(act4 + kDsActU4) + kDsSlots * 16;
+  __shared__ int sid[32];
+  __shared__ uint32_t s_want;
+  __shared__ float slot_scale[kDsSlots];
+  constexpr int K = 8, S = kDsSlots;
+  const MoeDev& m = a.m;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int h0 = blockIdx.x * kDsRows;
+  trace_mark(a, 0);
+  const unsigned long long* tk = reinterpret_cast<const unsigned long long*>(ctr + 8);
+  if (threadIdx.x == 0) s_want = uint32_t(ld_relaxed_gpu64(tk) / unsigned(gen_div));   // = the gate/up launch + 1
+  // The shared expert's rows need no pick: their copies go first.
+  auto copy_slot = [&](int sl, int e) {   // this thread's share of slot sl's rows (kDsRows × 18 uint4)
+    const bool sh = sl == K;
+    const QMat w = sh ? m.sh_down : stack_mat(m.down0, m.down_stride, m.down_sb_stride, e);
+    for (int i = threadIdx.x; i < kDsRows * 18; i += kDsThreads) {
+      const int r = i / 18, q = i % 18;
+      const int64_t row = h0 + r;
+      const uint4* src = q < 16 ? static_cast<const uint4*>(w.data) + row * 16 + q
+                                : reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(q == 16 ? w.scales : w.biases) + row * 8);
+      uint4* dst = q < 16 ? sc4 + (r * S + sl) * 16 + q : sb4 + (r * S + sl) * 2 + (q - 16);
+      const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(src) : "memory");
+    }
+  };
+  copy_slot(K, 0);
+  __syncthreads();
+  pdl_trigger();   // after the ticket read (the next launches may not start before it)
+  if (warp == 0) {   // the picks, from D78's tagged words (the gate/up launch saw the same)
+    const uint32_t want = s_want;
+    const unsigned long long* tw = a.rtag + 8 * lane;
+    unsigned long long w[8];
+    uint32_t miss = 0xffu;
+    for (;;) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (miss & (1u << j)) w[j] = ld_relaxed_gpu64(tw + j);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if ((miss & (1u << j)) && uint32_t(w[j] >> 32) == want) miss &= ~(1u << j);
+      if (!__any_sync(0xffffffffu, miss != 0)) break;
+      __nanosleep(64);
+    }
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = __uint_as_float(uint32_t(w[j]));
+    trace_mark(a, 5);
+    float mine, top;
+    select_topk_regs(v, K, sid, &mine, &top, -1, nullptr);
+    (void)mine;
+    (void)top;
+  }
+  __syncthreads();
+  trace_mark(a, 12);
+#pragma unroll 1
+  for (int sl = 0; sl < K; ++sl) copy_slot(sl, sid[sl]);
+  asm volatile("cp.async.commit_group;" ::: "memory");
+  pdl_wait();
+  trace_mark(a, 1);
+  float resv = 0.f;
+  if (threadIdx.x < kDsRows) resv = a.res[h0 + threadIdx.x];
+  if (threadIdx.x < S) slot_scale[threadIdx.x] = threadIdx.x == K ? __ldcg(a.wts + K) : 1.f;
+  __syncthreads();
+  stage_down_act_lean<S, kDsThreads>(a.act, act4, dsum, slot_scale);
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  __syncthreads();
+  trace_mark(a, 9);
+  // Warp w: rows 4w .. 4w + 3; half-warp `half` takes slot 2q + half, lane c the codes c·32 .. c·32 + 31.
+  constexpr int RW = kDsRows / (kDsThreads / 32);
+  const int half = lane >> 4, c = lane & 15;
+  const uint4* qx = reinterpret_cast<const uint4*>(act4);
+  const float* xd = reinterpret_cast<const float*>(act4 + S * 64);
+  float acc[RW];
+#pragma unroll
+  for (int r = 0; r < RW; ++r) acc[r] = 0.f;
+#pragma unroll
+  for (int q = 0; q < 5; ++q) {
+    const int sl = 2 * q + half;
+    if (sl >= S) continue;
+    const float xs = dsum[sl * 16 + c], dx = xd[sl * 16 + c];
+    uint4 xq[4];
+#pragma unroll
+    for (int f = 0; f < 4; ++f) xq[f] = qx[(sl * 4 + f) * 16 + c];
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+      const int rr = warp * RW + r;
+      const uint4 wv = sc4[(rr * S + sl) * 16 + c];
+      const uint16_t* sb = reinterpret_cast<const uint16_t*>(sb4 + (rr * S + sl) * 2);
+      const SbReg scv = sb_load(sb + (c >> 1)), biv = sb_load(sb + 8 + (c >> 1));
+      int d = 0;
+#pragma unroll
+      for (int f = 0; f < 4; ++f) d = dot8_q4_i16(word_of(wv, f), xq[f], d);
+      acc[r] = fmaf(sb_val(scv), float(d) * dx, fmaf(sb_val(biv), xs, acc[r]));
+    }
+  }
+  __shared__ float outv[kDsRows];
+#pragma unroll
+  for (int r = 0; r < RW; ++r) {
+    const float v = warp_sum(acc[r]);
+    if (lane == 0) outv[warp * RW + r] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < kDsRows) {
+    const float v = outv[threadIdx.x];
+    a.out[h0 + threadIdx.x] = v;
+    a.res[h0 + threadIdx.x] = resv + v;
+  }
+  trace_mark(a, 10);
+}
 __global__ void __launch_bounds__(kPersistThreads, 2)
     moe_persist_rl_free_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
   moe_persist_body<true, true, true>(a, nrm, ctr);
@@ -1413,6 +1550,10 @@ bool& moe_w0_pick_enabled() {
   return on;
 }
 bool& moe_w17_early_enabled() {
+  static bool on = false;
+  return on;
+}
+bool& moe_down_split_enabled() {
   static bool on = false;
   return on;
 }
@@ -1526,6 +1667,7 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
                             reinterpret_cast<const void*>(moe_persist_rl_kernel),
                             reinterpret_cast<const void*>(moe_persist_rlw0_kernel),
                             reinterpret_cast<const void*>(moe_persist_rlw0t_kernel),
+                            reinterpret_cast<const void*>(moe_persist_rlw0td_kernel),
                             reinterpret_cast<const void*>(moe_persist_rl_free_kernel)}) {
         int n = 0;
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kPersistThreads, smem));
@@ -1549,6 +1691,22 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
       a.rtag = w0 && dec->router_tagged && !rl_free_enabled() ? dec->router_tagged : nullptr;   // D78
       a.w17_early = a.rtag && moe_w17_early_enabled() ? 1 : 0;                                  // D79
       const bool rl_free = rl_free_enabled();
+      if (a.rtag && moe_down_split_enabled() && m.H % kDsRows == 0 && m.K + 1 == kDsSlots) {   // D80
+        static const bool attr = [] {
+          CUDA_CHECK(cudaFuncSetAttribute(moe_down_pdl_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(kDsSmem)));
+          return true;
+        }();
+        (void)attr;
+        launch(moe_persist_rlw0td_kernel, dim3(grid), dim3(kPersistThreads), smem, s, a, norm ? *norm : GemvNorm{},
+               dec->persist);
+        CUDA_LAUNCH_CHECK();
+        MoeArgs ad = a;
+        ad.trace = dec->trace_down;
+        launch(moe_down_pdl_kernel, dim3(m.H / kDsRows), dim3(kDsThreads), kDsSmem, s, ad, dec->persist, grid);
+        CUDA_LAUNCH_CHECK();
+        return;
+      }
       launch(rl && rl_free ? moe_persist_rl_free_kernel
              : a.rtag    ? moe_persist_rlw0t_kernel
              : w0        ? moe_persist_rlw0_kernel
