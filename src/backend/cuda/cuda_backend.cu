@@ -818,7 +818,8 @@ class CudaBackend final : public Backend {
     d76_ = !abl_.has("D76");   // D76: D39's folded router rows read as int16 codes with an fp32 scale per 64
     d78_ = tried("D78");   // D78 (opt-in until measured): the MoE picks before its PDL wait from tagged logits
     moe_w17_early_enabled() = tried("D79");
-    moe_down_split_enabled() = tried("D80");   // D80 (opt-in, with D78): the MoE's down stage as its own launch   // D79 (opt-in, with D78): warps 1..7's first routed rows before the wait
+    moe_down_split_enabled() = tried("D80");   // D80 (opt-in): the MoE's down stage as its own launch
+    moe_down_late_trigger_enabled() = tried("D81");   // D81 (opt-in, with D80): that launch triggers after its staging   // D79 (opt-in, with D78): warps 1..7's first routed rows before the wait
     attn_kv_prefetch_bulk_enabled() = tried("D73");   // D73 (opt-in): that prefetch as 2 bulk copies per CTA, not 128
     attn_mma_pipe_mode() = abl_.has("D25") ? 0 : 2;  // D25: D20's V rows with its K rows, K one step ahead
     kv16_ = !abl_.has("D18");           // D18: fp16 KV cache (off = f32); applies to caches allocated later
@@ -1186,7 +1187,8 @@ class CudaBackend final : public Backend {
     }
     if (p.T == 1 && p.dec.persist) {
       p.dec.trace = trace_slot("moe.persist");
-      if (p.dec.router_tagged && cuda::moe_down_split_enabled()) p.dec.trace_down = trace_slot("moe.down");   // D80
+      if (p.dec.router_logits && !p.dec.router_tagged && cuda::moe_down_split_enabled())
+        p.dec.trace_down = trace_slot("moe.down");   // D80
     }
     const MoeDecode* dec = &p.dec;
     const int T = p.T;

@@ -162,8 +162,10 @@ bool& moe_w0_pick_enabled();
 // D79 (with D78): warps 1..7 of D78's MoE instance load their first routed rows before their PDL wait, once warp 0
 // has picked their slot (process-wide switch, off by default; ablation id D79 = on for an A/B).
 bool& moe_w17_early_enabled();
-// D80 (with D78): the decode MoE's down stage as a launch of its own after the gate/up launch (process-wide switch).
+// D80 (with D50, not with D78): the decode MoE's down stage as a launch of its own after the gate/up launch
+// (process-wide switch); D81 (with D80): that launch lets its dependents start after its activation staging.
 bool& moe_down_split_enabled();
+bool& moe_down_late_trigger_enabled();
 // D28: at T == 1 on the D20 path, the attention prep (q/k norms, RoPE, KV append) runs inside the
 // split-KV kernel (off: the separate prep kernel).
 bool& attn_prep_fused_enabled();

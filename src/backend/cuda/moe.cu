@@ -980,8 +980,8 @@ __device__ __forceinline__ void route_weights(const MoeArgs& a, int K, const int
 // TG (D78, with W0): warp 0 takes the logits as tagged words (a.rtag, written by the previous launch) before its
 // PDL wait, polling until every word carries this launch's tag, picks, and loads its first routed rows; only then
 // does it pass the wait. With a.w17_early (D79) warps 1..7 also load their first routed rows before their wait.
-// DS (D80, with TG): the down stage is a launch of its own (moe_down_pdl_kernel): this kernel ends after the
-// gate/up rows, and lets its dependents start once warp 0 has the logits (thread 0's ticket is taken by then).
+// DS (D80, with W0): the down stage is a launch of its own (moe_down_pdl_kernel): this kernel ends after the
+// gate/up rows, and lets its dependents start once warp 0 is past its PDL wait (the logits are complete then).
 template <bool F, bool EP, bool RL, bool W0 = false, bool TG = false, bool DS = false>
 __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNorm& nrm, int* ctr) {
   extern __shared__ float4 smp[];
@@ -1053,7 +1053,7 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
   const float* xin = NW ? nrm.h : a.x;
   float ns = 1.f;
   static_assert(!TG || W0, "D78 only in the D50 instance");
-  static_assert(!DS || TG, "D80 only in the D78 instance");
+  static_assert(!DS || W0, "D80 only in the D50 instance");
   if constexpr (W0) {
     if (warp == 0) {   // D50: the logits into registers, the picks at once
       float v[8], sgl = 0.f;
@@ -1078,9 +1078,9 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
         for (int j = 0; j < 8; ++j) v[j] = __uint_as_float(uint32_t(w[j]));
         if (lane == 0) sgl = __uint_as_float(uint32_t(w[8]));
         trace_mark(a, 5);
-        if constexpr (DS) pdl_trigger();   // D80: the down launch may start (the first trigger counts for the CTA)
       } else {
         pdl_wait();
+        if constexpr (DS) pdl_trigger();   // D80: the down launch may start (it reads the completed logits)
         trace_mark(a, 1);
         const float4* r4 = reinterpret_cast<const float4*>(a.rlog);
         const float4 l0 = __ldcg(r4 + 2 * lane), l1 = __ldcg(r4 + 2 * lane + 1);
@@ -1094,6 +1094,7 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
       if constexpr (TG) {   // D78: this warp's first routed rows, then the wait
         if (gw < items) load_routed(cur, gw);
         pdl_wait();
+        if constexpr (DS) pdl_trigger();   // D80
         trace_mark(a, 1);
       }
       named_bar_sync(4, kPersistThreads);   // warps 1..7 have staged x and their shares of Σx²
@@ -1313,7 +1314,10 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
   if (SP && !(a.flags & 2048)) grid_arrive64_release(&tk[2]);   // D33 (off: moep bit 2048, the fence form)
   else if (tickets) grid_arrive64(&tk[2]);
   else grid_arrive(&ctr[1]);
-  if constexpr (DS) return;   // D80: counted as the other instances are (launches alternate), then done
+  if constexpr (DS) {   // D80: counted as the other instances are (launches alternate), then done
+    trace_mark(a, 11);
+    return;
+  }
   // 4. down projections: this CTA's output rows (R per warp: 2 in 128 CTAs with flag 16, else 1 in
   // 256 CTAs) and the residual values they add to are loaded before the wait.
   auto down = [&](auto rtag) {
@@ -1390,25 +1394,24 @@ __global__ void __maxnreg__(kRlRegs)
     moe_persist_rlw0t_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
   moe_persist_body<true, true, true, true, true>(a, nrm, ctr);
 }
-// D80: D78's instance without its down stage, and that stage as a launch of its own.
+// D80: D50's instance without its down stage, and that stage as a launch of its own.
 __global__ void __maxnreg__(kRlRegs)
-    moe_persist_rlw0td_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
-  moe_persist_body<true, true, true, true, true, true>(a, nrm, ctr);
+    moe_persist_rlw0d_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
+  moe_persist_body<true, true, true, true, false, true>(a, nrm, ctr);
 }
 // D80: the down projections of the 8 routed experts and the shared expert (I = 512 each) for kDsRows output rows
 // per CTA of kDsThreads threads, plus the residual. Its CTA fits on an SM beside the gate/up launch's two (2 × 256
-// threads × 96 registers leave 16,384 registers: 128 threads × 128), so it enters while they run: it reads the launch
-// number from the tickets (every gate/up CTA took one before letting this launch start), picks the experts from
-// D78's tagged logits itself, and copies its rows' codes, scales and biases to shared memory (cp.async) before its
-// PDL wait. After the wait: the activations staged as int16 per 32 values (as the persistent kernel's down stage,
-// same arithmetic and order: the same bits), the dots, h updated.
+// threads × 96 registers leave 16,384 registers: 128 threads × 128), so it enters while they run: the gate/up CTAs
+// let it start once past their PDL wait, so D39's logits are complete; it picks the experts itself and copies its
+// rows' codes, scales and biases to shared memory (cp.async) before its own PDL wait. After the wait: the
+// activations staged as int16 per 32 values (as the persistent kernel's down stage, same arithmetic and order: the
+// same bits), the dots, h updated. late: its own dependents start only after the staging (D81), not at entry.
 constexpr int kDsThreads = 128, kDsRows = 16, kDsSlots = 9;
 constexpr size_t kDsCodeU4 = size_t(kDsRows) * kDsSlots * 16;   // 16 uint4 (512 codes) per row and slot
 constexpr size_t kDsSbU4 = size_t(kDsRows) * kDsSlots * 2;      // 8 scales + 8 biases (bf16) per row and slot
 constexpr size_t kDsActU4 = size_t(kDsSlots) * 64;              // int16 activations (stage_down_act_lean)
 constexpr size_t kDsSmem = (kDsCodeU4 + kDsSbU4 + kDsActU4) * 16 + kDsSlots * 16 * 4 * 2;
-__global__ void __launch_bounds__(kDsThreads, 1) moe_down_pdl_kernel(const __grid_constant__ MoeArgs a, int* ctr,
-                                                                     int gen_div) {
+__global__ void __launch_bounds__(kDsThreads, 1) moe_down_pdl_kernel(const __grid_constant__ MoeArgs a, int late) {
   extern __shared__ uint4 sds[];
   uint4* sc4 = sds;                        // [row][slot][16]
   uint4* sb4 = sc4 + kDsCodeU4;            // [row][slot][2]: scales, biases
@@ -1416,15 +1419,13 @@ __global__ void __launch_bounds__(kDsThreads, 1) moe_down_pdl_kernel(const __gri
   // Then the chunks' steps (xd, [slot][16] floats at act4 + S·64, where stage_down_act_lean puts them) and sums.
   float* dsum = reinterpret_cast<float*>(act4 + kDsActU4) + kDsSlots * 16;
   __shared__ int sid[32];
-  __shared__ uint32_t s_want;
   __shared__ float slot_scale[kDsSlots];
   constexpr int K = 8, S = kDsSlots;
   const MoeDev& m = a.m;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int h0 = blockIdx.x * kDsRows;
   trace_mark(a, 0);
-  const unsigned long long* tk = reinterpret_cast<const unsigned long long*>(ctr + 8);
-  if (threadIdx.x == 0) s_want = uint32_t(ld_relaxed_gpu64(tk) / unsigned(gen_div));   // = the gate/up launch + 1
+  if (!late) pdl_trigger();
   // The shared expert's rows need no pick: their copies go first.
   auto copy_slot = [&](int sl, int e) {   // this thread's share of slot sl's rows (kDsRows × 18 uint4)
     const bool sh = sl == K;
@@ -1440,26 +1441,10 @@ __global__ void __launch_bounds__(kDsThreads, 1) moe_down_pdl_kernel(const __gri
     }
   };
   copy_slot(K, 0);
-  __syncthreads();
-  pdl_trigger();   // after the ticket read (the next launches may not start before it)
-  if (warp == 0) {   // the picks, from D78's tagged words (the gate/up launch saw the same)
-    const uint32_t want = s_want;
-    const unsigned long long* tw = a.rtag + 8 * lane;
-    unsigned long long w[8];
-    uint32_t miss = 0xffu;
-    for (;;) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        if (miss & (1u << j)) w[j] = ld_relaxed_gpu64(tw + j);
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        if ((miss & (1u << j)) && uint32_t(w[j] >> 32) == want) miss &= ~(1u << j);
-      if (!__any_sync(0xffffffffu, miss != 0)) break;
-      __nanosleep(64);
-    }
-    float v[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = __uint_as_float(uint32_t(w[j]));
+  if (warp == 0) {   // the picks from D39's logits, complete before any gate/up CTA let this launch start
+    const float4* r4 = reinterpret_cast<const float4*>(a.rlog);
+    const float4 l0 = __ldcg(r4 + 2 * lane), l1 = __ldcg(r4 + 2 * lane + 1);
+    const float v[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
     trace_mark(a, 5);
     float mine, top;
     select_topk_regs(v, K, sid, &mine, &top, -1, nullptr);
@@ -1478,6 +1463,8 @@ __global__ void __launch_bounds__(kDsThreads, 1) moe_down_pdl_kernel(const __gri
   if (threadIdx.x < S) slot_scale[threadIdx.x] = threadIdx.x == K ? __ldcg(a.wts + K) : 1.f;
   __syncthreads();
   stage_down_act_lean<S, kDsThreads>(a.act, act4, dsum, slot_scale);
+  trace_mark(a, 6);
+  if (late) pdl_trigger();
   asm volatile("cp.async.wait_group 0;" ::: "memory");
   __syncthreads();
   trace_mark(a, 9);
@@ -1522,6 +1509,7 @@ __global__ void __launch_bounds__(kDsThreads, 1) moe_down_pdl_kernel(const __gri
     a.res[h0 + threadIdx.x] = resv + v;
   }
   trace_mark(a, 10);
+  trace_mark(a, 11);   // the trace summary's end phase for "moe" launches
 }
 __global__ void __launch_bounds__(kPersistThreads, 2)
     moe_persist_rl_free_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
@@ -1554,6 +1542,10 @@ bool& moe_w17_early_enabled() {
   return on;
 }
 bool& moe_down_split_enabled() {
+  static bool on = false;
+  return on;
+}
+bool& moe_down_late_trigger_enabled() {
   static bool on = false;
   return on;
 }
@@ -1667,7 +1659,7 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
                             reinterpret_cast<const void*>(moe_persist_rl_kernel),
                             reinterpret_cast<const void*>(moe_persist_rlw0_kernel),
                             reinterpret_cast<const void*>(moe_persist_rlw0t_kernel),
-                            reinterpret_cast<const void*>(moe_persist_rlw0td_kernel),
+                            reinterpret_cast<const void*>(moe_persist_rlw0d_kernel),
                             reinterpret_cast<const void*>(moe_persist_rl_free_kernel)}) {
         int n = 0;
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kPersistThreads, smem));
@@ -1691,19 +1683,20 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
       a.rtag = w0 && dec->router_tagged && !rl_free_enabled() ? dec->router_tagged : nullptr;   // D78
       a.w17_early = a.rtag && moe_w17_early_enabled() ? 1 : 0;                                  // D79
       const bool rl_free = rl_free_enabled();
-      if (a.rtag && moe_down_split_enabled() && m.H % kDsRows == 0 && m.K + 1 == kDsSlots) {   // D80
+      if (w0 && !rl_free && !a.rtag && moe_down_split_enabled() && m.H % kDsRows == 0 && m.K + 1 == kDsSlots) {   // D80
         static const bool attr = [] {
           CUDA_CHECK(cudaFuncSetAttribute(moe_down_pdl_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           int(kDsSmem)));
           return true;
         }();
         (void)attr;
-        launch(moe_persist_rlw0td_kernel, dim3(grid), dim3(kPersistThreads), smem, s, a, norm ? *norm : GemvNorm{},
+        launch(moe_persist_rlw0d_kernel, dim3(grid), dim3(kPersistThreads), smem, s, a, norm ? *norm : GemvNorm{},
                dec->persist);
         CUDA_LAUNCH_CHECK();
         MoeArgs ad = a;
         ad.trace = dec->trace_down;
-        launch(moe_down_pdl_kernel, dim3(m.H / kDsRows), dim3(kDsThreads), kDsSmem, s, ad, dec->persist, grid);
+        launch(moe_down_pdl_kernel, dim3(m.H / kDsRows), dim3(kDsThreads), kDsSmem, s, ad,
+               moe_down_late_trigger_enabled() ? 1 : 0);
         CUDA_LAUNCH_CHECK();
         return;
       }
