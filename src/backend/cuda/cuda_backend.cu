@@ -172,7 +172,6 @@ class CudaBackend final : public Backend {
     persist_ctr_ = static_cast<int*>(alloc_bytes(4096));   // D19: counters (64 B), tagged logits
     d39_logits_ = static_cast<float*>(alloc_bytes(4 * 2 * 1028));   // D39: E + 1 logits (E <= 1024), Q_h·h
     d39_lh_ = d39_logits_ + 1028;
-    d78_tags_ = static_cast<unsigned long long*>(alloc_bytes(8 * 1028));   // D78: {tag, logit} words, zeroed
   }
   ~CudaBackend() override {
     if (exec_) cudaGraphExecDestroy(exec_);
@@ -380,20 +379,10 @@ class CudaBackend final : public Backend {
         auto f = in.w1 && in.h == h ? d39_folds_.find(in.w1) : d39_folds_.end();
         GemvRouterRows& rt = gemv_router_next();
         rt = {};
-        bool tagged = false;
-        if (d39_ && pend_.size() == 1 && in.attached && f != d39_folds_.end() && f->second.wo == wo.data) {
+        if (d39_ && pend_.size() == 1 && in.attached && f != d39_folds_.end() && f->second.wo == wo.data)
           rt = d39_rows(f->second, true);
-          // D78: tagged words too, numbered by the persistent MoE's tickets (its grid must be known).
-          const int grid = cuda::moe_persist_grid();
-          if (d78_ && persist_ && grid > 0 && f->second.n <= 1028) {
-            rt.tagged = d78_tags_;
-            rt.gen = reinterpret_cast<const unsigned long long*>(persist_ctr_ + 8);
-            rt.gen_div = grid;
-            tagged = true;
-          }
-        }
         flush_mm();
-        d39_last_ = {wo, h, rt.used, in.h == h ? in.w1 : nullptr, tagged && rt.used};
+        d39_last_ = {wo, h, rt.used, in.h == h ? in.w1 : nullptr};
         rt = {};
         return;
       }
@@ -550,10 +539,7 @@ class CudaBackend final : public Backend {
         const D39Fold& fd = f->second;
         if (last.attached && fd.router == m.router.data && fd.sg == m.shared_gate.data && fd.w2 == dec.norm.w &&
             fd.wo == last.wo.data)
-        {
           dec.router_logits = d39_logits_;
-          if (last.tagged) dec.router_tagged = d78_tags_;   // D78
-        }
       } else if (!capturing_) {
         D39Fold fd{nullptr, nullptr, nullptr, m.router.data, m.shared_gate.data, dec.norm.w, last.wo.data, m.E + 1, m.H,
                    last.wo.cols};
@@ -816,10 +802,6 @@ class CudaBackend final : public Backend {
     attn_mma_decode_enabled() = !abl_.has("D20");   // D20: tensor-core split-KV decode (fp16 cache)
     attn_kv_prefetch_enabled() = !abl_.has("D43");   // D43: D20's K / V rows prefetched pre-wait
     d76_ = !abl_.has("D76");   // D76: D39's folded router rows read as int16 codes with an fp32 scale per 64
-    d78_ = tried("D78");   // D78 (opt-in until measured): the MoE picks before its PDL wait from tagged logits
-    moe_w17_early_enabled() = tried("D79");
-    moe_down_split_enabled() = tried("D80");   // D80 (opt-in): the MoE's down stage as its own launch
-    moe_down_late_trigger_enabled() = tried("D81");   // D81 (opt-in, with D80): that launch triggers after its staging   // D79 (opt-in, with D78): warps 1..7's first routed rows before the wait
     attn_kv_prefetch_bulk_enabled() = tried("D73");   // D73 (opt-in): that prefetch as 2 bulk copies per CTA, not 128
     attn_mma_pipe_mode() = abl_.has("D25") ? 0 : 2;  // D25: D20's V rows with its K rows, K one step ahead
     kv16_ = !abl_.has("D18");           // D18: fp16 KV cache (off = f32); applies to caches allocated later
@@ -1185,11 +1167,7 @@ class CudaBackend final : public Backend {
       p.dec.pf = unit_prefetch(mine, p.T, 4);
       p.dec.pf_down = prefetch_ && p.T == 1;
     }
-    if (p.T == 1 && p.dec.persist) {
-      p.dec.trace = trace_slot("moe.persist");
-      if (p.dec.router_logits && !p.dec.router_tagged && cuda::moe_down_split_enabled())
-        p.dec.trace_down = trace_slot("moe.down");   // D80
-    }
+    if (p.T == 1 && p.dec.persist) p.dec.trace = trace_slot("moe.persist");
     const MoeDecode* dec = &p.dec;
     const int T = p.T;
     if (profiling_ && !capturing_ && p.dec.persist && T == 1 && cuda::moe_persist_ok(p.m, T, fast_)) {
@@ -1602,10 +1580,7 @@ class CudaBackend final : public Backend {
     const float* h = nullptr;
     bool attached = false;   // it completed the router logits in d39_logits_
     const float* w1 = nullptr;   // its layer's input norm gain (the fold's key)
-    bool tagged = false;         // D78: it also wrote the logits as tagged words (d78_tags_)
   };
-  bool d78_ = false;
-  unsigned long long* d78_tags_ = nullptr;
   bool d39_ = true;
   bool d76_ = true;   // D76: the fold's rows read as int16 codes + scales
   std::unordered_map<const float*, D39Fold> d39_folds_;
@@ -1647,7 +1622,7 @@ class CudaBackend final : public Backend {
   bool profiling_ = false, hold_ = false;
   std::vector<std::string> skip_;   // "skip=" ids (see skipped)
   int moep_flags_ = 0;              // "moep=N": MoeDecode::flags
-  static constexpr int kTraceSlots = 264;   // traced launches per step (40 MoE (+ 40 D80 down) + 81 GEMV + 30 GDN + 20 attention)
+  static constexpr int kTraceSlots = 224;   // traced launches per step (40 MoE + 81 GEMV + 30 GDN + 20 attention)
   unsigned long long* trace_buf_ = nullptr;
   bool trace_on_ = false;
   int trace_call_ = 0;

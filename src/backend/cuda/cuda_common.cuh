@@ -40,18 +40,6 @@ inline int sm_count() {
 // Every kernel calls pdl_wait(), so completion stays ordered along the whole stream.
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-// Named barriers (bar.sync / bar.arrive on barrier id with n threads, a multiple of 32; 0 is __syncthreads's).
-__device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
-// One 8-byte word read / written at L2 scope without ordering (a {tag, value} pair: no fence needed).
-__device__ __forceinline__ unsigned long long ld_relaxed_gpu64(const unsigned long long* p) {
-  unsigned long long v;
-  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_relaxed_gpu64(unsigned long long* p, unsigned long long v) {
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
 
 bool& pdl_enabled();   // process-wide switch (ablation D3)
 

@@ -52,12 +52,6 @@ struct GemvRouterRows {
   int n = 0;
   bool used = false;
   bool early_add = false;       // D53: add[b] read by thread 0 right after the PDL wait (with x), not after the barrier
-  // D78: out[b] also as one 8-byte word {tag, value} at tagged[b], so that the MoE launch after this one can pick its
-  // experts before its PDL wait. tag = *gen / gen_div + 1 (the persistent MoE's ticket counter and grid: the number of
-  // the MoE launch that follows), read before this launch lets its dependents start.
-  unsigned long long* tagged = nullptr;
-  const unsigned long long* gen = nullptr;
-  int gen_div = 0;
 };
 GemvRouterRows& gemv_router_next();
 // Q for one layer: rows e < E from the 8-bit router, row E from the shared-expert gate, each times w2
@@ -159,13 +153,6 @@ bool& moe_early_pick_enabled();
 // D50: in D39's MoE instance warp 0 picks the experts from logits loaded into its registers while warps 1..7
 // stage x (process-wide switch, ablation D50).
 bool& moe_w0_pick_enabled();
-// D79 (with D78): warps 1..7 of D78's MoE instance load their first routed rows before their PDL wait, once warp 0
-// has picked their slot (process-wide switch, off by default; ablation id D79 = on for an A/B).
-bool& moe_w17_early_enabled();
-// D80 (with D50, not with D78): the decode MoE's down stage as a launch of its own after the gate/up launch
-// (process-wide switch); D81 (with D80): that launch lets its dependents start after its activation staging.
-bool& moe_down_split_enabled();
-bool& moe_down_late_trigger_enabled();
 // D28: at T == 1 on the D20 path, the attention prep (q/k norms, RoPE, KV append) runs inside the
 // split-KV kernel (off: the separate prep kernel).
 bool& attn_prep_fused_enabled();
@@ -233,7 +220,6 @@ struct MoeDecode {
   // Investigation aid (cuda_tools::set_kernel_trace): the D19 kernel's CTAs write %globaltimer at
   // each phase boundary here, [CTA][kTracePhases]; null = off.
   unsigned long long* trace = nullptr;
-  unsigned long long* trace_down = nullptr;   // D80: the down launch's own slot
   // Experiment switches of the D19 kernel (ablation ids "moep=N", bits): 1 releases PDL dependents
   // only at the end, 16 takes 2 down rows per warp (128 CTAs), 64 uses the self-resetting counters
   // instead of tickets (separate memory; both schemes stay consistent when launches alternate), 128
@@ -246,11 +232,7 @@ struct MoeDecode {
   // out-projection launch right before this one (GemvRouterRows: Q_h·h from the in-projection launch + Q_a·a);
   // the D36 instance then skips its router rows and the logits handoff.
   const float* router_logits = nullptr;
-  // D78: the same logits as tagged words written by that launch (GemvRouterRows::tagged), or null.
-  const unsigned long long* router_tagged = nullptr;
 };
-// D78: the persistent MoE kernel's grid (the ticket divisor), once a decode MoE launch has sized it; else -1.
-int moe_persist_grid();
 int64_t moe_workspace_floats(const MoeDev& m, int T);
 // Where moe() leaves the chosen expert ids [T, K] in its workspace (test aid).
 const int32_t* moe_ids(const MoeDev& m, int T, const float* work);

@@ -87,22 +87,9 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
   const int rrow = RT ? int(blockIdx.x) : 0;
   const bool has_r = RT && rrow < L.rt.n;
   trace_stamp(L.trace, 0);
-  // D78: the tag (the number of the MoE launch after this one, plus 1) must be read before this CTA lets its
-  // dependents start: that MoE launch takes its tickets only after every CTA here has triggered.
-  const bool tagged = RT && L.rt.tagged;
-  if (!L.late && !tagged) pdl_trigger();
+  if (!L.late) pdl_trigger();
   l2_prefetch(L.pf);
   load(cur, bj);   // weights never change: safe before the wait
-  uint32_t tag = 0;
-  if constexpr (RT) {
-    if (tagged) {
-      __shared__ uint32_t s_tag;
-      if (threadIdx.x == 0) s_tag = uint32_t(ld_relaxed_gpu64(L.rt.gen) / unsigned(L.rt.gen_div)) + 1u;
-      __syncthreads();
-      tag = s_tag;
-      if (!L.late) pdl_trigger();
-    }
-  }
   if constexpr (RT) {
     if (has_r && L.rt.qi) {   // D76: the row as int16 codes (8 bytes per float4 of x) and its group's scale
       const int64_t ro = int64_t(rrow) * L.rt.qstride + L.rt.qoff;
@@ -184,22 +171,6 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
       }
       part = warp_sum(part);
       if (lane == 0) rred[warp] = part;
-      // D78: the logit is published as soon as every warp has its part (warp 0 waits on named barrier 1, the other
-      // warps arrive and go on staging x), not after the staging barrier: the MoE after this launch polls for it.
-      if (tagged) {
-        if (warp == 0) {
-          named_bar_sync(1, 256);
-          if (has_r && lane == 0) {
-            float v = !L.rt.add ? 0.f : L.rt.early_add ? radd : __ldcg(L.rt.add + rrow);
-#pragma unroll
-            for (int w = 0; w < 8; ++w) v += rred[w];
-            L.rt.out[rrow] = v;
-            st_relaxed_gpu64(L.rt.tagged + rrow, (uint64_t(tag) << 32) | __float_as_uint(v));
-          }
-        } else {
-          named_bar_arrive(1, 256);
-        }
-      }
     }
     if (L.norm.w) {
       const float ss = warp_sum(xr.apply_gain(g));
@@ -223,7 +194,7 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
   }
   __syncthreads();
   if constexpr (RT) {
-    if (has_r && threadIdx.x == 0 && !tagged) {
+    if (has_r && threadIdx.x == 0) {
       float v = !L.rt.add ? 0.f : L.rt.early_add ? radd : __ldcg(L.rt.add + rrow);
 #pragma unroll
       for (int w = 0; w < 8; ++w) v += rred[w];
@@ -488,7 +459,6 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
   }
   rt.q = nullptr;
   rt.qi = nullptr;
-  rt.tagged = nullptr;
   if (norm) {   // D9: the first launch of the batch writes the normalised x
     L.norm = *norm;
     L.norm_out = norm_written ? nullptr : const_cast<float*>(jobs[0].x);

@@ -38,8 +38,6 @@ struct MoeArgs {
   unsigned long long* trace;   // investigation aid: D19 phase timestamps [CTA][kTracePhases]
   const float* rlog;       // D39: unscaled router logits [E] + shared gate, from the previous launch
   int lean_act;            // D63 (D31 instances): stage_down_act_lean for the down activations
-  const unsigned long long* rtag;   // D78: the logits as {tag, value} words (tag = launch number + 1), or null
-  int w17_early;           // D79 (with D78): warps 1..7 load their first routed rows before their PDL wait
 };
 
 // D19 phase timestamp (thread 0 of each CTA; only with a trace buffer).
@@ -446,22 +444,21 @@ __device__ __forceinline__ void stage_down_act(const float* act, int S, int imax
 // (t >> 7) + 2k, position r = t & 127 in it, so its chunk cc = r >> 3 and float4 f = r & 7 are fixed): the addresses
 // are one base plus constants, the slot's index needs no signed division, the step's division runs without a branch
 // around it, and the chunk's sum and step are stored by all its 8 lanes (they hold the same values).
-template <int S, int NT = 256>   // NT threads (a multiple of 128): slot s0 + (NT / 128)·k per step k
+template <int S>
 __device__ __forceinline__ void stage_down_act_lean(const float* act, float4* sm4, float* xsum, const float* slot_scale) {
-  static_assert(NT % 128 == 0, "whole slots per step");
-  constexpr int kN = (S * 128 + NT - 1) / NT, kSl = NT / 128;
+  constexpr int kN = (S * 128 + 255) / 256;
   const int t = int(threadIdx.x), r = t & 127, s0 = t >> 7, cc = r >> 3, f = r & 7;
   const float4* a4 = reinterpret_cast<const float4*>(act);
   float4 vr[kN];
 #pragma unroll
   for (int k = 0; k < kN; ++k)
-    vr[k] = t + NT * k < S * 128 ? __ldcg(a4 + t + NT * k) : make_float4(0.f, 0.f, 0.f, 0.f);
+    vr[k] = t + 256 * k < S * 128 ? __ldcg(a4 + t + 256 * k) : make_float4(0.f, 0.f, 0.f, 0.f);
   uint2* w = reinterpret_cast<uint2*>(reinterpret_cast<uint4*>(sm4) + s0 * 64 + cc + (f >> 1) * 16) + (f & 1);
   float* xd = reinterpret_cast<float*>(sm4 + S * 64);
 #pragma unroll
   for (int k = 0; k < kN; ++k) {
-    if (t + NT * k >= S * 128) break;   // uniform per warp (multiples of 128)
-    const int sl = s0 + kSl * k;
+    if (t + 256 * k >= S * 128) break;   // uniform per warp (multiples of 128)
+    const int sl = s0 + 2 * k;
     float4 v = vr[k];
     const float sk = slot_scale[sl];
     v.x *= sk;
@@ -469,7 +466,7 @@ __device__ __forceinline__ void stage_down_act_lean(const float* act, float4* sm
     v.z *= sk;
     v.w *= sk;
     float sum, m;
-    w[k * kSl * 64 * 2] = q16_lean(v, sum, m);   // slot + kSl: 64·kSl uint4 further
+    w[k * 2 * 64 * 2] = q16_lean(v, sum, m);   // slot + 2: 128 uint4 = 256 uint2 further
     xsum[sl * 16 + cc] = sum;
     xd[sl * 16 + cc] = m * (1.f / 32767.f);
   }
@@ -631,6 +628,8 @@ __device__ __forceinline__ void cswap_desc(uint64_t& a, uint64_t& b) {
   a = hi;
   b = lo;
 }
+__device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 // The lane's 8 composites sorted in descending order (19-comparator network); tr (investigation aid): thread 0
 // stamps phase 15 once they are sorted.
 __device__ __forceinline__ void sort8_desc(uint64_t (&c)[8], unsigned long long* tr) {
@@ -913,6 +912,14 @@ __device__ __forceinline__ unsigned long long ld_acquire_gpu64(const unsigned lo
   asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
+__device__ __forceinline__ unsigned long long ld_relaxed_gpu64(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_relaxed_gpu64(unsigned long long* p, unsigned long long v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
 __device__ __forceinline__ void grid_arrive64(unsigned long long* c) {
   if (threadIdx.x == 0) {
     __threadfence();
@@ -977,12 +984,7 @@ __device__ __forceinline__ void route_weights(const MoeArgs& a, int K, const int
 // W0 (D50, with RL): warp 0 loads the 257 logits straight into registers after the PDL wait and picks at once
 // (select_topk_regs) while warps 1..7 stage x alone (3 float4s per thread; named barrier 3 among them, 4 to tell
 // warp 0); warp 0 then waits for the staging only to scale the routing weights by the norm scale.
-// TG (D78, with W0): warp 0 takes the logits as tagged words (a.rtag, written by the previous launch) before its
-// PDL wait, polling until every word carries this launch's tag, picks, and loads its first routed rows; only then
-// does it pass the wait. With a.w17_early (D79) warps 1..7 also load their first routed rows before their wait.
-// DS (D80, with W0): the down stage is a launch of its own (moe_down_pdl_kernel): this kernel ends after the
-// gate/up rows, and lets its dependents start once warp 0 is past its PDL wait (the logits are complete then).
-template <bool F, bool EP, bool RL, bool W0 = false, bool TG = false, bool DS = false>
+template <bool F, bool EP, bool RL, bool W0 = false>
 __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNorm& nrm, int* ctr) {
   extern __shared__ float4 smp[];
   __shared__ float lg[256];
@@ -1052,51 +1054,18 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
   l2_prefetch(a.pf);   // D13: the next launch's weights
   const float* xin = NW ? nrm.h : a.x;
   float ns = 1.f;
-  static_assert(!TG || W0, "D78 only in the D50 instance");
-  static_assert(!DS || W0, "D80 only in the D50 instance");
   if constexpr (W0) {
     if (warp == 0) {   // D50: the logits into registers, the picks at once
-      float v[8], sgl = 0.f;
-      if constexpr (TG) {   // D78: before the wait, from the tagged words
-        __syncwarp();       // s_gen (thread 0's ticket)
-        const uint32_t want = uint32_t(s_gen + 1);
-        const unsigned long long* tw = a.rtag + 8 * lane;
-        unsigned long long w[9];
-        uint32_t miss = 0x1ffu;   // words not yet carrying this launch's tag (word 8: lane 0's shared gate)
-        if (lane != 0) miss = 0xffu;
-        for (;;) {
-#pragma unroll
-          for (int j = 0; j < 9; ++j)
-            if (miss & (1u << j)) w[j] = ld_relaxed_gpu64(j < 8 ? tw + j : a.rtag + E);
-#pragma unroll
-          for (int j = 0; j < 9; ++j)
-            if ((miss & (1u << j)) && uint32_t(w[j] >> 32) == want) miss &= ~(1u << j);
-          if (!__any_sync(0xffffffffu, miss != 0)) break;
-          __nanosleep(64);
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = __uint_as_float(uint32_t(w[j]));
-        if (lane == 0) sgl = __uint_as_float(uint32_t(w[8]));
-        trace_mark(a, 5);
-      } else {
-        pdl_wait();
-        if constexpr (DS) pdl_trigger();   // D80: the down launch may start (it reads the completed logits)
-        trace_mark(a, 1);
-        const float4* r4 = reinterpret_cast<const float4*>(a.rlog);
-        const float4 l0 = __ldcg(r4 + 2 * lane), l1 = __ldcg(r4 + 2 * lane + 1);
-        sgl = lane == 0 ? __ldcg(a.rlog + E) : 0.f;
-        trace_mark(a, 5);
-        v[0] = l0.x, v[1] = l0.y, v[2] = l0.z, v[3] = l0.w, v[4] = l1.x, v[5] = l1.y, v[6] = l1.z, v[7] = l1.w;
-      }
+      pdl_wait();
+      trace_mark(a, 1);
+      const float4* r4 = reinterpret_cast<const float4*>(a.rlog);
+      const float4 l0 = __ldcg(r4 + 2 * lane), l1 = __ldcg(r4 + 2 * lane + 1);
+      const float sgl = lane == 0 ? __ldcg(a.rlog + E) : 0.f;
+      trace_mark(a, 5);
+      const float v[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
       float mine, top;
       select_topk_regs(v, K, sid, &mine, &top, (blockIdx.x * nwc) / I, a.trace);
       trace_mark(a, 12);
-      if constexpr (TG) {   // D78: this warp's first routed rows, then the wait
-        if (gw < items) load_routed(cur, gw);
-        pdl_wait();
-        if constexpr (DS) pdl_trigger();   // D80
-        trace_mark(a, 1);
-      }
       named_bar_sync(4, kPersistThreads);   // warps 1..7 have staged x and their shares of Σx²
       trace_mark(a, 2);
       ns = fold_norm_scale(red + 1, nwc - 1, H, nrm.eps, nrm.h, nrm.w, nullptr);
@@ -1105,7 +1074,7 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
       if (blockIdx.x < nR && lane == 0) atomicAdd(&tk[1], 1ull);   // counted as the other instances do
       trace_mark(a, 13);
       named_bar_arrive(2, kPersistThreads);
-      if (!TG && gw < items) load_routed(cur, gw);
+      if (gw < items) load_routed(cur, gw);
     } else {   // warps 1..7: x (float4 t + 224k of H / 4 = 512) with the norm gain, staged as int16
       const int t = int(threadIdx.x) - 32;
       float4 xg[3], xv[3];
@@ -1113,11 +1082,6 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
       for (int k = 0; k < 3; ++k) {
         const int idx = t + 224 * k;
         if (idx < H / 4) xg[k] = reinterpret_cast<const float4*>(nrm.w)[idx];
-      }
-      const bool w17 = TG && a.w17_early;   // D79: the first routed rows before the wait
-      if (w17) {
-        named_bar_sync(1, kPersistThreads);
-        if (gw < items) load_routed(cur, gw);
       }
       pdl_wait();
       float ss = 0.f;
@@ -1156,10 +1120,8 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
         }
       }
       named_bar_arrive(4, kPersistThreads);
-      if (!w17) {
-        named_bar_sync(1, kPersistThreads);
-        if (gw < items) load_routed(cur, gw);
-      }
+      named_bar_sync(1, kPersistThreads);
+      if (gw < items) load_routed(cur, gw);
       if (sr < Is) {   // D39: the shared row while the routed rows load and warp 0 finishes its picks
         float r[2];
         shr.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r);
@@ -1314,10 +1276,6 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
   if (SP && !(a.flags & 2048)) grid_arrive64_release(&tk[2]);   // D33 (off: moep bit 2048, the fence form)
   else if (tickets) grid_arrive64(&tk[2]);
   else grid_arrive(&ctr[1]);
-  if constexpr (DS) {   // D80: counted as the other instances are (launches alternate), then done
-    trace_mark(a, 11);
-    return;
-  }
   // 4. down projections: this CTA's output rows (R per warp: 2 in 128 CTAs with flag 16, else 1 in
   // 256 CTAs) and the residual values they add to are loaded before the wait.
   auto down = [&](auto rtag) {
@@ -1389,128 +1347,6 @@ __global__ void __maxnreg__(kRlRegs)
     moe_persist_rlw0_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
   moe_persist_body<true, true, true, true>(a, nrm, ctr);
 }
-// D78: the same, the logits taken as tagged words and the picks made before the PDL wait.
-__global__ void __maxnreg__(kRlRegs)
-    moe_persist_rlw0t_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
-  moe_persist_body<true, true, true, true, true>(a, nrm, ctr);
-}
-// D80: D50's instance without its down stage, and that stage as a launch of its own.
-__global__ void __maxnreg__(kRlRegs)
-    moe_persist_rlw0d_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
-  moe_persist_body<true, true, true, true, false, true>(a, nrm, ctr);
-}
-// D80: the down projections of the 8 routed experts and the shared expert (I = 512 each) for kDsRows output rows
-// per CTA of kDsThreads threads, plus the residual. Its CTA fits on an SM beside the gate/up launch's two (2 × 256
-// threads × 96 registers leave 16,384 registers: 128 threads × 128), so it enters while they run: the gate/up CTAs
-// let it start once past their PDL wait, so D39's logits are complete; it picks the experts itself and copies its
-// rows' codes, scales and biases to shared memory (cp.async) before its own PDL wait. After the wait: the
-// activations staged as int16 per 32 values (as the persistent kernel's down stage, same arithmetic and order: the
-// same bits), the dots, h updated. late: its own dependents start only after the staging (D81), not at entry.
-constexpr int kDsThreads = 128, kDsRows = 16, kDsSlots = 9;
-constexpr size_t kDsCodeU4 = size_t(kDsRows) * kDsSlots * 16;   // 16 uint4 (512 codes) per row and slot
-constexpr size_t kDsSbU4 = size_t(kDsRows) * kDsSlots * 2;      // 8 scales + 8 biases (bf16) per row and slot
-constexpr size_t kDsActU4 = size_t(kDsSlots) * 64;              // int16 activations (stage_down_act_lean)
-constexpr size_t kDsSmem = (kDsCodeU4 + kDsSbU4 + kDsActU4) * 16 + kDsSlots * 16 * 4 * 2;
-__global__ void __launch_bounds__(kDsThreads, 1) moe_down_pdl_kernel(const __grid_constant__ MoeArgs a, int late) {
-  extern __shared__ uint4 sds[];
-  uint4* sc4 = sds;                        // [row][slot][16]
-  uint4* sb4 = sc4 + kDsCodeU4;            // [row][slot][2]: scales, biases
-  float4* act4 = reinterpret_cast<float4*>(sb4 + kDsSbU4);
-  // Then the chunks' steps (xd, [slot][16] floats at act4 + S·64, where stage_down_act_lean puts them) and sums.
-  float* dsum = reinterpret_cast<float*>(act4 + kDsActU4) + kDsSlots * 16;
-  __shared__ int sid[32];
-  __shared__ float slot_scale[kDsSlots];
-  constexpr int K = 8, S = kDsSlots;
-  const MoeDev& m = a.m;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int h0 = blockIdx.x * kDsRows;
-  trace_mark(a, 0);
-  if (!late) pdl_trigger();
-  // The shared expert's rows need no pick: their copies go first.
-  auto copy_slot = [&](int sl, int e) {   // this thread's share of slot sl's rows (kDsRows × 18 uint4)
-    const bool sh = sl == K;
-    const QMat w = sh ? m.sh_down : stack_mat(m.down0, m.down_stride, m.down_sb_stride, e);
-    for (int i = threadIdx.x; i < kDsRows * 18; i += kDsThreads) {
-      const int r = i / 18, q = i % 18;
-      const int64_t row = h0 + r;
-      const uint4* src = q < 16 ? static_cast<const uint4*>(w.data) + row * 16 + q
-                                : reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(q == 16 ? w.scales : w.biases) + row * 8);
-      uint4* dst = q < 16 ? sc4 + (r * S + sl) * 16 + q : sb4 + (r * S + sl) * 2 + (q - 16);
-      const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(src) : "memory");
-    }
-  };
-  copy_slot(K, 0);
-  if (warp == 0) {   // the picks from D39's logits, complete before any gate/up CTA let this launch start
-    const float4* r4 = reinterpret_cast<const float4*>(a.rlog);
-    const float4 l0 = __ldcg(r4 + 2 * lane), l1 = __ldcg(r4 + 2 * lane + 1);
-    const float v[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
-    trace_mark(a, 5);
-    float mine, top;
-    select_topk_regs(v, K, sid, &mine, &top, -1, nullptr);
-    (void)mine;
-    (void)top;
-  }
-  __syncthreads();
-  trace_mark(a, 12);
-#pragma unroll 1
-  for (int sl = 0; sl < K; ++sl) copy_slot(sl, sid[sl]);
-  asm volatile("cp.async.commit_group;" ::: "memory");
-  pdl_wait();
-  trace_mark(a, 1);
-  float resv = 0.f;
-  if (threadIdx.x < kDsRows) resv = a.res[h0 + threadIdx.x];
-  if (threadIdx.x < S) slot_scale[threadIdx.x] = threadIdx.x == K ? __ldcg(a.wts + K) : 1.f;
-  __syncthreads();
-  stage_down_act_lean<S, kDsThreads>(a.act, act4, dsum, slot_scale);
-  trace_mark(a, 6);
-  if (late) pdl_trigger();
-  asm volatile("cp.async.wait_group 0;" ::: "memory");
-  __syncthreads();
-  trace_mark(a, 9);
-  // Warp w: rows 4w .. 4w + 3; half-warp `half` takes slot 2q + half, lane c the codes c·32 .. c·32 + 31.
-  constexpr int RW = kDsRows / (kDsThreads / 32);
-  const int half = lane >> 4, c = lane & 15;
-  const uint4* qx = reinterpret_cast<const uint4*>(act4);
-  const float* xd = reinterpret_cast<const float*>(act4 + S * 64);
-  float acc[RW];
-#pragma unroll
-  for (int r = 0; r < RW; ++r) acc[r] = 0.f;
-#pragma unroll
-  for (int q = 0; q < 5; ++q) {
-    const int sl = 2 * q + half;
-    if (sl >= S) continue;
-    const float xs = dsum[sl * 16 + c], dx = xd[sl * 16 + c];
-    uint4 xq[4];
-#pragma unroll
-    for (int f = 0; f < 4; ++f) xq[f] = qx[(sl * 4 + f) * 16 + c];
-#pragma unroll
-    for (int r = 0; r < RW; ++r) {
-      const int rr = warp * RW + r;
-      const uint4 wv = sc4[(rr * S + sl) * 16 + c];
-      const uint16_t* sb = reinterpret_cast<const uint16_t*>(sb4 + (rr * S + sl) * 2);
-      const SbReg scv = sb_load(sb + (c >> 1)), biv = sb_load(sb + 8 + (c >> 1));
-      int d = 0;
-#pragma unroll
-      for (int f = 0; f < 4; ++f) d = dot8_q4_i16(word_of(wv, f), xq[f], d);
-      acc[r] = fmaf(sb_val(scv), float(d) * dx, fmaf(sb_val(biv), xs, acc[r]));
-    }
-  }
-  __shared__ float outv[kDsRows];
-#pragma unroll
-  for (int r = 0; r < RW; ++r) {
-    const float v = warp_sum(acc[r]);
-    if (lane == 0) outv[warp * RW + r] = v;
-  }
-  __syncthreads();
-  if (threadIdx.x < kDsRows) {
-    const float v = outv[threadIdx.x];
-    a.out[h0 + threadIdx.x] = v;
-    a.res[h0 + threadIdx.x] = resv + v;
-  }
-  trace_mark(a, 10);
-  trace_mark(a, 11);   // the trace summary's end phase for "moe" launches
-}
 __global__ void __launch_bounds__(kPersistThreads, 2)
     moe_persist_rl_free_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
   moe_persist_body<true, true, true>(a, nrm, ctr);
@@ -1537,29 +1373,6 @@ bool& moe_w0_pick_enabled() {
   static bool on = true;
   return on;
 }
-bool& moe_w17_early_enabled() {
-  static bool on = false;
-  return on;
-}
-bool& moe_down_split_enabled() {
-  static bool on = false;
-  return on;
-}
-bool& moe_down_late_trigger_enabled() {
-  static bool on = false;
-  return on;
-}
-namespace {
-int g_persist_grid = -1;   // the persistent MoE grid once sized (moe()); D78's producers divide tickets by it
-bool rl_free_enabled() {
-  static const bool v = [] {
-    const char* e = std::getenv("LILY_D39_REGS");
-    return e && *e && std::atoi(e) == 0;
-  }();
-  return v;
-}
-}  // namespace
-int moe_persist_grid() { return g_persist_grid; }
 
 bool& moe_early_pick_enabled() {
   static bool on = true;
@@ -1658,8 +1471,6 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
                             reinterpret_cast<const void*>(moe_persist_kernel<true, true>),
                             reinterpret_cast<const void*>(moe_persist_rl_kernel),
                             reinterpret_cast<const void*>(moe_persist_rlw0_kernel),
-                            reinterpret_cast<const void*>(moe_persist_rlw0t_kernel),
-                            reinterpret_cast<const void*>(moe_persist_rlw0d_kernel),
                             reinterpret_cast<const void*>(moe_persist_rl_free_kernel)}) {
         int n = 0;
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kPersistThreads, smem));
@@ -1667,7 +1478,6 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
       }
       grid = per_sm * sms;
       grid_smem = smem;
-      g_persist_grid = grid;
     }
     // D31: the default configuration's own instance (moe_persist_kernel<true>).
     const bool special = moe_persist_special_enabled() && a.stage_regs && a.xq16 && m.H == 2048 && m.E == 256 &&
@@ -1679,30 +1489,12 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
       // D39: the logits from the launches before (the shared rows on warps 1..7 of the first 74 CTAs).
       const bool rl = early && dec->router_logits && int64_t(grid) * (kPersistThreads / 32 - 1) >= m.Is;
       a.rlog = rl ? dec->router_logits : nullptr;
-      const bool w0 = rl && moe_w0_pick_enabled();
-      a.rtag = w0 && dec->router_tagged && !rl_free_enabled() ? dec->router_tagged : nullptr;   // D78
-      a.w17_early = a.rtag && moe_w17_early_enabled() ? 1 : 0;                                  // D79
-      const bool rl_free = rl_free_enabled();
-      if (w0 && !rl_free && !a.rtag && moe_down_split_enabled() && m.H % kDsRows == 0 && m.K + 1 == kDsSlots) {   // D80
-        static const bool attr = [] {
-          CUDA_CHECK(cudaFuncSetAttribute(moe_down_pdl_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          int(kDsSmem)));
-          return true;
-        }();
-        (void)attr;
-        launch(moe_persist_rlw0d_kernel, dim3(grid), dim3(kPersistThreads), smem, s, a, norm ? *norm : GemvNorm{},
-               dec->persist);
-        CUDA_LAUNCH_CHECK();
-        MoeArgs ad = a;
-        ad.trace = dec->trace_down;
-        launch(moe_down_pdl_kernel, dim3(m.H / kDsRows), dim3(kDsThreads), kDsSmem, s, ad,
-               moe_down_late_trigger_enabled() ? 1 : 0);
-        CUDA_LAUNCH_CHECK();
-        return;
-      }
+      static const bool rl_free = [] {
+        const char* v = std::getenv("LILY_D39_REGS");
+        return v && *v && std::atoi(v) == 0;
+      }();
       launch(rl && rl_free ? moe_persist_rl_free_kernel
-             : a.rtag    ? moe_persist_rlw0t_kernel
-             : w0        ? moe_persist_rlw0_kernel
+             : rl && moe_w0_pick_enabled() ? moe_persist_rlw0_kernel
              : rl        ? moe_persist_rl_kernel
              : early     ? moe_persist_kernel<true, true>
              : special ? moe_persist_kernel<true>
