@@ -802,8 +802,7 @@ class CudaBackend final : public Backend {
     attn_mma_decode_enabled() = !abl_.has("D20");   // D20: tensor-core split-KV decode (fp16 cache)
     attn_kv_prefetch_enabled() = !abl_.has("D43");   // D43: D20's K / V rows prefetched pre-wait
     d76_ = !abl_.has("D76");   // D76: D39's folded router rows read as int16 codes with an fp32 scale per 64
-    attn_kv_prefetch_bulk_enabled() = tried("D73");
-    gemv_d82_enabled() = tried("D82");   // D82 (opt-in): the GEMVs after the MoE from shared memory, beside it   // D73 (opt-in): that prefetch as 2 bulk copies per CTA, not 128
+    attn_kv_prefetch_bulk_enabled() = tried("D73");   // D73 (opt-in): that prefetch as 2 bulk copies per CTA, not 128
     attn_mma_pipe_mode() = abl_.has("D25") ? 0 : 2;  // D25: D20's V rows with its K rows, K one step ahead
     kv16_ = !abl_.has("D18");           // D18: fp16 KV cache (off = f32); applies to caches allocated later
     // Prefill mixers: P4 off = the decode GDN kernel for every T, P6 off = per-token split-KV
@@ -1680,10 +1679,9 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
                                                  "scores done (warp 0)", "V rows arrived, P ready (warp 0)",
                                                  "P V done (warp 0)", "merge: first partials arrived (warp 0)",
                                                  "merge: slices folded (warp 0)", "", "", "", "", ""};
-  static const char* gemv_names[9] = {"entry", "past PDL wait", "x staged, norm folded (after the barrier)",
+  static const char* gemv_names[8] = {"entry", "past PDL wait", "x staged, norm folded (after the barrier)",
                                       "end (thread 0)", "x arrived (thread 0)", "x in shared memory (thread 0)",
-                                      "x all arrived (thread 0)", "router row copied (thread 0, D39)",
-                                      "rows in shared memory (thread 0, D82)"};
+                                      "x all arrived (thread 0)", "router row copied (thread 0, D39)"};
   // A launch's phase names, how many there are, and its end phase (MoE: the CTA's end, else thread 0's).
   struct Phases {
     const char* const* names;
@@ -1693,7 +1691,7 @@ std::vector<std::string> kernel_trace_summary(Backend& be) {
     if (n.rfind("moe", 0) == 0) return {moe_names, kTracePhases, 11};
     if (n.rfind("gdn", 0) == 0) return {gdn_names, kTracePhases, 3};
     if (n.rfind("attn", 0) == 0) return {attn_names, kTracePhases, 3};
-    return {gemv_names, 9, 3};
+    return {gemv_names, 8, 3};
   };
   // CTAs that wrote stamps into a slot (their entry stamps are non-zero, in CTA order).
   auto slot_ctas = [](const unsigned long long* b) {

@@ -138,10 +138,6 @@ bool& stage_regs_enabled();
 // D24: the 4-bit decode GEMV and the D19 kernel's 4-bit rows against x (and the down activations)
 // quantised to int16 per 32 values, dp2a (off: float x, 3 instructions per weight).
 bool& gemv_x16_enabled();
-// D82 (opt-in): the GEMV batches after the MoE at one 64-register CTA per SM that copies its rows into shared memory
-// (bulk copies) before its PDL wait, beside the MoE's two CTAs (gemv.cu); the MoE kernels then prefer the largest
-// shared-memory carveout so that it fits.
-bool& gemv_d82_enabled();
 // D26: the lm_head (>= 32,768 rows) runs on the int16 GEMV of D24 instead of the mma.sync GEMV (D1m)
 // when D24 and D21 are on (process-wide switch, ablation D26).
 bool& lmhead_i16_enabled();

@@ -31,7 +31,6 @@ struct GemvLaunch {
   unsigned long long* trace;   // investigation aid: phase stamps (trace_stamp)
   GemvRouterRows rt;    // D39: router rows (gemv_q4_kernel<.., RT> only)
   int late;             // pdl_late_mask(): trigger the dependents after x staging instead of at entry
-  int d82_rows;         // D82: rows per CTA (gemv_q4_d82_kernel only)
 };
 
 // Epilogue of one output: y, plus the folded residual add (D9).
@@ -234,168 +233,6 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
             gemv_store(jb, r0 + r, acc[r] * nscale);
           }
         }
-  }
-  trace_stamp(L.trace, 3);
-}
-
-// D82 (opt-in, LILY_TRY=D82): the decode GEMV batches that follow the MoE (a folded norm, D39's int16 router rows,
-// 2,048 columns, no residual) as one CTA of 256 threads at 64 registers per SM. Two persistent MoE CTAs hold
-// 2 × 256 × 96 registers, so this CTA fits beside them: it enters when the MoE triggers its dependents (after its
-// second handoff) and copies its whole row range (codes, scales, biases: at most L.d82_rows rows) into shared memory
-// with three bulk copies before its PDL wait. After the wait only x, its staging and the dots from shared memory are
-// left (today's kernel loads its second row group from L2 after x staging). Per row the same operations in the same
-// order as Q4Rows<2, R>::dot_i16 (same bits). Shared memory: x as int16 words (4 KB), steps and sums (512 B), the
-// rows, D39's router rows (kD82Rt per CTA at most: 4 KB of codes + 128 B of scales each), the mbarrier.
-constexpr int kD82Rt = 3;
-constexpr int kD82XBytes = 4096 + 512;
-__host__ __device__ constexpr size_t d82_smem_bytes(int rows) {
-  return size_t(kD82XBytes) + size_t(rows) * (1024 + 64 + 64) + size_t(kD82Rt) * (4096 + 128) + 16;
-}
-
-__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-
-__global__ void __launch_bounds__(256, 4) gemv_q4_d82_kernel(const __grid_constant__ GemvLaunch L) {
-  constexpr int CPL = 2, cols = 2048;
-  using XR = XRegs<CPL, 256>;
-  extern __shared__ __align__(128) unsigned char d82s[];
-  uint4* qx = reinterpret_cast<uint4*>(d82s);                     // x as int16 words (stage_x_i16_regs layout)
-  float* xd = reinterpret_cast<float*>(d82s + 4096);              // per-chunk steps
-  float* xsum = xd + cols / 32;                                   // per-chunk plain sums
-  const int rpc = L.d82_rows;
-  uint4* wsm = reinterpret_cast<uint4*>(d82s + kD82XBytes);       // rows' codes, 64 uint4 per row
-  uint16_t* ssm = reinterpret_cast<uint16_t*>(wsm + rpc * 64);    // scales, 32 per row
-  uint16_t* bsm = ssm + rpc * 32;                                 // biases, 32 per row
-  uint2* rq = reinterpret_cast<uint2*>(bsm + rpc * 32);           // router rows: 512 uint2 each
-  float* rsc = reinterpret_cast<float*>(rq + kD82Rt * 512);       // their scales: 32 each
-  uint64_t* bar = reinterpret_cast<uint64_t*>(rsc + kD82Rt * 32);
-  __shared__ float red[8];
-  __shared__ float rred[kD82Rt][8];
-  const int j = find_job(L);
-  const GemvJob& jb = L.job[j];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int bj = blockIdx.x - L.block_begin[j];
-  const int r0 = bj * rpc, nr = max(0, min(rpc, jb.w.rows - r0));
-  trace_stamp(L.trace, 0);
-  if (threadIdx.x == 0) {
-    mbar_init(bar, 1);
-    const uint32_t b = smem_addr(bar);
-    mbar_expect_tx(bar, uint32_t(nr) * (1024 + 64 + 64));
-    if (nr > 0) {   // weights never change: safe before the wait
-      bulk_g2s(smem_addr(wsm), static_cast<const uint4*>(jb.w.data) + int64_t(r0) * 64, uint32_t(nr) * 1024, b);
-      bulk_g2s(smem_addr(ssm), static_cast<const uint16_t*>(jb.w.scales) + int64_t(r0) * 32, uint32_t(nr) * 64, b);
-      bulk_g2s(smem_addr(bsm), static_cast<const uint16_t*>(jb.w.biases) + int64_t(r0) * 32, uint32_t(nr) * 64, b);
-    }
-  }
-  if (!L.late) pdl_trigger();
-  l2_prefetch(L.pf);
-  // D39 / D76: this CTA's router rows b, b + G, ... as int16 codes with a scale per 64 (cp.async, each thread
-  // reads back only what it copied: no barrier).
-  const int G = gridDim.x;
-#pragma unroll
-  for (int k = 0; k < kD82Rt; ++k) {
-    const int rrow = int(blockIdx.x) + k * G;
-    if (rrow >= L.rt.n) break;
-    const int64_t ro = int64_t(rrow) * L.rt.qstride + L.rt.qoff;
-    const uint2* qr = reinterpret_cast<const uint2*>(L.rt.qi + ro);
-    const float* sr = L.rt.qscale + ro / 64;
-#pragma unroll
-    for (int q = 0; q < CPL; ++q) {
-      const int c = XR::index(q);
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_addr(rq + k * 512 + c)), "l"(qr + c) : "memory");
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(rsc + k * 32 + c / 16)), "l"(sr + c / 16)
-                   : "memory");
-    }
-  }
-  asm volatile("cp.async.commit_group;" ::: "memory");
-  XR xr;
-  xr.load(L.norm.w, cols / 4);
-  XR g = xr;
-  float radd[kD82Rt];
-  pdl_wait();
-  trace_stamp(L.trace, 1);
-  xr.load(L.norm.h, cols / 4);
-#pragma unroll
-  for (int k = 0; k < kD82Rt; ++k) {
-    const int rrow = int(blockIdx.x) + k * G;
-    radd[k] = threadIdx.x == 0 && rrow < L.rt.n && L.rt.add && L.rt.early_add ? __ldcg(L.rt.add + rrow) : 0.f;
-  }
-  if (L.trace) {
-    trace_stamp_after(L.trace, 4, __float_as_uint(xr.v[0].x));
-    uint32_t all = 0;
-#pragma unroll
-    for (int k = 0; k < CPL; ++k)
-      all ^= __float_as_uint(xr.v[k].x) ^ __float_as_uint(xr.v[k].y) ^ __float_as_uint(xr.v[k].z) ^
-             __float_as_uint(xr.v[k].w);
-    trace_stamp_after(L.trace, 6, all);
-  }
-  // D39: each router row · x as loaded (before the norm's gain), reduced after the barrier.
-  asm volatile("cp.async.wait_group 0;" ::: "memory");
-#pragma unroll
-  for (int k = 0; k < kD82Rt; ++k) {
-    if (int(blockIdx.x) + k * G >= L.rt.n) break;
-    float part = 0.f;
-#pragma unroll
-    for (int q = 0; q < CPL; ++q) {
-      const int c = XR::index(q);
-      const uint2 u = rq[k * 512 + c];
-      const float d = float(int16_t(u.x & 0xffffu)) * xr.v[q].x + float(int(u.x) >> 16) * xr.v[q].y +
-                      float(int16_t(u.y & 0xffffu)) * xr.v[q].z + float(int(u.y) >> 16) * xr.v[q].w;
-      part += rsc[k * 32 + c / 16] * d;
-    }
-    part = warp_sum(part);
-    if (lane == 0) rred[k][warp] = part;
-  }
-  {
-    const float ss = warp_sum(xr.apply_gain(g));
-    if (lane == 0) red[warp] = ss;
-  }
-  stage_x_i16_regs(xr, cols, qx, xd, xsum);
-  trace_stamp(L.trace, 5);
-  __syncthreads();
-  if (threadIdx.x == 0)
-#pragma unroll
-    for (int k = 0; k < kD82Rt; ++k) {
-      const int rrow = int(blockIdx.x) + k * G;
-      if (rrow >= L.rt.n) break;
-      float v = !L.rt.add ? 0.f : L.rt.early_add ? radd[k] : __ldcg(L.rt.add + rrow);
-#pragma unroll
-      for (int w = 0; w < 8; ++w) v += rred[k][w];
-      L.rt.out[rrow] = v;
-    }
-  const float nscale = fold_norm_scale(red, 8, cols, L.norm.eps, L.norm.h, L.norm.w, nullptr);
-  if (blockIdx.x == 0 && L.norm_out) xr.store_scaled(L.norm_out, cols / 4, nscale);
-  trace_stamp(L.trace, 2);
-  if (L.late) pdl_trigger();
-  // x for this lane's two chunks (lane, lane + 32) in registers; the rows' words from shared memory.
-  uint4 xq[CPL][4];
-  float xs[CPL], dx[CPL];
-#pragma unroll
-  for (int i = 0; i < CPL; ++i) {
-    xs[i] = xsum[lane + 32 * i];
-    dx[i] = xd[lane + 32 * i];
-#pragma unroll
-    for (int f = 0; f < 4; ++f) xq[i][f] = qx[(4 * i + f) * 32 + lane];
-  }
-  mbar_wait_parity(bar, 0);
-  trace_stamp(L.trace, 8);
-  for (int r = warp; r < nr; r += 8) {
-    float out = 0.f;
-#pragma unroll
-    for (int i = 0; i < CPL; ++i) {
-      const int c = lane + 32 * i;
-      const uint4 w = wsm[r * 64 + c];
-      const SbReg s = sb_load(ssm + r * 32 + (c >> 1)), b = sb_load(bsm + r * 32 + (c >> 1));
-      int acc = 0;
-#pragma unroll
-      for (int f = 0; f < 4; ++f) acc = dot8_q4_i16(word_of(w, f), xq[i][f], acc);
-      out = fmaf(sb_val(s), float(acc) * dx[i], fmaf(sb_val(b), xs[i], out));
-    }
-    out = warp_sum(out);
-    if (lane == 0) jb.y[r0 + r] = out * nscale;
   }
   trace_stamp(L.trace, 3);
 }
@@ -603,45 +440,6 @@ __global__ void __launch_bounds__(256) gemv_generic_kernel(const __grid_constant
   }
 }
 
-// D82: the launch of gemv_q4_d82_kernel for a batch that qualifies (see there); false leaves it to the default kernel.
-bool launch_d82(const std::vector<GemvJob>& jobs, GemvLaunch& L, cudaStream_t s) {
-  if (!gemv_d82_enabled() || !L.norm.w || !L.rt.qi || !L.stage_regs) return false;
-  auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-  int total = 0;
-  for (const GemvJob& j : jobs) {
-    if (j.res || j.w.type != kQ4 || j.w.cols != 2048 || j.w.sb_f32 || j.w.gs != 64 || !al(j.w.data) ||
-        !al(j.w.scales) || !al(j.w.biases))
-      return false;
-    total += j.w.rows;
-  }
-  const int G = sm_count();
-  int rpc = (total + G - 1) / G, nb = 0;
-  for (;; ++rpc) {
-    nb = 0;
-    for (const GemvJob& j : jobs) nb += (j.w.rows + rpc - 1) / rpc;
-    if (nb <= G) break;
-  }
-  constexpr int kMaxRows = 112;
-  if (rpc > kMaxRows || L.rt.n > kD82Rt * nb) return false;
-  nb = 0;
-  for (int j = 0; j < L.n; ++j) {
-    L.block_begin[j] = nb;
-    nb += (jobs[j].w.rows + rpc - 1) / rpc;
-  }
-  L.block_begin[L.n] = nb;
-  L.d82_rows = rpc;
-  const size_t smem = d82_smem_bytes(rpc);
-  static size_t attr = 0;
-  if (smem > attr) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemv_q4_d82_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(d82_smem_bytes(kMaxRows))));
-    CUDA_CHECK(cudaFuncSetAttribute(gemv_q4_d82_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-    attr = d82_smem_bytes(kMaxRows);
-  }
-  launch(gemv_q4_d82_kernel, dim3(nb), dim3(256), smem, s, L);
-  CUDA_LAUNCH_CHECK();
-  return true;
-}
-
 template <int CPL, int R, bool Q8 = false>
 void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNorm* norm, bool& norm_written,
                  const L2Prefetch*& pf, bool x16 = false) {
@@ -685,9 +483,6 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
   if constexpr (!Q8) {
     const int late = pdl_late_mask();
     L.late = ((late & kLateGemvRes) && L.n == 1 && jobs[0].res) || ((late & kLateGemvNorm) && norm) ? 1 : 0;
-  }
-  if constexpr (CPL == 2 && !Q8) {
-    if (use_rt && launch_d82(jobs, L, s)) return;
   }
   if constexpr (Q8) {
     const int smem = CPL * 512 * 4 + CPL * 32 * 4;
@@ -821,10 +616,6 @@ bool& stage_regs_enabled() {
 }
 bool& gemv_x16_enabled() {
   static bool on = true;
-  return on;
-}
-bool& gemv_d82_enabled() {
-  static bool on = false;
   return on;
 }
 GemvRouterRows& gemv_router_next() {

@@ -1479,19 +1479,6 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
       grid = per_sm * sms;
       grid_smem = smem;
     }
-    // D82: the GEMV CTA that enters beside the MoE's two needs ~130 KB of shared memory, so the MoE's SMs must
-    // already run with the largest carveout (an SM changes it only when idle).
-    static int carve = -2;
-    if (const int want = gemv_d82_enabled() ? 100 : -1; carve != want) {
-      for (const void* k : {reinterpret_cast<const void*>(moe_persist_kernel<false>),
-                            reinterpret_cast<const void*>(moe_persist_kernel<true>),
-                            reinterpret_cast<const void*>(moe_persist_kernel<true, true>),
-                            reinterpret_cast<const void*>(moe_persist_rl_kernel),
-                            reinterpret_cast<const void*>(moe_persist_rlw0_kernel),
-                            reinterpret_cast<const void*>(moe_persist_rl_free_kernel)})
-        CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, want));
-      carve = want;
-    }
     // D31: the default configuration's own instance (moe_persist_kernel<true>).
     const bool special = moe_persist_special_enabled() && a.stage_regs && a.xq16 && m.H == 2048 && m.E == 256 &&
                          m.K == 8 && m.I == 512 && m.Is == 512 && norm && a.res && a.topk_lanes &&
