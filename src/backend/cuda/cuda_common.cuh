@@ -458,6 +458,13 @@ struct Q4Rows {
 #pragma unroll
     for (int r = 0; r < R; ++r) out[r] = warp_sum(out[r]);
   }
+  __device__ __forceinline__ void probe(float* out) const {   // investigation aid (probe_consume)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      probe_consume(w[r]);
+      out[r] = 0.f;
+    }
+  }
   // D24: the same dot products against x as int16 per 32 values (stage_x_i16_regs, dot8_q4_i16): the
   // chunk's integer sum times its step dx is Σ q·x; the bias term uses the exact float sum.
   __device__ __forceinline__ void dot_i16(const uint4* qx, const float* xd, const float* xsum, float* out) const {
@@ -482,6 +489,14 @@ struct Q4Rows {
     for (int r = 0; r < R; ++r) out[r] = warp_sum(out[r]);
   }
 };
+
+// Investigation aid (session 36, LILY_DOT_PROBE): waits for every register of the rows (the loads complete as in
+// the dot) and returns 0 instead of the dot products, to measure what the dots' instructions cost a step.
+template <int N>
+__device__ __forceinline__ void probe_consume(const uint4 (&w)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" ::"r"(w[i].x), "r"(w[i].y), "r"(w[i].z), "r"(w[i].w));
+}
 
 // One float4 as int16 at the chunk's scale inv, packed as the two words (q0 q2, q1 q3) of dot8_q4_i16's layout.
 __device__ __forceinline__ uint2 q16_pack(float4 v, float inv) {

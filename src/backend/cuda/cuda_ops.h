@@ -138,6 +138,10 @@ bool& stage_regs_enabled();
 // D24: the 4-bit decode GEMV and the D19 kernel's 4-bit rows against x (and the down activations)
 // quantised to int16 per 32 values, dp2a (off: float x, 3 instructions per weight).
 bool& gemv_x16_enabled();
+// Investigation aid (session 36; LILY_TRY=D83g / D83m): the 4-bit decode GEMVs' dots (bit 1) or the persistent MoE's
+// gate/up and down dots (bit 2) replaced by zeros, their loads kept: what the dots' instructions cost a step.
+// Wrong outputs by design: only for `bench decode` A/B runs, never a check.
+int& dot_probe_mask();
 // D26: the lm_head (>= 32,768 rows) runs on the int16 GEMV of D24 instead of the mma.sync GEMV (D1m)
 // when D24 and D21 are on (process-wide switch, ablation D26).
 bool& lmhead_i16_enabled();

@@ -31,6 +31,7 @@ struct GemvLaunch {
   unsigned long long* trace;   // investigation aid: phase stamps (trace_stamp)
   GemvRouterRows rt;    // D39: router rows (gemv_q4_kernel<.., RT> only)
   int late;             // pdl_late_mask(): trigger the dependents after x staging instead of at entry
+  int probe;            // investigation aid (dot_probe_mask() bit 1): the rows' dots replaced by 0
 };
 
 // Epilogue of one output: y, plus the folded residual add (D9).
@@ -216,7 +217,9 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     Q4Rows<CPL, R> nxt;
     if ((g + nb) * 8 * R < rows) load(nxt, g + nb);
     float acc[R];
-    if constexpr (X16)
+    if (L.probe)
+      cur.probe(acc);
+    else if constexpr (X16)
       cur.dot_i16(reinterpret_cast<const uint4*>(sm4), reinterpret_cast<const float*>(sm4) + cols / 2, xsum, acc);
     else
       cur.dot(sm4, xsum, acc);
@@ -449,6 +452,7 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
   L.n = int(jobs.size());
   L.T = 1;
   L.stage_regs = stage_regs_enabled() ? 1 : 0;
+  L.probe = dot_probe_mask() & 1;
   L.trace = std::exchange(gemv_trace_next(), nullptr);
   // D39: router-row dots on the int16 register-staged kernel (x16 needs D21's staging).
   GemvRouterRows& rt = gemv_router_next();
@@ -617,6 +621,10 @@ bool& stage_regs_enabled() {
 bool& gemv_x16_enabled() {
   static bool on = true;
   return on;
+}
+int& dot_probe_mask() {
+  static int m = 0;
+  return m;
 }
 GemvRouterRows& gemv_router_next() {
   static GemvRouterRows r;
