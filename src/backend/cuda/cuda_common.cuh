@@ -416,6 +416,14 @@ __device__ __forceinline__ void stage_x_q4(const float* x, int cols, float4* sm4
   }
 }
 
+// Investigation aid (session 36, LILY_TRY=D83g / D83m): waits for every register of the rows (the loads complete as in
+// the dot) and returns 0 instead of the dot products, to measure what the dots' instructions cost a step.
+template <int N>
+__device__ __forceinline__ void probe_consume(const uint4 (&w)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" ::"r"(w[i].x), "r"(w[i].y), "r"(w[i].z), "r"(w[i].w));
+}
+
 // R rows of 4-bit codes (cols = 1024*CPL, bf16 scales/biases, groups of 64) held in registers:
 // load() issues every 16-byte load first, dot() then works on x staged by stage_x_q4; lane l owns
 // chunks l, l+32, ... of each row. Results are warp-reduced (every lane holds them).
@@ -489,14 +497,6 @@ struct Q4Rows {
     for (int r = 0; r < R; ++r) out[r] = warp_sum(out[r]);
   }
 };
-
-// Investigation aid (session 36, LILY_DOT_PROBE): waits for every register of the rows (the loads complete as in
-// the dot) and returns 0 instead of the dot products, to measure what the dots' instructions cost a step.
-template <int N>
-__device__ __forceinline__ void probe_consume(const uint4 (&w)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" ::"r"(w[i].x), "r"(w[i].y), "r"(w[i].z), "r"(w[i].w));
-}
 
 // One float4 as int16 at the chunk's scale inv, packed as the two words (q0 q2, q1 q3) of dot8_q4_i16's layout.
 __device__ __forceinline__ uint2 q16_pack(float4 v, float inv) {
