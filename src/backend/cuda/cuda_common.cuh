@@ -416,14 +416,6 @@ __device__ __forceinline__ void stage_x_q4(const float* x, int cols, float4* sm4
   }
 }
 
-// Investigation aid (session 36, LILY_TRY=D83g / D83m): waits for every register of the rows (the loads complete as in
-// the dot) and returns 0 instead of the dot products, to measure what the dots' instructions cost a step.
-template <int N>
-__device__ __forceinline__ void probe_consume(const uint4 (&w)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" ::"r"(w[i].x), "r"(w[i].y), "r"(w[i].z), "r"(w[i].w));
-}
-
 // R rows of 4-bit codes (cols = 1024*CPL, bf16 scales/biases, groups of 64) held in registers:
 // load() issues every 16-byte load first, dot() then works on x staged by stage_x_q4; lane l owns
 // chunks l, l+32, ... of each row. Results are warp-reduced (every lane holds them).
@@ -465,13 +457,6 @@ struct Q4Rows {
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) out[r] = warp_sum(out[r]);
-  }
-  __device__ __forceinline__ void probe(float* out) const {   // investigation aid (probe_consume)
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      probe_consume(w[r]);
-      out[r] = 0.f;
-    }
   }
   // D24: the same dot products against x as int16 per 32 values (stage_x_i16_regs, dot8_q4_i16): the
   // chunk's integer sum times its step dx is Σ q·x; the bias term uses the exact float sum.

@@ -138,13 +138,6 @@ bool& stage_regs_enabled();
 // D24: the 4-bit decode GEMV and the D19 kernel's 4-bit rows against x (and the down activations)
 // quantised to int16 per 32 values, dp2a (off: float x, 3 instructions per weight).
 bool& gemv_x16_enabled();
-// Investigation aid (session 36; LILY_TRY=D83g / D83m): the 4-bit decode GEMVs' dots (bit 1) or the persistent MoE's
-// gate/up and down dots (bit 2) replaced by zeros, their loads kept: what the dots' instructions cost a step.
-// Wrong outputs by design: only for `bench decode` A/B runs, never a check.
-int& dot_probe_mask();
-// D84 (bit 1) / D85 (bit 2), opt-in: the 2,048- / 4,096-column decode GEMV batches that fit in one wave at 4 / 2 rows
-// per warp run as a single pass (gemv_q4_kernel's ONE): every row loaded before the PDL wait, x read once per R rows.
-int& gemv_single_pass_mask();
 // D26: the lm_head (>= 32,768 rows) runs on the int16 GEMV of D24 instead of the mma.sync GEMV (D1m)
 // when D24 and D21 are on (process-wide switch, ablation D26).
 bool& lmhead_i16_enabled();

@@ -31,7 +31,6 @@ struct GemvLaunch {
   unsigned long long* trace;   // investigation aid: phase stamps (trace_stamp)
   GemvRouterRows rt;    // D39: router rows (gemv_q4_kernel<.., RT> only)
   int late;             // pdl_late_mask(): trigger the dependents after x staging instead of at entry
-  int probe;            // investigation aid (dot_probe_mask() bit 1): the rows' dots replaced by 0
 };
 
 // Epilogue of one output: y, plus the folded residual add (D9).
@@ -53,10 +52,7 @@ __device__ __forceinline__ int find_job(const GemvLaunch& L) {
 // with this launch's x as loaded (the raw residual h when a norm is folded: before its gain), plus L.rt.add[b]
 // if set, into L.rt.out[b]. The row goes to shared memory before the PDL wait (cp.async; each thread reads back
 // only what it copied: no barrier), after the x staging area (cols floats more of dynamic shared memory).
-// ONE (D84 / D85): every CTA has at most one row group (the launch's one wave covers the rows), so there is no
-// software pipeline: with R = 4 (2,048 columns) or 2 (4,096) all of a CTA's rows load before the PDL wait and each x
-// word read from shared memory serves R rows (the dots are bound by those reads: 8 KB of int16 x per row group).
-template <int CPL, int R, bool X16 = false, bool RT = false, bool ONE = false>   // X16 (D24): x as int16 per 32, dp2a
+template <int CPL, int R, bool X16 = false, bool RT = false>   // X16 (D24): x as int16 per 32 values, dp2a
 __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__ GemvLaunch L) {
   static_assert(!RT || X16, "D39: the int16 register-staged kernel");
   using XR = XRegs<CPL, 256>;
@@ -214,20 +210,17 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
   trace_stamp(L.trace, 2);
   if (L.late) pdl_trigger();
   // Software pipeline: the next row group's loads are in flight while this one is computed.
-  for (int g = bj; g * 8 * R < rows; g += ONE ? rows : nb) {   // ONE: a single pass
+  for (int g = bj; g * 8 * R < rows; g += nb) {
     const int r0 = g * 8 * R + warp * R;
     if (r0 >= rows) break;
     Q4Rows<CPL, R> nxt;
-    if constexpr (!ONE)
-      if ((g + nb) * 8 * R < rows) load(nxt, g + nb);
+    if ((g + nb) * 8 * R < rows) load(nxt, g + nb);
     float acc[R];
-    if (L.probe)
-      cur.probe(acc);
-    else if constexpr (X16)
+    if constexpr (X16)
       cur.dot_i16(reinterpret_cast<const uint4*>(sm4), reinterpret_cast<const float*>(sm4) + cols / 2, xsum, acc);
     else
       cur.dot(sm4, xsum, acc);
-    if constexpr (!ONE) cur = nxt;
+    cur = nxt;
     if (lane == 0)
 #pragma unroll
       for (int r = 0; r < R; ++r)
@@ -447,7 +440,7 @@ __global__ void __launch_bounds__(256) gemv_generic_kernel(const __grid_constant
   }
 }
 
-template <int CPL, int R, bool Q8 = false, bool ONE = false>
+template <int CPL, int R, bool Q8 = false>
 void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNorm* norm, bool& norm_written,
                  const L2Prefetch*& pf, bool x16 = false) {
   GemvLaunch L{};
@@ -456,7 +449,6 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
   L.n = int(jobs.size());
   L.T = 1;
   L.stage_regs = stage_regs_enabled() ? 1 : 0;
-  L.probe = dot_probe_mask() & 1;
   L.trace = std::exchange(gemv_trace_next(), nullptr);
   // D39: router-row dots on the int16 register-staged kernel (x16 needs D21's staging).
   GemvRouterRows& rt = gemv_router_next();
@@ -499,14 +491,13 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
     const int smem = CPL * 1024 * 4 + CPL * 32 * 4;
     // D39: one CTA per router row at least (the CTAs past the jobs' rows only compute theirs).
     if (use_rt) {
-      launch(gemv_q4_kernel<CPL, R, true, true, ONE>, dim3(std::max(nb, L.rt.n)), dim3(256), smem + CPL * 1024 * 4, s,
-             L);
+      launch(gemv_q4_kernel<CPL, R, true, true>, dim3(std::max(nb, L.rt.n)), dim3(256), smem + CPL * 1024 * 4, s, L);
       CUDA_LAUNCH_CHECK();
       return;
     }
     // D24: int16 x and dp2a (needs D21's register staging).
     if (x16 && L.stage_regs)
-      launch(gemv_q4_kernel<CPL, R, true, false, ONE>, dim3(nb), dim3(256), smem, s, L);
+      launch(gemv_q4_kernel<CPL, R, true>, dim3(nb), dim3(256), smem, s, L);
     else launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   }
   CUDA_LAUNCH_CHECK();
@@ -626,14 +617,6 @@ bool& stage_regs_enabled() {
 bool& gemv_x16_enabled() {
   static bool on = true;
   return on;
-}
-int& dot_probe_mask() {
-  static int m = 0;
-  return m;
-}
-int& gemv_single_pass_mask() {
-  static int m = 0;
-  return m;
 }
 GemvRouterRows& gemv_router_next() {
   static GemvRouterRows r;
@@ -763,17 +746,8 @@ void gemv_batch(const GemvJob* jobs, int n, int T, bool fast, cudaStream_t s, co
   bool written = false;
   // D24: x as int16 per 32 values (dp2a) in the 2,048/4,096-column kernels.
   const bool x16 = stage_regs_enabled() && gemv_x16_enabled();
-  // D84 / D85: batches whose rows fit in one wave of row groups of R = 4 / 2 rows per warp take the single-pass kernel
-  // (needs D24's int16 x and D14's one wave).
-  auto one_wave = [&](const std::vector<GemvJob>& js, int rows_per_group) {
-    int64_t groups = 0;
-    for (const GemvJob& j : js) groups += (j.w.rows + rows_per_group - 1) / rows_per_group;
-    return x16 && gemv_one_wave_enabled() && !js.empty() && groups <= 3 * sm_count();
-  };
-  if (gemv_single_pass_mask() & 1 && one_wave(f2, 32)) launch_fast<2, 4, false, true>(f2, s, norm, written, pf, x16);
-  else if (!f2.empty()) launch_fast<2, 2>(f2, s, norm, written, pf, x16);
-  if (gemv_single_pass_mask() & 2 && one_wave(f4, 16)) launch_fast<4, 2, false, true>(f4, s, norm, written, pf, x16);
-  else if (!f4.empty()) launch_fast<4, 1>(f4, s, norm, written, pf, x16);
+  if (!f2.empty()) launch_fast<2, 2>(f2, s, norm, written, pf, x16);
+  if (!f4.empty()) launch_fast<4, 1>(f4, s, norm, written, pf, x16);
   if (!q8.empty()) launch_fast<4, 2, true>(q8, s, norm, written, pf);
   if (!mm.empty()) launch_mma(mm, s, pf);
   if (!gen.empty()) launch_generic(gen, T, s, pf);

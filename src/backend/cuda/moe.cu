@@ -38,7 +38,6 @@ struct MoeArgs {
   unsigned long long* trace;   // investigation aid: D19 phase timestamps [CTA][kTracePhases]
   const float* rlog;       // D39: unscaled router logits [E] + shared gate, from the previous launch
   int lean_act;            // D63 (D31 instances): stage_down_act_lean for the down activations
-  int probe;               // investigation aid (dot_probe_mask() bit 2): the 4-bit rows' dots replaced by 0
 };
 
 // D19 phase timestamp (thread 0 of each CTA; only with a trace buffer).
@@ -1252,8 +1251,7 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
         if (gw < items) load_routed(cur, gw);
         if (RL && sr < Is) {   // D39: the shared row while the routed rows load and warp 0 finishes its picks
           float r[2];
-          if (a.probe) shr.probe(r);
-          else shr.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r);
+          shr.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r);
           if (lane == 0) act[K * imax + sr] = siluf_(r[0] * ns) * (r[1] * ns);
         }
         named_bar_sync(2, kPersistThreads);
@@ -1268,8 +1266,7 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
     Q4Rows<2, 2> nxt;
     if (it + nw < items) load_routed(nxt, it + nw);
     float r[2];
-    if (a.probe) cur.probe(r);
-    else if (SP || a.xq16) cur.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r);
+    if (SP || a.xq16) cur.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r);
     else cur.dot(xq4, xs4, r);
     cur = nxt;
     if (lane == 0) act[(it / I) * imax + it % I] = sw[it / I] * siluf_(r[0] * ns) * (r[1] * ns);
@@ -1312,14 +1309,8 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.f;
-    if (a.probe) {
-#pragma unroll
-      for (int q = 0; q < 5; ++q) probe_consume(dr.wv[q]);
-    } else if (x16) {
-      dr.dot_i16(reinterpret_cast<const uint4*>(dq), reinterpret_cast<const float*>(dq + S * 64), dsum, S, acc);
-    } else {
-      dr.dot(dq, dsum, S, acc);
-    }
+    if (x16) dr.dot_i16(reinterpret_cast<const uint4*>(dq), reinterpret_cast<const float*>(dq + S * 64), dsum, S, acc);
+    else dr.dot(dq, dsum, S, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const float v = warp_sum(acc[r]);
@@ -1459,7 +1450,6 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   a.stage_regs = stage_regs_enabled() ? 1 : 0;
   a.flags = dec ? dec->flags : 0;
   a.lean_act = moe_lean_act_enabled() ? 1 : 0;   // D63
-  a.probe = (dot_probe_mask() & 2) ? 1 : 0;
   a.xq16 = a.stage_regs && gemv_x16_enabled() && m.H == 2048 ? 1 : 0;   // the D21 staging path of D19
   a.topk_lanes = topk_lanes_enabled() && m.E <= 256 && m.K <= 8 ? 1 : 0;
   a.early_down = dec && dec->early_down && fused_router && fast_down && !(mma_q4_enabled() && mma_q4_all()) ? 1 : 0;
