@@ -460,10 +460,7 @@ struct Q4Rows {
   }
   // D24: the same dot products against x as int16 per 32 values (stage_x_i16_regs, dot8_q4_i16): the
   // chunk's integer sum times its step dx is Σ q·x; the bias term uses the exact float sum.
-  // D86 (`split`): the chunk's 16 dp2a as two chains of 8 added at the end (integers: the same bits), a shorter
-  // dependent chain per chunk.
-  __device__ __forceinline__ void dot_i16(const uint4* qx, const float* xd, const float* xsum, float* out,
-                                          bool split = false) const {
+  __device__ __forceinline__ void dot_i16(const uint4* qx, const float* xd, const float* xsum, float* out) const {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < R; ++r) out[r] = 0.f;
@@ -476,14 +473,8 @@ struct Q4Rows {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         int acc = 0;
-        if (split) {
-          const int a0 = dot8_q4_i16(word_of(w[r][i], 1), xq[1], dot8_q4_i16(word_of(w[r][i], 0), xq[0], 0));
-          const int a1 = dot8_q4_i16(word_of(w[r][i], 3), xq[3], dot8_q4_i16(word_of(w[r][i], 2), xq[2], 0));
-          acc = a0 + a1;
-        } else {
 #pragma unroll
-          for (int f = 0; f < 4; ++f) acc = dot8_q4_i16(word_of(w[r][i], f), xq[f], acc);
-        }
+        for (int f = 0; f < 4; ++f) acc = dot8_q4_i16(word_of(w[r][i], f), xq[f], acc);
         out[r] = fmaf(sb_val(s[r][i]), float(acc) * dx, fmaf(sb_val(b[r][i]), xs, out[r]));
       }
     }

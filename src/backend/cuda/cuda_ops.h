@@ -138,9 +138,6 @@ bool& stage_regs_enabled();
 // D24: the 4-bit decode GEMV and the D19 kernel's 4-bit rows against x (and the down activations)
 // quantised to int16 per 32 values, dp2a (off: float x, 3 instructions per weight).
 bool& gemv_x16_enabled();
-// D86 (opt-in): the int16 decode dots (GEMVs, the persistent MoE's rows) with each chunk's 16 dp2a as two chains
-// of 8 (integer sums: the same bits).
-bool& dot_split_enabled();
 // D26: the lm_head (>= 32,768 rows) runs on the int16 GEMV of D24 instead of the mma.sync GEMV (D1m)
 // when D24 and D21 are on (process-wide switch, ablation D26).
 bool& lmhead_i16_enabled();

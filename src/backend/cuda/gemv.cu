@@ -31,7 +31,6 @@ struct GemvLaunch {
   unsigned long long* trace;   // investigation aid: phase stamps (trace_stamp)
   GemvRouterRows rt;    // D39: router rows (gemv_q4_kernel<.., RT> only)
   int late;             // pdl_late_mask(): trigger the dependents after x staging instead of at entry
-  int dsplit;           // D86: the int16 dots as two dp2a chains
 };
 
 // Epilogue of one output: y, plus the folded residual add (D9).
@@ -218,8 +217,7 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
     if ((g + nb) * 8 * R < rows) load(nxt, g + nb);
     float acc[R];
     if constexpr (X16)
-      cur.dot_i16(reinterpret_cast<const uint4*>(sm4), reinterpret_cast<const float*>(sm4) + cols / 2, xsum, acc,
-                  L.dsplit);
+      cur.dot_i16(reinterpret_cast<const uint4*>(sm4), reinterpret_cast<const float*>(sm4) + cols / 2, xsum, acc);
     else
       cur.dot(sm4, xsum, acc);
     cur = nxt;
@@ -451,7 +449,6 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
   L.n = int(jobs.size());
   L.T = 1;
   L.stage_regs = stage_regs_enabled() ? 1 : 0;
-  L.dsplit = dot_split_enabled() ? 1 : 0;
   L.trace = std::exchange(gemv_trace_next(), nullptr);
   // D39: router-row dots on the int16 register-staged kernel (x16 needs D21's staging).
   GemvRouterRows& rt = gemv_router_next();
@@ -619,10 +616,6 @@ bool& stage_regs_enabled() {
 }
 bool& gemv_x16_enabled() {
   static bool on = true;
-  return on;
-}
-bool& dot_split_enabled() {
-  static bool on = false;
   return on;
 }
 GemvRouterRows& gemv_router_next() {

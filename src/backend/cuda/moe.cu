@@ -38,7 +38,6 @@ struct MoeArgs {
   unsigned long long* trace;   // investigation aid: D19 phase timestamps [CTA][kTracePhases]
   const float* rlog;       // D39: unscaled router logits [E] + shared gate, from the previous launch
   int lean_act;            // D63 (D31 instances): stage_down_act_lean for the down activations
-  int dsplit;              // D86: the int16 dots as two dp2a chains
 };
 
 // D19 phase timestamp (thread 0 of each CTA; only with a trace buffer).
@@ -364,8 +363,7 @@ struct DownRowsT {
   }
   // D24: against the activations as int16 per 32 values (stage_down_act with x16): slot s, chunk c,
   // word f at qx[(s·4 + f)·16 + c], the chunk's step at xd[s·16 + c].
-  __device__ __forceinline__ void dot_i16(const uint4* qx, const float* xd, const float* xsum, int S, float* acc,
-                                          bool split = false) const {   // split: D86 (Q4Rows::dot_i16)
+  __device__ __forceinline__ void dot_i16(const uint4* qx, const float* xd, const float* xsum, int S, float* acc) const {
     const int lane = threadIdx.x & 31, half = lane >> 4, c = lane & 15;
 #pragma unroll
     for (int q = 0; q < 5; ++q) {
@@ -378,14 +376,8 @@ struct DownRowsT {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         int d = 0;
-        if (split) {
-          const int d0 = dot8_q4_i16(word_of(wv[q][r], 1), xq[1], dot8_q4_i16(word_of(wv[q][r], 0), xq[0], 0));
-          const int d1 = dot8_q4_i16(word_of(wv[q][r], 3), xq[3], dot8_q4_i16(word_of(wv[q][r], 2), xq[2], 0));
-          d = d0 + d1;
-        } else {
 #pragma unroll
-          for (int f = 0; f < 4; ++f) d = dot8_q4_i16(word_of(wv[q][r], f), xq[f], d);
-        }
+        for (int f = 0; f < 4; ++f) d = dot8_q4_i16(word_of(wv[q][r], f), xq[f], d);
         acc[r] = fmaf(sb_val(sc[q][r]), float(d) * dx, fmaf(sb_val(bi[q][r]), xs, acc[r]));
       }
     }
@@ -1132,7 +1124,7 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
       if (gw < items) load_routed(cur, gw);
       if (sr < Is) {   // D39: the shared row while the routed rows load and warp 0 finishes its picks
         float r[2];
-        shr.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r, a.dsplit);
+        shr.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r);
         if (lane == 0) act[K * imax + sr] = siluf_(r[0] * ns) * (r[1] * ns);
       }
       named_bar_sync(2, kPersistThreads);
@@ -1207,7 +1199,7 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
       if (p <= E) continue;
       if (p != gw) load_q4(cur, m.sh_gate, m.sh_up, p - E - 1);
       float r[2];
-      if (SP || a.xq16) cur.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r, a.dsplit);
+      if (SP || a.xq16) cur.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r);
       else cur.dot(xq4, xs4, r);
       if (lane == 0) act[K * imax + (p - E - 1)] = siluf_(r[0] * ns) * (r[1] * ns);
     }
@@ -1259,7 +1251,7 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
         if (gw < items) load_routed(cur, gw);
         if (RL && sr < Is) {   // D39: the shared row while the routed rows load and warp 0 finishes its picks
           float r[2];
-          shr.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r, a.dsplit);
+          shr.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r);
           if (lane == 0) act[K * imax + sr] = siluf_(r[0] * ns) * (r[1] * ns);
         }
         named_bar_sync(2, kPersistThreads);
@@ -1274,7 +1266,7 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
     Q4Rows<2, 2> nxt;
     if (it + nw < items) load_routed(nxt, it + nw);
     float r[2];
-    if (SP || a.xq16) cur.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r, a.dsplit);
+    if (SP || a.xq16) cur.dot_i16(reinterpret_cast<const uint4*>(xq4), reinterpret_cast<const float*>(xq4) + H / 2, xs4, r);
     else cur.dot(xq4, xs4, r);
     cur = nxt;
     if (lane == 0) act[(it / I) * imax + it % I] = sw[it / I] * siluf_(r[0] * ns) * (r[1] * ns);
@@ -1317,7 +1309,7 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.f;
-    if (x16) dr.dot_i16(reinterpret_cast<const uint4*>(dq), reinterpret_cast<const float*>(dq + S * 64), dsum, S, acc, a.dsplit);
+    if (x16) dr.dot_i16(reinterpret_cast<const uint4*>(dq), reinterpret_cast<const float*>(dq + S * 64), dsum, S, acc);
     else dr.dot(dq, dsum, S, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -1458,7 +1450,6 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
   a.stage_regs = stage_regs_enabled() ? 1 : 0;
   a.flags = dec ? dec->flags : 0;
   a.lean_act = moe_lean_act_enabled() ? 1 : 0;   // D63
-  a.dsplit = dot_split_enabled() ? 1 : 0;   // D86
   a.xq16 = a.stage_regs && gemv_x16_enabled() && m.H == 2048 ? 1 : 0;   // the D21 staging path of D19
   a.topk_lanes = topk_lanes_enabled() && m.E <= 256 && m.K <= 8 ? 1 : 0;
   a.early_down = dec && dec->early_down && fused_router && fast_down && !(mma_q4_enabled() && mma_q4_all()) ? 1 : 0;
