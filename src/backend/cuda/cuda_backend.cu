@@ -802,8 +802,7 @@ class CudaBackend final : public Backend {
     attn_mma_decode_enabled() = !abl_.has("D20");   // D20: tensor-core split-KV decode (fp16 cache)
     attn_kv_prefetch_enabled() = !abl_.has("D43");   // D43: D20's K / V rows prefetched pre-wait
     d76_ = !abl_.has("D76");   // D76: D39's folded router rows read as int16 codes with an fp32 scale per 64
-    attn_kv_prefetch_bulk_enabled() = tried("D73");
-    gemv_wave2_enabled() = tried("D87");   // D87 (opt-in): the GEMVs after the MoE at 2 CTAs per SM   // D73 (opt-in): that prefetch as 2 bulk copies per CTA, not 128
+    attn_kv_prefetch_bulk_enabled() = tried("D73");   // D73 (opt-in): that prefetch as 2 bulk copies per CTA, not 128
     attn_mma_pipe_mode() = abl_.has("D25") ? 0 : 2;  // D25: D20's V rows with its K rows, K one step ahead
     kv16_ = !abl_.has("D18");           // D18: fp16 KV cache (off = f32); applies to caches allocated later
     // Prefill mixers: P4 off = the decode GDN kernel for every T, P6 off = per-token split-KV

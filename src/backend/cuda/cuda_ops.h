@@ -138,8 +138,6 @@ bool& stage_regs_enabled();
 // D24: the 4-bit decode GEMV and the D19 kernel's 4-bit rows against x (and the down activations)
 // quantised to int16 per 32 values, dp2a (off: float x, 3 instructions per weight).
 bool& gemv_x16_enabled();
-// D87 (opt-in): the decode GEMV batches after the MoE in a wave of 2 CTAs per SM instead of 3 (gemv.cu).
-bool& gemv_wave2_enabled();
 // D26: the lm_head (>= 32,768 rows) runs on the int16 GEMV of D24 instead of the mma.sync GEMV (D1m)
 // when D24 and D21 are on (process-wide switch, ablation D26).
 bool& lmhead_i16_enabled();

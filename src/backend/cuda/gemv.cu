@@ -468,9 +468,7 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
   // wave for the whole batch (the GDN projections had 656 CTAs, attention's q/k/v 460, for 396
   // resident: a tail wave that repeats the prologue and delays the next launch); each job gets a
   // share of the wave in proportion to its row groups.
-  // D87 (opt-in): the batches after the MoE (folded norm, D39 rows) in a wave of 2 CTAs per SM, so that the launch
-  // after them (GDN step: 256 × 64 registers) fits beside them and enters early.
-  const int wave = (gemv_wave2_enabled() && norm && use_rt ? 2 : 3) * sm_count();
+  const int wave = 3 * sm_count();
   int64_t groups = 0;
   for (const GemvJob& j : jobs) groups += (j.w.rows + 8 * R - 1) / (8 * R);
   int nb = 0;
@@ -618,10 +616,6 @@ bool& stage_regs_enabled() {
 }
 bool& gemv_x16_enabled() {
   static bool on = true;
-  return on;
-}
-bool& gemv_wave2_enabled() {
-  static bool on = false;
   return on;
 }
 GemvRouterRows& gemv_router_next() {
