@@ -153,6 +153,7 @@ bool& moe_early_pick_enabled();
 // D50: in D39's MoE instance warp 0 picks the experts from logits loaded into its registers while warps 1..7
 // stage x (process-wide switch, ablation D50).
 bool& moe_w0_pick_enabled();
+bool& moe_regs88_enabled();   // D88 (opt-in): the D50 MoE instance at 88 registers (same bits)
 // D28: at T == 1 on the D20 path, the attention prep (q/k norms, RoPE, KV append) runs inside the
 // split-KV kernel (off: the separate prep kernel).
 bool& attn_prep_fused_enabled();

@@ -1347,6 +1347,15 @@ __global__ void __maxnreg__(kRlRegs)
     moe_persist_rlw0_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
   moe_persist_body<true, true, true, true>(a, nrm, ctr);
 }
+// D88 (opt-in): the D50 instance at 88 registers. Registers are allocated 8 per thread at a time, so the
+// 90-register build takes 96; at 88 two MoE CTAs (45,056) leave exactly one 80-register GEMV CTA of 256 threads
+// (20,480) room on an SM, and the launch after the MoE (in-projection, q / k / v, lm_head) can enter during
+// its tail instead of after it (D48 tried 80 registers and slowed the MoE itself; D74 shrank the GEMV instead).
+constexpr int kRlRegs88 = 88;
+__global__ void __maxnreg__(kRlRegs88)
+    moe_persist_rlw0_r88_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
+  moe_persist_body<true, true, true, true>(a, nrm, ctr);
+}
 __global__ void __launch_bounds__(kPersistThreads, 2)
     moe_persist_rl_free_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
   moe_persist_body<true, true, true>(a, nrm, ctr);
@@ -1371,6 +1380,11 @@ bool moe_norm_ok(const MoeDev& m, int T, bool fast) {
 
 bool& moe_w0_pick_enabled() {
   static bool on = true;
+  return on;
+}
+
+bool& moe_regs88_enabled() {
+  static bool on = false;
   return on;
 }
 
@@ -1471,6 +1485,7 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
                             reinterpret_cast<const void*>(moe_persist_kernel<true, true>),
                             reinterpret_cast<const void*>(moe_persist_rl_kernel),
                             reinterpret_cast<const void*>(moe_persist_rlw0_kernel),
+                            reinterpret_cast<const void*>(moe_persist_rlw0_r88_kernel),
                             reinterpret_cast<const void*>(moe_persist_rl_free_kernel)}) {
         int n = 0;
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kPersistThreads, smem));
@@ -1494,7 +1509,7 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
         return v && *v && std::atoi(v) == 0;
       }();
       launch(rl && rl_free ? moe_persist_rl_free_kernel
-             : rl && moe_w0_pick_enabled() ? moe_persist_rlw0_kernel
+             : rl && moe_w0_pick_enabled() ? (moe_regs88_enabled() ? moe_persist_rlw0_r88_kernel : moe_persist_rlw0_kernel)
              : rl        ? moe_persist_rl_kernel
              : early     ? moe_persist_kernel<true, true>
              : special ? moe_persist_kernel<true>
