@@ -775,7 +775,10 @@ class CudaBackend final : public Backend {
     p62_ = !abl_.has("P62");   // P62: the chunked GDN's qkv and z in fp16 from the projection GEMM
     p56_ = !abl_.has("P56");   // P56: the MoE tile lists' full tiles first (16 to 96 expected rows per expert)
     moe_w0_pick_enabled() = !abl_.has("D50");   // D50: the MoE picks on warp 0 while x is staged
-    moe_regs88_enabled() = tried("D88");   // D88 (opt-in): that instance at 88 registers, a GEMV CTA fits beside it
+    moe_regs88_enabled() = !abl_.has("D88");   // D88: that instance at 88 registers, so a GEMV CTA fits beside it
+    // D89 (opt-in): the GEMVs' router-row / norm sums and x staging as interleaved chains (same bits); D90 (with
+    // D89): the staging scale by __fdividef.
+    gemv_fused_stage_mode() = !tried("D89") ? 0 : tried("D90") ? 2 : 1;
     gdn_push_enabled() = !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier
     gdn_s_late_enabled() = !abl_.has("D45");   // D45: D12's state written after its cluster barrier
     gdn_early_state_enabled() = !abl_.has("D55");   // D55: D12's state / conv rows loaded before the PDL wait

@@ -538,6 +538,45 @@ __device__ __forceinline__ void stage_x_i16_regs(const XRegs<NIT>& x, int cols, 
   }
 }
 
+// D89 (opt-in): stage_x_i16_regs with the NIT float4s' reductions interleaved. q16_stage per float4 is a chain of
+// 3 shuffle levels, then an IEEE division whose slow-path branch keeps the compiler from overlapping the next
+// float4's chain with it (the SASS ran the NIT chains one after the other). Here every float4's sum and max go
+// through the same butterflies level by level, all chains at once; each value is computed exactly as in q16_stage
+// (same bits). DF (D90): the scale as __fdividef (approximate reciprocal, no slow path; bits may differ by one
+// int16 step in rare roundings).
+template <int NIT, bool DF>
+__device__ __forceinline__ void stage_x_i16_regs_il(const XRegs<NIT>& x, int cols, uint4* qx, float* xd, float* xsum) {
+  float s[NIT], m[NIT];
+#pragma unroll
+  for (int k = 0; k < NIT; ++k) {
+    const float4 v = x.v[k];
+    s[k] = (v.x + v.y) + (v.z + v.w);
+    m[k] = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+  }
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1)
+#pragma unroll
+    for (int k = 0; k < NIT; ++k) {
+      s[k] += __shfl_xor_sync(0xffffffffu, s[k], o);
+      m[k] = fmaxf(m[k], __shfl_xor_sync(0xffffffffu, m[k], o));
+    }
+  float inv[NIT];
+#pragma unroll
+  for (int k = 0; k < NIT; ++k) inv[k] = m[k] > 0.f ? (DF ? __fdividef(32767.f, m[k]) : 32767.f / m[k]) : 0.f;
+#pragma unroll
+  for (int k = 0; k < NIT; ++k) {
+    const int idx = int(threadIdx.x) + 256 * k;
+    if (idx >= cols / 4) break;   // uniform per warp
+    const int ci = idx >> 3, fi = idx & 7;
+    uint4* words = qx + (ci >> 5) * 128 + (ci & 31);
+    reinterpret_cast<uint2*>(words + (fi >> 1) * 32)[fi & 1] = q16_pack(x.v[k], inv[k]);
+    if (fi == 0) {
+      xsum[ci] = s[k];
+      xd[ci] = m[k] * (1.f / 32767.f);
+    }
+  }
+}
+
 template <int CPL, int R>
 __device__ __forceinline__ void q4_dot_rows(const uint4* const* rp, const uint16_t* const* sp,
                                             const uint16_t* const* bp, const float4* sm4,

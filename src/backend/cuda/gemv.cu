@@ -52,9 +52,12 @@ __device__ __forceinline__ int find_job(const GemvLaunch& L) {
 // with this launch's x as loaded (the raw residual h when a norm is folded: before its gain), plus L.rt.add[b]
 // if set, into L.rt.out[b]. The row goes to shared memory before the PDL wait (cp.async; each thread reads back
 // only what it copied: no barrier), after the x staging area (cols floats more of dynamic shared memory).
-template <int CPL, int R, bool X16 = false, bool RT = false>   // X16 (D24): x as int16 per 32 values, dp2a
+// FS (D89, X16 only): the router-row and norm reductions as one interleaved butterfly and the int16 staging with
+// its float4 chains interleaved (stage_x_i16_regs_il; same bits); FS == 2 (D90) also takes the scale by __fdividef.
+template <int CPL, int R, bool X16 = false, bool RT = false, int FS = 0>   // X16 (D24): x as int16 per 32 values, dp2a
 __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__ GemvLaunch L) {
   static_assert(!RT || X16, "D39: the int16 register-staged kernel");
+  static_assert(!FS || X16, "D89: the int16 register-staged kernel");
   using XR = XRegs<CPL, 256>;
   extern __shared__ float4 sm4[];
   constexpr int cols = CPL * 1024;
@@ -145,8 +148,8 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
                __float_as_uint(xr.v[k].w);
       trace_stamp_after(L.trace, 6, all);
     }
+    float part = 0.f;   // D39's share (RT), reduced below
     if constexpr (RT) {   // D39: the row · x as loaded (before a folded norm's gain), reduced after the barrier
-      float part = 0.f;
       if (has_r) {
         asm volatile("cp.async.wait_group 0;" ::: "memory");   // this thread's own copies of the row
         if (L.trace) trace_stamp(L.trace, 7);
@@ -169,15 +172,31 @@ __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__
           }
         }
       }
-      part = warp_sum(part);
-      if (lane == 0) rred[warp] = part;
+      if constexpr (!FS) {
+        part = warp_sum(part);
+        if (lane == 0) rred[warp] = part;
+      }
     }
-    if (L.norm.w) {
+    if constexpr (FS) {   // D89: both warp sums through one butterfly (each summed as warp_sum sums it)
+      float ss = L.norm.w ? xr.apply_gain(g) : 0.f;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        if constexpr (RT) part += __shfl_xor_sync(0xffffffffu, part, o);
+        ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      }
+      if (lane == 0) {
+        if constexpr (RT) rred[warp] = part;
+        if (L.norm.w) red[warp] = ss;
+      }
+    } else if (L.norm.w) {
       const float ss = warp_sum(xr.apply_gain(g));
       if (lane == 0) red[warp] = ss;
     }
     // D24: x as int16 per 32 values in the first 2·cols bytes, the x steps after that.
-    if constexpr (X16)
+    if constexpr (FS)
+      stage_x_i16_regs_il<CPL, FS == 2>(xr, cols, reinterpret_cast<uint4*>(sm4), reinterpret_cast<float*>(sm4) + cols / 2,
+                                        xsum);
+    else if constexpr (X16)
       stage_x_i16_regs(xr, cols, reinterpret_cast<uint4*>(sm4), reinterpret_cast<float*>(sm4) + cols / 2, xsum);
     else
       stage_x_q4_regs(xr, cols, sm4, xsum);
@@ -490,14 +509,21 @@ void launch_fast(const std::vector<GemvJob>& jobs, cudaStream_t s, const GemvNor
   } else {
     const int smem = CPL * 1024 * 4 + CPL * 32 * 4;
     // D39: one CTA per router row at least (the CTAs past the jobs' rows only compute theirs).
+    const int fs = gemv_fused_stage_mode();   // D89 / D90
     if (use_rt) {
-      launch(gemv_q4_kernel<CPL, R, true, true>, dim3(std::max(nb, L.rt.n)), dim3(256), smem + CPL * 1024 * 4, s, L);
+      launch(fs == 2   ? gemv_q4_kernel<CPL, R, true, true, 2>
+             : fs == 1 ? gemv_q4_kernel<CPL, R, true, true, 1>
+                       : gemv_q4_kernel<CPL, R, true, true>,
+             dim3(std::max(nb, L.rt.n)), dim3(256), smem + CPL * 1024 * 4, s, L);
       CUDA_LAUNCH_CHECK();
       return;
     }
     // D24: int16 x and dp2a (needs D21's register staging).
     if (x16 && L.stage_regs)
-      launch(gemv_q4_kernel<CPL, R, true>, dim3(nb), dim3(256), smem, s, L);
+      launch(fs == 2   ? gemv_q4_kernel<CPL, R, true, false, 2>
+             : fs == 1 ? gemv_q4_kernel<CPL, R, true, false, 1>
+                       : gemv_q4_kernel<CPL, R, true>,
+             dim3(nb), dim3(256), smem, s, L);
     else launch(gemv_q4_kernel<CPL, R>, dim3(nb), dim3(256), smem, s, L);
   }
   CUDA_LAUNCH_CHECK();
@@ -614,6 +640,11 @@ bool& stage_regs_enabled() {
   static bool on = true;
   return on;
 }
+int& gemv_fused_stage_mode() {
+  static int mode = 0;
+  return mode;
+}
+
 bool& gemv_x16_enabled() {
   static bool on = true;
   return on;
