@@ -776,9 +776,10 @@ class CudaBackend final : public Backend {
     p56_ = !abl_.has("P56");   // P56: the MoE tile lists' full tiles first (16 to 96 expected rows per expert)
     moe_w0_pick_enabled() = !abl_.has("D50");   // D50: the MoE picks on warp 0 while x is staged
     moe_regs88_enabled() = !abl_.has("D88");   // D88: that instance at 88 registers, so a GEMV CTA fits beside it
-    // D89 (opt-in): the GEMVs' router-row / norm sums and x staging as interleaved chains (same bits); D90 (with
-    // D89): the staging scale by __fdividef.
-    gemv_fused_stage_mode() = !tried("D89") ? 0 : tried("D90") ? 2 : 1;
+    // D89: the GEMVs' router-row / norm sums and x staging as interleaved chains (same bits); D90 (with D89): the
+    // staging scale by __fdividef. `--ablate D89` turns both off.
+    gemv_fused_stage_mode() = abl_.has("D89") ? 0 : abl_.has("D90") ? 1 : 2;
+    moe_stage_il_enabled() = tried("D91");   // D91 (opt-in): the D88 MoE instance's staging as D89 + D90
     gdn_push_enabled() = !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier
     gdn_s_late_enabled() = !abl_.has("D45");   // D45: D12's state written after its cluster barrier
     gdn_early_state_enabled() = !abl_.has("D55");   // D55: D12's state / conv rows loaded before the PDL wait

@@ -538,20 +538,22 @@ __device__ __forceinline__ void stage_x_i16_regs(const XRegs<NIT>& x, int cols, 
   }
 }
 
-// D89 (opt-in): stage_x_i16_regs with the NIT float4s' reductions interleaved. q16_stage per float4 is a chain of
-// 3 shuffle levels, then an IEEE division whose slow-path branch keeps the compiler from overlapping the next
-// float4's chain with it (the SASS ran the NIT chains one after the other). Here every float4's sum and max go
-// through the same butterflies level by level, all chains at once; each value is computed exactly as in q16_stage
-// (same bits). DF (D90): the scale as __fdividef (approximate reciprocal, no slow path; bits may differ by one
-// int16 step in rare roundings).
+// D89 (default on; session 37: +0.3 % at 4K alone, +1.6 % with D90): stage_x_i16_regs with the float4s'
+// reductions interleaved. q16_stage per float4 is a chain of 3 shuffle levels, then an IEEE division whose
+// slow-path branch keeps the compiler from overlapping the next float4's chain with it (the SASS ran the chains
+// one after the other). Here every float4's sum and max go through the same butterflies level by level, all
+// chains at once; each value is computed exactly as in q16_stage (same bits). DF (D90, default on: +1.2 % at 4K):
+// the scale as __fdividef (approximate reciprocal, no slow path; bits may differ by one int16 step in rare
+// roundings). Thread t of nt holds float4s t + nt·k (k < NIT) of n4; a float4 past n4 must be uniform per warp
+// (its lanes still shuffle, nothing is written).
 template <int NIT, bool DF>
-__device__ __forceinline__ void stage_x_i16_regs_il(const XRegs<NIT>& x, int cols, uint4* qx, float* xd, float* xsum) {
+__device__ __forceinline__ void q16_stage_il(const float4 (&v)[NIT], int t, int nt, int n4, uint4* qx, float* xd,
+                                             float* xsum) {
   float s[NIT], m[NIT];
 #pragma unroll
   for (int k = 0; k < NIT; ++k) {
-    const float4 v = x.v[k];
-    s[k] = (v.x + v.y) + (v.z + v.w);
-    m[k] = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    s[k] = (v[k].x + v[k].y) + (v[k].z + v[k].w);
+    m[k] = fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w)));
   }
 #pragma unroll
   for (int o = 1; o < 8; o <<= 1)
@@ -565,16 +567,20 @@ __device__ __forceinline__ void stage_x_i16_regs_il(const XRegs<NIT>& x, int col
   for (int k = 0; k < NIT; ++k) inv[k] = m[k] > 0.f ? (DF ? __fdividef(32767.f, m[k]) : 32767.f / m[k]) : 0.f;
 #pragma unroll
   for (int k = 0; k < NIT; ++k) {
-    const int idx = int(threadIdx.x) + 256 * k;
-    if (idx >= cols / 4) break;   // uniform per warp
+    const int idx = t + nt * k;
+    if (idx >= n4) break;   // uniform per warp
     const int ci = idx >> 3, fi = idx & 7;
     uint4* words = qx + (ci >> 5) * 128 + (ci & 31);
-    reinterpret_cast<uint2*>(words + (fi >> 1) * 32)[fi & 1] = q16_pack(x.v[k], inv[k]);
+    reinterpret_cast<uint2*>(words + (fi >> 1) * 32)[fi & 1] = q16_pack(v[k], inv[k]);
     if (fi == 0) {
       xsum[ci] = s[k];
       xd[ci] = m[k] * (1.f / 32767.f);
     }
   }
+}
+template <int NIT, bool DF>
+__device__ __forceinline__ void stage_x_i16_regs_il(const XRegs<NIT>& x, int cols, uint4* qx, float* xd, float* xsum) {
+  q16_stage_il<NIT, DF>(x.v, int(threadIdx.x), 256, cols / 4, qx, xd, xsum);
 }
 
 template <int CPL, int R>

@@ -138,7 +138,7 @@ bool& stage_regs_enabled();
 // D24: the 4-bit decode GEMV and the D19 kernel's 4-bit rows against x (and the down activations)
 // quantised to int16 per 32 values, dp2a (off: float x, 3 instructions per weight).
 bool& gemv_x16_enabled();
-int& gemv_fused_stage_mode();   // D89 (1) / D90 (2), opt-in: the decode GEMVs' x staging with its chains interleaved
+int& gemv_fused_stage_mode();   // D89 (1) / D90 (2; the default): the decode GEMVs' x staging with its chains interleaved
 // D26: the lm_head (>= 32,768 rows) runs on the int16 GEMV of D24 instead of the mma.sync GEMV (D1m)
 // when D24 and D21 are on (process-wide switch, ablation D26).
 bool& lmhead_i16_enabled();
@@ -155,6 +155,7 @@ bool& moe_early_pick_enabled();
 // stage x (process-wide switch, ablation D50).
 bool& moe_w0_pick_enabled();
 bool& moe_regs88_enabled();   // D88: the D50 MoE instance at 88 registers (same bits)
+bool& moe_stage_il_enabled();   // D91 (opt-in, with D88): that instance's x staging as D89 + D90
 // D28: at T == 1 on the D20 path, the attention prep (q/k norms, RoPE, KV append) runs inside the
 // split-KV kernel (off: the separate prep kernel).
 bool& attn_prep_fused_enabled();

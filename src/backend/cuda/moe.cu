@@ -984,7 +984,7 @@ __device__ __forceinline__ void route_weights(const MoeArgs& a, int K, const int
 // W0 (D50, with RL): warp 0 loads the 257 logits straight into registers after the PDL wait and picks at once
 // (select_topk_regs) while warps 1..7 stage x alone (3 float4s per thread; named barrier 3 among them, 4 to tell
 // warp 0); warp 0 then waits for the staging only to scale the routing weights by the norm scale.
-template <bool F, bool EP, bool RL, bool W0 = false>
+template <bool F, bool EP, bool RL, bool W0 = false, bool FS = false>
 __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNorm& nrm, int* ctr) {
   extern __shared__ float4 smp[];
   __shared__ float lg[256];
@@ -1095,18 +1095,24 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
           xv[k].y *= xg[k].y;
           xv[k].z *= xg[k].z;
           xv[k].w *= xg[k].w;
+        } else if constexpr (FS) {
+          xv[k] = make_float4(0.f, 0.f, 0.f, 0.f);   // shuffled by q16_stage_il, never written
         }
       }
       ss = warp_sum(ss);
       if (lane == 0) red[warp] = ss;
       uint4* qx = reinterpret_cast<uint4*>(xq4);
       float* xd = reinterpret_cast<float*>(xq4) + H / 2;
+      if constexpr (FS) {   // D91: the 3 chains interleaved, the scale by __fdividef (as D89 + D90 in the GEMVs)
+        q16_stage_il<3, true>(xv, t, 224, H / 4, qx, xd, xs4);
+      } else {
 #pragma unroll
-      for (int k = 0; k < 3; ++k) {
-        const int idx = t + 224 * k;
-        if (idx >= H / 4) break;   // uniform per warp (224 and 512 are multiples of 32)
-        const int ci = idx >> 3;
-        q16_stage(xv[k], idx & 7, qx + (ci >> 5) * 128 + (ci & 31), 32, xs4 + ci, xd + ci);
+        for (int k = 0; k < 3; ++k) {
+          const int idx = t + 224 * k;
+          if (idx >= H / 4) break;   // uniform per warp (224 and 512 are multiples of 32)
+          const int ci = idx >> 3;
+          q16_stage(xv[k], idx & 7, qx + (ci >> 5) * 128 + (ci & 31), 32, xs4 + ci, xd + ci);
+        }
       }
       named_bar_sync(3, kPersistThreads - 32);
       ns = fold_norm_scale(red + 1, nwc - 1, H, nrm.eps, nrm.h, nrm.w, nullptr);
@@ -1356,6 +1362,11 @@ __global__ void __maxnreg__(kRlRegs88)
     moe_persist_rlw0_r88_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
   moe_persist_body<true, true, true, true>(a, nrm, ctr);
 }
+// D91 (opt-in): the D88 instance with warps 1..7's x staging as q16_stage_il (interleaved chains, __fdividef).
+__global__ void __maxnreg__(kRlRegs88)
+    moe_persist_rlw0_r88_fs_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
+  moe_persist_body<true, true, true, true, true>(a, nrm, ctr);
+}
 __global__ void __launch_bounds__(kPersistThreads, 2)
     moe_persist_rl_free_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
   moe_persist_body<true, true, true>(a, nrm, ctr);
@@ -1385,6 +1396,11 @@ bool& moe_w0_pick_enabled() {
 
 bool& moe_regs88_enabled() {
   static bool on = true;
+  return on;
+}
+
+bool& moe_stage_il_enabled() {
+  static bool on = false;
   return on;
 }
 
@@ -1508,8 +1524,11 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
         const char* v = std::getenv("LILY_D39_REGS");
         return v && *v && std::atoi(v) == 0;
       }();
+      const auto w0_kernel = !moe_regs88_enabled()   ? moe_persist_rlw0_kernel
+                             : moe_stage_il_enabled() ? moe_persist_rlw0_r88_fs_kernel
+                                                      : moe_persist_rlw0_r88_kernel;
       launch(rl && rl_free ? moe_persist_rl_free_kernel
-             : rl && moe_w0_pick_enabled() ? (moe_regs88_enabled() ? moe_persist_rlw0_r88_kernel : moe_persist_rlw0_kernel)
+             : rl && moe_w0_pick_enabled() ? w0_kernel
              : rl        ? moe_persist_rl_kernel
              : early     ? moe_persist_kernel<true, true>
              : special ? moe_persist_kernel<true>
