@@ -779,7 +779,7 @@ class CudaBackend final : public Backend {
     // D89: the GEMVs' router-row / norm sums and x staging as interleaved chains (same bits); D90 (with D89): the
     // staging scale by __fdividef. `--ablate D89` turns both off.
     gemv_fused_stage_mode() = abl_.has("D89") ? 0 : abl_.has("D90") ? 1 : 2;
-    moe_stage_il_enabled() = tried("D91");   // D91 (opt-in): the D88 MoE instance's staging as D89 + D90
+    moe_stage_il_enabled() = !abl_.has("D91");   // D91: the D88 MoE instance's x staging as D89 + D90
     gdn_push_enabled() = !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier
     gdn_s_late_enabled() = !abl_.has("D45");   // D45: D12's state written after its cluster barrier
     gdn_early_state_enabled() = !abl_.has("D55");   // D55: D12's state / conv rows loaded before the PDL wait
