@@ -472,6 +472,51 @@ __device__ __forceinline__ void stage_down_act_lean(const float* act, float4* sm
   }
 }
 
+// D92: stage_down_act_lean with the kN float4s' chains interleaved level by level and the step's scale by
+// __fdividef (as D89 + D90 do for the GEMVs' x): in the D63 form every float4's butterflies and IEEE division (whose
+// slow-path branch the scheduler does not move work across) ran after the previous float4's. Sums and steps are the
+// same bits; a code may differ by one int16 unit where the approximate reciprocal rounds the other way.
+template <int S>
+__device__ __forceinline__ void stage_down_act_il(const float* act, float4* sm4, float* xsum, const float* slot_scale) {
+  constexpr int kN = (S * 128 + 255) / 256;
+  const int t = int(threadIdx.x), r = t & 127, s0 = t >> 7, cc = r >> 3, f = r & 7;
+  const float4* a4 = reinterpret_cast<const float4*>(act);
+  float4 v[kN];
+#pragma unroll
+  for (int k = 0; k < kN; ++k)
+    v[k] = t + 256 * k < S * 128 ? __ldcg(a4 + t + 256 * k) : make_float4(0.f, 0.f, 0.f, 0.f);
+  float sum[kN], m[kN];
+#pragma unroll
+  for (int k = 0; k < kN; ++k) {
+    if (t + 256 * k < S * 128) {   // uniform per warp (multiples of 128); a warp past the end shuffles zeros
+      const float sk = slot_scale[s0 + 2 * k];
+      v[k].x *= sk;
+      v[k].y *= sk;
+      v[k].z *= sk;
+      v[k].w *= sk;
+    }
+    sum[k] = (v[k].x + v[k].y) + (v[k].z + v[k].w);
+    m[k] = fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w)));
+  }
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1)
+#pragma unroll
+    for (int k = 0; k < kN; ++k) {
+      sum[k] += __shfl_xor_sync(0xffffffffu, sum[k], o);
+      m[k] = fmaxf(m[k], __shfl_xor_sync(0xffffffffu, m[k], o));
+    }
+  uint2* w = reinterpret_cast<uint2*>(reinterpret_cast<uint4*>(sm4) + s0 * 64 + cc + (f >> 1) * 16) + (f & 1);
+  float* xd = reinterpret_cast<float*>(sm4 + S * 64);
+#pragma unroll
+  for (int k = 0; k < kN; ++k) {
+    if (t + 256 * k >= S * 128) break;
+    const int sl = s0 + 2 * k;
+    w[k * 2 * 64 * 2] = q16_pack(v[k], m[k] > 0.f ? __fdividef(32767.f, m[k]) : 0.f);
+    xsum[sl * 16 + cc] = sum[k];
+    xd[sl * 16 + cc] = m[k] * (1.f / 32767.f);
+  }
+}
+
 // grid (blocks, T), 8 warps, 2 output rows per warp. FAST (I = Is = 512, K <= 9): a half-warp reads
 // one 256-byte expert row, so a warp covers two experts per step; all K+1 rows are loaded before
 // the activations are staged.
@@ -984,7 +1029,7 @@ __device__ __forceinline__ void route_weights(const MoeArgs& a, int K, const int
 // W0 (D50, with RL): warp 0 loads the 257 logits straight into registers after the PDL wait and picks at once
 // (select_topk_regs) while warps 1..7 stage x alone (3 float4s per thread; named barrier 3 among them, 4 to tell
 // warp 0); warp 0 then waits for the staging only to scale the routing weights by the norm scale.
-template <bool F, bool EP, bool RL, bool W0 = false, bool FS = false>
+template <bool F, bool EP, bool RL, bool W0 = false, bool FS = false, bool DI = false>
 __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNorm& nrm, int* ctr) {
   extern __shared__ float4 smp[];
   __shared__ float lg[256];
@@ -1308,7 +1353,8 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
     }
     if (blockIdx.x >= nbd) return;
     const bool x16 = SP || (a.xq16 && !(a.flags & 256));   // D24 (moep bit 256: float down stage)
-    if (SP && a.lean_act) stage_down_act_lean<9>(act, dq, dsum, slot_scale);   // D63 (SP: S = 9, imax = 512)
+    if constexpr (DI) stage_down_act_il<9>(act, dq, dsum, slot_scale);   // D92 (DI: with SP and D63)
+    else if (SP && a.lean_act) stage_down_act_lean<9>(act, dq, dsum, slot_scale);   // D63 (SP: S = 9, imax = 512)
     else stage_down_act(act, S, imax, dq, dsum, slot_scale, SP || a.stage_regs, x16);
     __syncthreads();
     trace_mark(a, 9);
@@ -1368,6 +1414,11 @@ __global__ void __maxnreg__(kRlRegs88)
     moe_persist_rlw0_r88_fs_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
   moe_persist_body<true, true, true, true, true>(a, nrm, ctr);
 }
+// D92 (opt-in): that instance with the down activations staged as stage_down_act_il.
+__global__ void __maxnreg__(kRlRegs88)
+    moe_persist_rlw0_r88_fs_di_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
+  moe_persist_body<true, true, true, true, true, true>(a, nrm, ctr);
+}
 __global__ void __launch_bounds__(kPersistThreads, 2)
     moe_persist_rl_free_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
   moe_persist_body<true, true, true>(a, nrm, ctr);
@@ -1402,6 +1453,11 @@ bool& moe_regs88_enabled() {
 
 bool& moe_stage_il_enabled() {
   static bool on = true;
+  return on;
+}
+
+bool& moe_down_il_enabled() {
+  static bool on = false;
   return on;
 }
 
@@ -1526,6 +1582,7 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
         return v && *v && std::atoi(v) == 0;
       }();
       const auto w0_kernel = !moe_regs88_enabled()   ? moe_persist_rlw0_kernel
+                             : moe_stage_il_enabled() && moe_down_il_enabled() && a.lean_act ? moe_persist_rlw0_r88_fs_di_kernel
                              : moe_stage_il_enabled() ? moe_persist_rlw0_r88_fs_kernel
                                                       : moe_persist_rlw0_r88_kernel;
       launch(rl && rl_free ? moe_persist_rl_free_kernel
