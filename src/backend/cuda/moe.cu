@@ -485,7 +485,6 @@ __device__ __forceinline__ void stage_down_act_il(const float* act, float4* sm4,
 #pragma unroll
   for (int k = 0; k < kN; ++k)
     v[k] = t + 256 * k < S * 128 ? __ldcg(a4 + t + 256 * k) : make_float4(0.f, 0.f, 0.f, 0.f);
-  float sum[kN], m[kN];
 #pragma unroll
   for (int k = 0; k < kN; ++k) {
     if (t + 256 * k < S * 128) {   // uniform per warp (multiples of 128); a warp past the end shuffles zeros
@@ -495,16 +494,9 @@ __device__ __forceinline__ void stage_down_act_il(const float* act, float4* sm4,
       v[k].z *= sk;
       v[k].w *= sk;
     }
-    sum[k] = (v[k].x + v[k].y) + (v[k].z + v[k].w);
-    m[k] = fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w)));
   }
-#pragma unroll
-  for (int o = 1; o < 8; o <<= 1)
-#pragma unroll
-    for (int k = 0; k < kN; ++k) {
-      sum[k] += __shfl_xor_sync(0xffffffffu, sum[k], o);
-      m[k] = fmaxf(m[k], __shfl_xor_sync(0xffffffffu, m[k], o));
-    }
+  float sum[kN], m[kN];
+  q16_sums_il(v, sum, m);
   uint2* w = reinterpret_cast<uint2*>(reinterpret_cast<uint4*>(sm4) + s0 * 64 + cc + (f >> 1) * 16) + (f & 1);
   float* xd = reinterpret_cast<float*>(sm4 + S * 64);
 #pragma unroll
