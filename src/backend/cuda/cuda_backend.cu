@@ -780,7 +780,6 @@ class CudaBackend final : public Backend {
     // staging scale by __fdividef. `--ablate D89` turns both off.
     gemv_fused_stage_mode() = abl_.has("D89") ? 0 : abl_.has("D90") ? 1 : 2;
     moe_stage_il_enabled() = !abl_.has("D91");   // D91: the D88 MoE instance's x staging as D89 + D90
-    moe_down_il_enabled() = tried("D92");   // D92 (opt-in, with D91): its down activations staged as D91 does x
     gdn_push_enabled() = !abl_.has("D42");   // D42: D12's Σo² pushed before its cluster barrier
     gdn_s_late_enabled() = !abl_.has("D45");   // D45: D12's state written after its cluster barrier
     gdn_early_state_enabled() = !abl_.has("D55");   // D55: D12's state / conv rows loaded before the PDL wait

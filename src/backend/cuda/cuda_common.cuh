@@ -546,10 +546,10 @@ __device__ __forceinline__ void stage_x_i16_regs(const XRegs<NIT>& x, int cols, 
 // the scale as __fdividef (approximate reciprocal, no slow path; bits may differ by one int16 step in rare
 // roundings). Thread t of nt holds float4s t + nt·k (k < NIT) of n4; a float4 past n4 must be uniform per warp
 // (its lanes still shuffle, nothing is written).
-// The NIT float4s' chunk sums and maxima (8 consecutive lanes per chunk), their butterflies interleaved level by
-// level; every lane of a chunk ends with its values, each summed as q16_stage sums it.
-template <int NIT>
-__device__ __forceinline__ void q16_sums_il(const float4 (&v)[NIT], float (&s)[NIT], float (&m)[NIT]) {
+template <int NIT, bool DF>
+__device__ __forceinline__ void q16_stage_il(const float4 (&v)[NIT], int t, int nt, int n4, uint4* qx, float* xd,
+                                             float* xsum) {
+  float s[NIT], m[NIT];
 #pragma unroll
   for (int k = 0; k < NIT; ++k) {
     s[k] = (v[k].x + v[k].y) + (v[k].z + v[k].w);
@@ -562,12 +562,6 @@ __device__ __forceinline__ void q16_sums_il(const float4 (&v)[NIT], float (&s)[N
       s[k] += __shfl_xor_sync(0xffffffffu, s[k], o);
       m[k] = fmaxf(m[k], __shfl_xor_sync(0xffffffffu, m[k], o));
     }
-}
-template <int NIT, bool DF>
-__device__ __forceinline__ void q16_stage_il(const float4 (&v)[NIT], int t, int nt, int n4, uint4* qx, float* xd,
-                                             float* xsum) {
-  float s[NIT], m[NIT];
-  q16_sums_il(v, s, m);
   float inv[NIT];
 #pragma unroll
   for (int k = 0; k < NIT; ++k) inv[k] = m[k] > 0.f ? (DF ? __fdividef(32767.f, m[k]) : 32767.f / m[k]) : 0.f;

@@ -156,7 +156,6 @@ bool& moe_early_pick_enabled();
 bool& moe_w0_pick_enabled();
 bool& moe_regs88_enabled();   // D88: the D50 MoE instance at 88 registers (same bits)
 bool& moe_stage_il_enabled();   // D91 (with D88): that instance's x staging as D89 + D90
-bool& moe_down_il_enabled();    // D92 (opt-in, with D91 and D63): its down activations staged the same way
 // D28: at T == 1 on the D20 path, the attention prep (q/k norms, RoPE, KV append) runs inside the
 // split-KV kernel (off: the separate prep kernel).
 bool& attn_prep_fused_enabled();

@@ -444,11 +444,7 @@ __device__ __forceinline__ void stage_down_act(const float* act, int S, int imax
 // (t >> 7) + 2k, position r = t & 127 in it, so its chunk cc = r >> 3 and float4 f = r & 7 are fixed): the addresses
 // are one base plus constants, the slot's index needs no signed division, the step's division runs without a branch
 // around it, and the chunk's sum and step are stored by all its 8 lanes (they hold the same values).
-// IL (D92): the kN float4s' chains interleaved level by level and the step's scale by __fdividef (as D89 + D90 do
-// for the GEMVs' x): in the D63 form every float4's butterflies and IEEE division (whose slow-path branch the
-// scheduler does not move work across) ran after the previous float4's. Sums and steps are the same bits; a code may
-// differ by one int16 unit where the approximate reciprocal rounds the other way.
-template <int S, bool IL = false>
+template <int S>
 __device__ __forceinline__ void stage_down_act_lean(const float* act, float4* sm4, float* xsum, const float* slot_scale) {
   constexpr int kN = (S * 128 + 255) / 256;
   const int t = int(threadIdx.x), r = t & 127, s0 = t >> 7, cc = r >> 3, f = r & 7;
@@ -459,43 +455,20 @@ __device__ __forceinline__ void stage_down_act_lean(const float* act, float4* sm
     vr[k] = t + 256 * k < S * 128 ? __ldcg(a4 + t + 256 * k) : make_float4(0.f, 0.f, 0.f, 0.f);
   uint2* w = reinterpret_cast<uint2*>(reinterpret_cast<uint4*>(sm4) + s0 * 64 + cc + (f >> 1) * 16) + (f & 1);
   float* xd = reinterpret_cast<float*>(sm4 + S * 64);
-  if constexpr (IL) {
 #pragma unroll
-    for (int k = 0; k < kN; ++k) {
-      if (t + 256 * k < S * 128) {   // uniform per warp (multiples of 128); a warp past the end shuffles zeros
-        const float sk = slot_scale[s0 + 2 * k];
-        vr[k].x *= sk;
-        vr[k].y *= sk;
-        vr[k].z *= sk;
-        vr[k].w *= sk;
-      }
-    }
-    float sum[kN], m[kN];
-    q16_sums_il(vr, sum, m);
-#pragma unroll
-    for (int k = 0; k < kN; ++k) {
-      if (t + 256 * k >= S * 128) break;
-      const int sl = s0 + 2 * k;
-      w[k * 2 * 64 * 2] = q16_pack(vr[k], m[k] > 0.f ? __fdividef(32767.f, m[k]) : 0.f);
-      xsum[sl * 16 + cc] = sum[k];
-      xd[sl * 16 + cc] = m[k] * (1.f / 32767.f);
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < kN; ++k) {
-      if (t + 256 * k >= S * 128) break;   // uniform per warp (multiples of 128)
-      const int sl = s0 + 2 * k;
-      float4 v = vr[k];
-      const float sk = slot_scale[sl];
-      v.x *= sk;
-      v.y *= sk;
-      v.z *= sk;
-      v.w *= sk;
-      float sum, m;
-      w[k * 2 * 64 * 2] = q16_lean(v, sum, m);   // slot + 2: 128 uint4 = 256 uint2 further
-      xsum[sl * 16 + cc] = sum;
-      xd[sl * 16 + cc] = m * (1.f / 32767.f);
-    }
+  for (int k = 0; k < kN; ++k) {
+    if (t + 256 * k >= S * 128) break;   // uniform per warp (multiples of 128)
+    const int sl = s0 + 2 * k;
+    float4 v = vr[k];
+    const float sk = slot_scale[sl];
+    v.x *= sk;
+    v.y *= sk;
+    v.z *= sk;
+    v.w *= sk;
+    float sum, m;
+    w[k * 2 * 64 * 2] = q16_lean(v, sum, m);   // slot + 2: 128 uint4 = 256 uint2 further
+    xsum[sl * 16 + cc] = sum;
+    xd[sl * 16 + cc] = m * (1.f / 32767.f);
   }
 }
 
@@ -1011,7 +984,7 @@ __device__ __forceinline__ void route_weights(const MoeArgs& a, int K, const int
 // W0 (D50, with RL): warp 0 loads the 257 logits straight into registers after the PDL wait and picks at once
 // (select_topk_regs) while warps 1..7 stage x alone (3 float4s per thread; named barrier 3 among them, 4 to tell
 // warp 0); warp 0 then waits for the staging only to scale the routing weights by the norm scale.
-template <bool F, bool EP, bool RL, bool W0 = false, bool FS = false, bool DI = false>
+template <bool F, bool EP, bool RL, bool W0 = false, bool FS = false>
 __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNorm& nrm, int* ctr) {
   extern __shared__ float4 smp[];
   __shared__ float lg[256];
@@ -1335,8 +1308,7 @@ __device__ __forceinline__ void moe_persist_body(const MoeArgs& a, const GemvNor
     }
     if (blockIdx.x >= nbd) return;
     const bool x16 = SP || (a.xq16 && !(a.flags & 256));   // D24 (moep bit 256: float down stage)
-    if constexpr (DI) stage_down_act_lean<9, true>(act, dq, dsum, slot_scale);   // D92 (DI: with SP and D63)
-    else if (SP && a.lean_act) stage_down_act_lean<9>(act, dq, dsum, slot_scale);   // D63 (SP: S = 9, imax = 512)
+    if (SP && a.lean_act) stage_down_act_lean<9>(act, dq, dsum, slot_scale);   // D63 (SP: S = 9, imax = 512)
     else stage_down_act(act, S, imax, dq, dsum, slot_scale, SP || a.stage_regs, x16);
     __syncthreads();
     trace_mark(a, 9);
@@ -1396,11 +1368,6 @@ __global__ void __maxnreg__(kRlRegs88)
     moe_persist_rlw0_r88_fs_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
   moe_persist_body<true, true, true, true, true>(a, nrm, ctr);
 }
-// D92 (opt-in): that instance with the down activations staged as stage_down_act_lean<9, true>.
-__global__ void __maxnreg__(kRlRegs88)
-    moe_persist_rlw0_r88_fs_di_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
-  moe_persist_body<true, true, true, true, true, true>(a, nrm, ctr);
-}
 __global__ void __launch_bounds__(kPersistThreads, 2)
     moe_persist_rl_free_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
   moe_persist_body<true, true, true>(a, nrm, ctr);
@@ -1435,11 +1402,6 @@ bool& moe_regs88_enabled() {
 
 bool& moe_stage_il_enabled() {
   static bool on = true;
-  return on;
-}
-
-bool& moe_down_il_enabled() {
-  static bool on = false;
   return on;
 }
 
@@ -1564,7 +1526,6 @@ void moe(const MoeDev& m, const float* x, int T, float* out, float* work, bool f
         return v && *v && std::atoi(v) == 0;
       }();
       const auto w0_kernel = !moe_regs88_enabled()   ? moe_persist_rlw0_kernel
-                             : moe_stage_il_enabled() && moe_down_il_enabled() && a.lean_act ? moe_persist_rlw0_r88_fs_di_kernel
                              : moe_stage_il_enabled() ? moe_persist_rlw0_r88_fs_kernel
                                                       : moe_persist_rlw0_r88_kernel;
       launch(rl && rl_free ? moe_persist_rl_free_kernel
