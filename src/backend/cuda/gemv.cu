@@ -52,8 +52,9 @@ __device__ __forceinline__ int find_job(const GemvLaunch& L) {
 // with this launch's x as loaded (the raw residual h when a norm is folded: before its gain), plus L.rt.add[b]
 // if set, into L.rt.out[b]. The row goes to shared memory before the PDL wait (cp.async; each thread reads back
 // only what it copied: no barrier), after the x staging area (cols floats more of dynamic shared memory).
-// FS (D89, default on; X16 only): the router-row and norm reductions as one interleaved butterfly and the int16 staging with
-// its float4 chains interleaved (stage_x_i16_regs_il; same bits); FS == 2 (D90) also takes the scale by __fdividef.
+// FS (D89, default on; X16 only): the router-row and norm reductions as one interleaved butterfly and the int16
+// staging with its float4 chains interleaved (stage_x_i16_regs_il; same bits); FS == 2 (D90) also takes the scale
+// by __fdividef.
 template <int CPL, int R, bool X16 = false, bool RT = false, int FS = 0>   // X16 (D24): x as int16 per 32 values, dp2a
 __global__ void __launch_bounds__(256, 3) gemv_q4_kernel(const __grid_constant__ GemvLaunch L) {
   static_assert(!RT || X16, "D39: the int16 register-staged kernel");
