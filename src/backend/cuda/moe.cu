@@ -1355,8 +1355,9 @@ __global__ void __maxnreg__(kRlRegs)
 }
 // D88 (default on, `--ablate D88`; session 37: +0.7 % at 4K): the D50 instance at 88 registers. Registers are
 // allocated 8 per thread at a time, so the 90-register build takes 96; at 88 two MoE CTAs (45,056) leave exactly
-// one 80-register GEMV CTA of 256 threads (20,480) room on an SM, and the launch after the MoE (in-projection, q / k / v, lm_head) can enter during
-// its tail instead of after it (D48 tried 80 registers and slowed the MoE itself; D74 shrank the GEMV instead).
+// one 80-register GEMV CTA of 256 threads (20,480) room on an SM, and the launch after the MoE (in-projection,
+// q / k / v, lm_head) can enter during its tail instead of after it (D48 tried 80 registers and slowed the MoE
+// itself; D74 shrank the GEMV instead).
 constexpr int kRlRegs88 = 88;
 __global__ void __maxnreg__(kRlRegs88)
     moe_persist_rlw0_r88_kernel(const __grid_constant__ MoeArgs a, const __grid_constant__ GemvNorm nrm, int* ctr) {
